@@ -1,0 +1,45 @@
+# `make test` and `make demo` set up everything they need on a fresh Debian machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ZK_JAR := /usr/share/java/zookeeper.jar
+
+.PHONY: test lint bench zookeeper install clean
+
+test: zookeeper install lint
+	$(PY) -m pytest -q
+
+lint: install
+	$(PY) -m ruff check framework tests bench examples
+
+bench: zookeeper install
+	$(PY) bench/bridge.py
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "error: Python 3.11 or newer is needed (found $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Debian's zookeeper package provides the server jars (Java is a dependency of it).
+zookeeper:
+	@if [ -n "$$FRAMEWORK_ZK_HOSTS" ] || [ -n "$$ZOOKEEPER_HOME" ] || [ -f $(ZK_JAR) ]; then \
+	  exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "Installing Debian's zookeeper package..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null; \
+	else \
+	  echo "error: ZooKeeper is not installed. Run 'sudo apt-get install zookeeper'," \
+	       "or set ZOOKEEPER_HOME to an unpacked Apache ZooKeeper," \
+	       "or FRAMEWORK_ZK_HOSTS to a running ensemble."; \
+	  exit 1; \
+	fi
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,92 @@
+"""The ``framework`` command (also ``python -m framework``).
+
+Every user mistake ends in one line on stderr and exit status 2, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from typing import Callable, Sequence
+
+from framework.errors import FrameworkError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _cmd_zk(args: argparse.Namespace) -> int:
+    from framework.zkserver import ZooKeeperEnsemble
+
+    ensemble = ZooKeeperEnsemble(
+        args.size,
+        client_port=args.port if args.size == 1 else None,
+        base_dir=args.data_dir,
+        tick_ms=args.tick_ms,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with ensemble:
+        kind = "standalone server" if args.size == 1 else f"{args.size}-node ensemble"
+        print(f"ZooKeeper {kind} serving at {ensemble.connect_string}", flush=True)
+        print(f"  export FRAMEWORK_ZK_HOSTS={ensemble.connect_string}", flush=True)
+        print("Press Ctrl-C to stop.", flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    print("ZooKeeper stopped.", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="framework",
+        description="Distributed master/worker jobs on Apache ZooKeeper.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    zk = sub.add_parser("zk", help="run a local ZooKeeper in the foreground until Ctrl-C")
+    zk.add_argument("--port", type=int, default=2181, help="client port (standalone only)")
+    zk.add_argument("--size", type=int, default=1, help="members (1 = standalone, 3 = ensemble)")
+    zk.add_argument("--data-dir", default=None, help="keep data here (default: a temp dir)")
+    zk.add_argument("--tick-ms", type=int, default=200, help="ZooKeeper tickTime in ms")
+    zk.set_defaults(func=_cmd_zk)
+    for register in _extra_commands:
+        register(sub)
+    return parser
+
+
+#: Later layers add sub-commands here (each gets the subparsers object).
+_extra_commands: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def zk_hosts_from(args_value: str | None) -> str:
+    """The connect string from ``--zk`` or ``FRAMEWORK_ZK_HOSTS``, or a clear error."""
+    hosts = args_value or os.environ.get("FRAMEWORK_ZK_HOSTS")
+    if not hosts:
+        raise FrameworkError(
+            "no ZooKeeper given: pass --zk HOST:PORT[,HOST:PORT...] or set FRAMEWORK_ZK_HOSTS "
+            "(start a local server with `python -m framework zk`)"
+        )
+    return hosts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except FrameworkError as exc:
+        print(f"framework: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Layer 1: the trio bridge over kazoo (sessions, requests, watches, protected creates)."""
+
+from framework.zk.paths import MAX_DATA_BYTES, basename, join, parent, validate_data, validate_path
+from framework.zk.protected import (
+    create_protected,
+    delete_guid_nodes,
+    find_guid,
+    new_guid,
+    sequence_of,
+    sort_sequential,
+)
+from framework.zk.session import Session, Stat, Transaction
+from framework.zk.states import SessionState, StateChange
+from framework.zk.watches import (
+    ChildrenSnapshot,
+    DataSnapshot,
+    wait_exists,
+    wait_gone,
+    watch_children,
+    watch_data,
+)
+
+__all__ = [
+    "MAX_DATA_BYTES",
+    "ChildrenSnapshot",
+    "DataSnapshot",
+    "Session",
+    "SessionState",
+    "Stat",
+    "StateChange",
+    "Transaction",
+    "basename",
+    "create_protected",
+    "delete_guid_nodes",
+    "find_guid",
+    "join",
+    "new_guid",
+    "parent",
+    "sequence_of",
+    "sort_sequential",
+    "validate_data",
+    "validate_path",
+    "wait_exists",
+    "wait_gone",
+    "watch_children",
+    "watch_data",
+]

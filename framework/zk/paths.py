@@ -1,0 +1,63 @@
+"""Znode path and payload validation, done before a request leaves the process."""
+
+from __future__ import annotations
+
+import posixpath
+
+from framework.errors import DataTooLargeError, InvalidPathError
+
+#: ZooKeeper's default ``jute.maxbuffer`` is 0xfffff bytes for a whole packet; leave room for
+#: the path and the packet header so a payload that passes here is accepted by the server.
+MAX_DATA_BYTES = 0xFFFFF - 8 * 1024
+
+
+def validate_path(path: str, *, allow_root: bool = True) -> str:
+    """Return ``path`` if ZooKeeper would accept it, else raise :class:`InvalidPathError`."""
+    if not isinstance(path, str):
+        raise InvalidPathError(f"znode path must be a str, got {type(path).__name__}")
+    if not path.startswith("/"):
+        raise InvalidPathError(f"znode path must be absolute (start with '/'): {path!r}")
+    if path == "/":
+        if allow_root:
+            return path
+        raise InvalidPathError("the root '/' is not allowed here")
+    if path.endswith("/"):
+        raise InvalidPathError(f"znode path must not end with '/': {path!r}")
+    for part in path[1:].split("/"):
+        if part == "":
+            raise InvalidPathError(f"znode path has an empty component: {path!r}")
+        if part in (".", ".."):
+            raise InvalidPathError(f"znode path has a relative component {part!r}: {path!r}")
+        if "\x00" in part or any(0xD800 <= ord(c) <= 0xF8FF for c in part):
+            raise InvalidPathError(f"znode path has a forbidden character: {path!r}")
+    return path
+
+
+def validate_data(data: bytes, *, limit: int = MAX_DATA_BYTES) -> bytes:
+    """Return ``data`` if it is bytes within ``limit``, else raise a clear error."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DataTooLargeError(
+            f"znode data must be bytes, got {type(data).__name__} (encode it first)"
+        )
+    if len(data) > limit:
+        raise DataTooLargeError(
+            f"znode data is {len(data):,} bytes; ZooKeeper accepts at most {limit:,} "
+            "(keep payloads small and store large blobs elsewhere)"
+        )
+    return bytes(data)
+
+
+def join(*parts: str) -> str:
+    """Join path components: ``join('/app', 'tasks', 'x') == '/app/tasks/x'``."""
+    return posixpath.join(*parts)
+
+
+def basename(path: str) -> str:
+    """The last component of ``path``."""
+    return path.rsplit("/", 1)[-1]
+
+
+def parent(path: str) -> str:
+    """The parent of ``path`` (``'/'`` for a top-level node)."""
+    head = path.rsplit("/", 1)[0]
+    return head or "/"

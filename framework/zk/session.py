@@ -1,0 +1,470 @@
+"""``Session``: one ZooKeeper session, used from trio.
+
+A ``Session`` owns one ``KazooClient``.  Requests go out through kazoo's ``*_async`` calls and
+are awaited without blocking trio (see :mod:`framework.zk.bridge`).  kazoo's blocking retry
+and recipes are never used: reads are retried here, in trio, only within the same session;
+writes are never retried, because after a ``ConnectionLossError`` their outcome is unknown.
+
+What a caller sees when the connection wavers:
+
+* SUSPENDED: new requests wait for the connection to come back (nothing was sent, so waiting
+  is safe); requests already in flight fail with :class:`ConnectionLossError`.
+  :meth:`Session.guard` cancels guarded work after ``suspended_grace`` seconds (default 0).
+* LOST: requests in flight fail with :class:`SessionExpiredError`; guarded work is cancelled;
+  kazoo reconnects with a *new* session, reported as CONNECTED with another ``session_id``.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import trio
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState, ZnodeStat
+
+from framework import errors
+from framework.logs import get_logger
+from framework.zk.bridge import translate, wait_result, waker
+from framework.zk.inflight import InFlightLimit
+from framework.zk.paths import validate_data, validate_path
+from framework.zk.states import SessionState, StateChange
+
+Stat = ZnodeStat
+WatchCallback = Callable[..., None]
+
+log = get_logger("framework.zk")
+
+_KAZOO_STATES = {
+    KazooState.CONNECTED: SessionState.CONNECTED,
+    KazooState.SUSPENDED: SessionState.SUSPENDED,
+    KazooState.LOST: SessionState.LOST,
+}
+
+
+class Session:
+    """An async context manager holding one ZooKeeper session.
+
+    ``hosts`` is a kazoo connect string (``"127.0.0.1:2181,127.0.0.1:2182"``).  ``chroot``, if
+    given, is created when missing and every path is then relative to it.  ``session_timeout``
+    is asked of the server (which clamps it to its min/max).  At most ``max_in_flight``
+    requests are outstanding at once; more callers wait their turn.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        *,
+        chroot: str | None = None,
+        session_timeout: float = 10.0,
+        connect_timeout: float = 15.0,
+        suspended_grace: float = 0.0,
+        max_in_flight: int = 1024,
+    ) -> None:
+        if not hosts or not isinstance(hosts, str):
+            raise errors.ConfigurationError("ZooKeeper hosts must be a non-empty string")
+        if "/" in hosts:
+            raise errors.ConfigurationError(
+                "give the chroot as Session(chroot=...), not inside the hosts string"
+            )
+        if chroot is not None:
+            validate_path(chroot, allow_root=False)
+        if session_timeout <= 0 or connect_timeout <= 0 or suspended_grace < 0:
+            raise errors.ConfigurationError("timeouts must be positive (grace may be 0)")
+        self.hosts = hosts
+        self.chroot = chroot
+        self.session_timeout = session_timeout
+        self.connect_timeout = connect_timeout
+        self.suspended_grace = suspended_grace
+        self._limit = InFlightLimit(max_in_flight)
+        self._client: KazooClient | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._state = SessionState.LOST
+        self._session_id: int | None = None
+        self._generation = 0
+        self._changed = trio.Event()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Session:
+        self._token = trio.lowlevel.current_trio_token()
+        client = KazooClient(
+            hosts=self.hosts,
+            timeout=self.session_timeout,
+            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
+            command_retry={"max_tries": 0},
+        )
+        self._client = client
+        client.add_listener(self._listener)
+        client.start_async()
+        try:
+            with trio.fail_after(self.connect_timeout):
+                await self.wait_connected()
+            if self.chroot:
+                await self.ensure_path(self.chroot)
+                client.chroot = self.chroot
+        except BaseException as exc:
+            await self._shutdown()
+            if isinstance(exc, trio.TooSlowError):
+                raise errors.NotConnectedError(
+                    f"could not connect to ZooKeeper at {self.hosts} within "
+                    f"{self.connect_timeout:g}s: is a server running there? "
+                    "(`python -m framework zk` starts a local one)"
+                ) from None
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        if self._closed or self._client is None:
+            return
+        self._closed = True
+        client = self._client
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(client.stop)
+            await trio.to_thread.run_sync(client.close)
+        self._on_state(SessionState.LOST, None)
+        log.info("zk.session.closed", hosts=self.hosts)
+
+    # ------------------------------------------------------------------ state
+
+    def _listener(self, state: KazooState) -> None:
+        """kazoo's connection thread calls this; hand the change to trio and return."""
+        assert self._client is not None and self._token is not None
+        session_id = self._client._session_id if state == KazooState.CONNECTED else None
+        try:
+            self._token.run_sync_soon(self._on_state, _KAZOO_STATES[state], session_id)
+        except trio.RunFinishedError:
+            pass
+
+    def _on_state(self, state: SessionState, session_id: int | None) -> None:
+        previous_id = self._session_id
+        if state is SessionState.CONNECTED:
+            self._session_id = session_id
+        elif state is SessionState.LOST:
+            self._session_id = None
+        if state is self._state and self._session_id == previous_id:
+            return
+        self._state = state
+        self._generation += 1
+        self._changed.set()
+        self._changed = trio.Event()
+        if self._closed and state is SessionState.LOST:
+            return
+        if state is SessionState.CONNECTED:
+            log.info(
+                "zk.session.connected",
+                session_id=_hex(session_id),
+                new_session=session_id != previous_id,
+                hosts=self.hosts,
+            )
+        elif state is SessionState.SUSPENDED:
+            log.warning("zk.session.suspended", session_id=_hex(previous_id), hosts=self.hosts)
+        else:
+            log.warning("zk.session.lost", session_id=_hex(previous_id), hosts=self.hosts)
+
+    @property
+    def state(self) -> SessionState:
+        """The latest state seen in this trio run."""
+        return self._state
+
+    @property
+    def session_id(self) -> int | None:
+        """The id of the current session, or ``None`` while there is none."""
+        return self._session_id
+
+    @property
+    def connected(self) -> bool:
+        return self._state is SessionState.CONNECTED and not self._closed
+
+    @property
+    def client(self) -> KazooClient:
+        """The underlying kazoo client (for benchmarks and escape hatches only)."""
+        if self._client is None:
+            raise errors.NotConnectedError("session not started: use `async with Session(...)`")
+        return self._client
+
+    @property
+    def client_id(self) -> tuple[int, bytes]:
+        """``(session_id, password)`` as the server knows them."""
+        return self.client.client_id
+
+    def snapshot(self) -> StateChange:
+        return StateChange(self._state, self._session_id, self._generation)
+
+    async def wait_change(self, generation: int) -> StateChange:
+        """Wait until the state generation is past ``generation``; return the latest state."""
+        while self._generation <= generation:
+            await self._changed.wait()
+        return self.snapshot()
+
+    async def wait_connected(self) -> int:
+        """Wait until connected; return the session id."""
+        while self._state is not SessionState.CONNECTED:
+            if self._closed:
+                raise errors.NotConnectedError("session is closed")
+            await self._changed.wait()
+        assert self._session_id is not None
+        return self._session_id
+
+    async def states(self) -> AsyncIterator[StateChange]:
+        """Yield the current state, then every later one (a slow reader sees the latest)."""
+        seen = -1
+        while True:
+            if self._generation > seen:
+                current = self.snapshot()
+                seen = current.generation
+                yield current
+            await self._changed.wait()
+
+    @asynccontextmanager
+    async def guard(self, *, suspended_grace: float | None = None) -> AsyncIterator[None]:
+        """Run a block only while this session can be trusted.
+
+        The block is cancelled, and :class:`SessionInterrupted` is raised from the ``async
+        with``, when the session that was current on entry is lost (expired, closed, or
+        replaced by a new one), or when the connection stays SUSPENDED longer than
+        ``suspended_grace`` seconds (default: the session's; ``math.inf`` to ignore
+        suspensions).  Entering while not connected raises at once.
+        """
+        grace = self.suspended_grace if suspended_grace is None else suspended_grace
+        if not self.connected:
+            raise errors.SessionInterrupted("suspended" if not self._closed else "lost")
+        session_id = self._session_id
+        reason: list[str] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason,
+                               nursery.cancel_scope)
+            try:
+                yield
+            finally:
+                nursery.cancel_scope.cancel()
+        if reason:
+            raise errors.SessionInterrupted(reason[0])
+
+    async def _cancel_when_untrusted(
+        self, session_id: int | None, grace: float, reason: list[str], scope: trio.CancelScope
+    ) -> None:
+        reason.append(await self.wait_untrusted(session_id, grace))
+        scope.cancel()
+
+    async def wait_untrusted(self, session_id: int | None, grace: float) -> str:
+        """Return ``"lost"`` or ``"suspended"`` once ``session_id`` can no longer be trusted."""
+        while True:
+            if self._closed or self._session_id not in (session_id, None) or (
+                self._state is SessionState.LOST
+            ):
+                return "lost"
+            if self._state is SessionState.SUSPENDED:
+                if grace <= 0:
+                    return "suspended"
+                deadline = trio.current_time() + grace if math.isfinite(grace) else math.inf
+                with trio.move_on_at(deadline):
+                    while self._state is SessionState.SUSPENDED and not self._closed:
+                        await self._changed.wait()
+                    continue
+                return "suspended"
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------ requests
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Issue one kazoo request (a ``KazooClient`` method name, or a callable) once and
+        await it, with errors translated."""
+        await self._limit.acquire()
+        with self._limit.held():
+            await self._usable()
+            issued_in = self._session_id
+            issue = method if callable(method) else getattr(self._client, method)
+            async_result = issue(*args, **kwargs)
+            try:
+                return await wait_result(async_result, self._token)
+            except kz.SessionExpiredError as exc:
+                # kazoo also says "expired" for a request made while it reconnects.
+                if self._session_id == issued_in and self._state is not SessionState.LOST:
+                    raise errors.ConnectionLossError("connection lost while reconnecting") from exc
+                raise translate(exc) from exc
+            except kz.KazooException as exc:
+                raise translate(exc) from exc
+
+    async def _usable(self) -> None:
+        """Wait for a connection before sending (sending nothing is always safe)."""
+        if self._closed or self._client is None:
+            raise errors.NotConnectedError("session is closed")
+        if self._state is not SessionState.CONNECTED:
+            await self.wait_connected()
+
+    async def _read(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A read, retried after a connection loss as long as the session is the same."""
+        while True:
+            session_id = self._session_id
+            try:
+                return await self._call(method, *args, **kwargs)
+            except errors.ConnectionLossError:
+                await self.wait_connected()
+                if self._session_id != session_id and session_id is not None:
+                    raise errors.SessionExpiredError(
+                        "session expired while a read was being retried"
+                    ) from None
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequence: bool = False,
+        makepath: bool = False,
+    ) -> str:
+        """Create a node; return its path (with the sequence suffix when ``sequence``).
+
+        Not retried: after :class:`ConnectionLossError` the node may or may not exist (see
+        :func:`framework.zk.protected.create_protected` for sequential nodes).
+        """
+        validate_path(path, allow_root=False)
+        data = validate_data(data)
+        return await self._call(
+            "create_async", path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath
+        )
+
+    async def ensure_path(self, path: str) -> None:
+        """Create ``path`` and its parents if missing (idempotent, safe to retry)."""
+        validate_path(path)
+        if path == "/":
+            return
+        while True:
+            try:
+                await self._call("create_async", path, b"", makepath=True)
+                return
+            except errors.NodeExistsError:
+                return
+            except errors.ConnectionLossError:
+                await self.wait_connected()
+
+    async def get(self, path: str, *, watch: WatchCallback | None = None) -> tuple[bytes, Stat]:
+        """Return ``(data, stat)``; raises :class:`NoNodeError` when missing."""
+        validate_path(path)
+        return await self._read("get_async", path, watch=watch)
+
+    async def exists(self, path: str, *, watch: WatchCallback | None = None) -> Stat | None:
+        """Return the node's stat, or ``None``.  A watch set here also fires on creation."""
+        validate_path(path)
+        return await self._read("exists_async", path, watch=watch)
+
+    async def children(self, path: str, *, watch: WatchCallback | None = None) -> list[str]:
+        """Return the names of the children of ``path`` (unsorted, as the server gives them)."""
+        validate_path(path)
+        return await self._read("get_children_async", path, watch=watch)
+
+    async def children_stat(
+        self, path: str, *, watch: WatchCallback | None = None
+    ) -> tuple[list[str], Stat]:
+        """Return ``(children, stat)`` of ``path`` (``stat.pzxid``/``cversion`` version them)."""
+        validate_path(path)
+        return await self._read("get_children_async", path, watch=watch, include_data=True)
+
+    async def set(self, path: str, data: bytes, *, version: int = -1) -> Stat:
+        """Write data; with ``version`` the write happens only if the node has that version."""
+        validate_path(path)
+        data = validate_data(data)
+        return await self._call("set_async", path, data, version)
+
+    async def delete(self, path: str, *, version: int = -1, missing_ok: bool = False) -> None:
+        """Delete a node (only at ``version`` when given)."""
+        validate_path(path, allow_root=False)
+        try:
+            await self._call("delete_async", path, version)
+        except errors.NoNodeError:
+            if not missing_ok:
+                raise
+
+    async def delete_tree(self, path: str) -> None:
+        """Delete ``path`` and everything under it (not atomic; safe to repeat)."""
+        validate_path(path, allow_root=False)
+        try:
+            kids = await self.children(path)
+        except errors.NoNodeError:
+            return
+        for kid in kids:
+            await self.delete_tree(f"{path}/{kid}")
+        try:
+            await self.delete(path, missing_ok=True)
+        except errors.NotEmptyError:
+            await self.delete_tree(path)
+
+    async def sync(self, path: str = "/") -> None:
+        """Make the server we are connected to catch up with the leader for ``path``."""
+        validate_path(path)
+        await self._read("sync_async", path)
+
+    def transaction(self) -> Transaction:
+        """Start building a multi-op transaction (all applied, or none)."""
+        return Transaction(self)
+
+    def waker(self, event: trio.Event) -> WatchCallback:
+        """A kazoo watch callback that sets ``event`` in this trio run."""
+        assert self._token is not None
+        return waker(self._token, event)
+
+
+class Transaction:
+    """A builder for one atomic multi-op; ``await commit()`` sends it.
+
+    A failed commit raises :class:`TransactionFailedError` carrying every operation's result.
+    Like any write, a commit is not retried: after :class:`ConnectionLossError` its outcome
+    is unknown (but it was applied entirely or not at all).
+    """
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def create(
+        self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequence: bool = False
+    ) -> Transaction:
+        validate_path(path, allow_root=False)
+        self._ops.append(
+            ("create", (path, validate_data(data)), {"ephemeral": ephemeral, "sequence": sequence})
+        )
+        return self
+
+    def delete(self, path: str, *, version: int = -1) -> Transaction:
+        validate_path(path, allow_root=False)
+        self._ops.append(("delete", (path, version), {}))
+        return self
+
+    def set(self, path: str, data: bytes, *, version: int = -1) -> Transaction:
+        validate_path(path)
+        self._ops.append(("set_data", (path, validate_data(data), version), {}))
+        return self
+
+    def check(self, path: str, version: int) -> Transaction:
+        validate_path(path)
+        self._ops.append(("check", (path, version), {}))
+        return self
+
+    @property
+    def operations(self) -> Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        return tuple(self._ops)
+
+    async def commit(self) -> list[Any]:
+        """Apply every operation atomically; return their results in order."""
+        if not self._ops:
+            return []
+        session = self._session
+        request = session.client.transaction()
+        for name, args, kwargs in self._ops:
+            getattr(request, name)(*args, **kwargs)
+        results = await session._call(request.commit_async)
+        if any(isinstance(r, Exception) for r in results):
+            raise errors.TransactionFailedError([translate(r) for r in results])
+        return results
+
+
+def _hex(session_id: int | None) -> str | None:
+    return None if session_id is None else f"{session_id:#x}"

@@ -1,0 +1,19 @@
+"""Layer 2: start a real ZooKeeper (standalone or ensemble) for the CLI, demos and tests."""
+
+from framework.zkserver.launcher import (
+    Member,
+    ServerStartError,
+    ZooKeeperEnsemble,
+    find_classpath,
+    four_letter,
+    free_ports,
+)
+
+__all__ = [
+    "Member",
+    "ServerStartError",
+    "ZooKeeperEnsemble",
+    "find_classpath",
+    "four_letter",
+    "free_ports",
+]

@@ -1,0 +1,327 @@
+"""Start a real ZooKeeper (standalone or an N-node ensemble on loopback) from its jars.
+
+The jars come from ``ZOOKEEPER_HOME`` (an Apache tarball layout) or from Debian's
+``zookeeper`` package (``/usr/share/java/zookeeper.jar``, whose manifest names its
+dependencies).  Each member gets free 127.0.0.1 ports and its own data directory; the JVM is
+killed with SIGKILL if the process that started it dies, so tests never leave servers behind
+(start members from the main thread: Linux ties that signal to the starting thread).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import attrs
+
+from framework.errors import ConfigurationError, FrameworkError
+from framework.logs import get_logger
+
+log = get_logger("framework.zkserver")
+
+DEBIAN_JARS = (Path("/usr/share/java/zookeeper.jar"), Path("/usr/share/java/slf4j-simple.jar"))
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+
+class ServerStartError(FrameworkError):
+    """A ZooKeeper member did not come up; the message includes the end of its log."""
+
+
+def find_classpath() -> str:
+    """The classpath of an installed ZooKeeper, or a clear error saying how to get one."""
+    home = os.environ.get("ZOOKEEPER_HOME")
+    if home:
+        jars = sorted(Path(home).glob("*.jar")) + sorted(Path(home, "lib").glob("*.jar"))
+        if not jars:
+            raise ConfigurationError(f"ZOOKEEPER_HOME={home} holds no ZooKeeper jars")
+        return os.pathsep.join(str(j) for j in jars)
+    if all(j.exists() for j in DEBIAN_JARS):
+        return os.pathsep.join(str(j) for j in DEBIAN_JARS)
+    raise ConfigurationError(
+        "ZooKeeper is not installed: run `apt-get install zookeeper` (Debian/Ubuntu), or set "
+        "ZOOKEEPER_HOME to an unpacked Apache ZooKeeper, or point FRAMEWORK_ZK_HOSTS at a "
+        "running ensemble"
+    )
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that are free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def four_letter(port: int, command: str, *, host: str = "127.0.0.1", timeout: float = 1.0) -> str:
+    """Send a four-letter-word command (``srvr``, ``ruok``, ``mntr``...) and return the reply."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(command.encode())
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@attrs.define
+class Member:
+    """One ZooKeeper server process of an ensemble."""
+
+    sid: int
+    client_port: int
+    quorum_port: int
+    election_port: int
+    data_dir: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def mode(self) -> str | None:
+        """``"standalone"``, ``"leader"`` or ``"follower"`` once serving, else ``None``."""
+        if not self.running:
+            return None
+        try:
+            reply = four_letter(self.client_port, "srvr", timeout=0.5)
+        except OSError:
+            return None
+        for line in reply.splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+
+class ZooKeeperEnsemble:
+    """A real ZooKeeper of ``size`` members on loopback (``size == 1``: standalone).
+
+    Use as a context manager (or call :meth:`start` / :meth:`stop`).  ``tick_ms`` and the
+    session-timeout bounds are set low so tests can expire sessions in about a second.
+    """
+
+    def __init__(
+        self,
+        size: int = 1,
+        *,
+        tick_ms: int = 200,
+        min_session_timeout_ms: int = 400,
+        max_session_timeout_ms: int = 60_000,
+        base_dir: str | os.PathLike[str] | None = None,
+        client_port: int | None = None,
+        java: str | None = None,
+        heap_mb: int = 256,
+    ) -> None:
+        if size < 1:
+            raise ConfigurationError("an ensemble needs at least one member")
+        if client_port is not None and size != 1:
+            raise ConfigurationError("a fixed client port only makes sense for a standalone server")
+        self.size = size
+        self.tick_ms = tick_ms
+        self.min_session_timeout_ms = min_session_timeout_ms
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self.java = java or shutil.which("java") or "java"
+        self.heap_mb = heap_mb
+        self.classpath = find_classpath()
+        self._own_dir = base_dir is None
+        self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="zk-"))
+        ports = free_ports(3 * size)
+        if client_port is not None:
+            ports[0] = client_port
+        self.members = [
+            Member(
+                sid=i + 1,
+                client_port=ports[3 * i],
+                quorum_port=ports[3 * i + 1],
+                election_port=ports[3 * i + 2],
+                data_dir=self.base_dir / f"member{i + 1}",
+            )
+            for i in range(size)
+        ]
+
+    # ---------------------------------------------------------------- configuration
+
+    @property
+    def connect_string(self) -> str:
+        """The kazoo/Java connect string naming every member."""
+        return ",".join(m.address for m in self.members)
+
+    def _config(self, member: Member) -> str:
+        lines = [
+            f"tickTime={self.tick_ms}",
+            f"dataDir={member.data_dir}",
+            f"clientPort={member.client_port}",
+            "clientPortAddress=127.0.0.1",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=*",
+            f"minSessionTimeout={self.min_session_timeout_ms}",
+            f"maxSessionTimeout={self.max_session_timeout_ms}",
+            "maxClientCnxns=0",
+            "initLimit=20",
+            "syncLimit=10",
+            "autopurge.purgeInterval=0",
+        ]
+        if self.size > 1:
+            lines.append("reconfigEnabled=false")
+            lines.append("standaloneEnabled=false")
+            for m in self.members:
+                lines.append(f"server.{m.sid}=127.0.0.1:{m.quorum_port}:{m.election_port}")
+        return "\n".join(lines) + "\n"
+
+    # ---------------------------------------------------------------- processes
+
+    def _launch(self, member: Member) -> None:
+        member.data_dir.mkdir(parents=True, exist_ok=True)
+        (member.data_dir / "myid").write_text(f"{member.sid}\n")
+        cfg = member.data_dir / "zoo.cfg"
+        cfg.write_text(self._config(member))
+        logfile = open(member.data_dir / "server.log", "ab")  # noqa: SIM115 - owned by child
+        cmd = [
+            self.java,
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Xshare:auto",
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp",
+            self.classpath,
+            MAIN_CLASS,
+            str(cfg),
+        ]
+        member.process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        logfile.close()
+
+    def _wait_serving(self, members: list[Member], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(members)
+        while pending:
+            for m in list(pending):
+                if not m.running:
+                    raise ServerStartError(
+                        f"ZooKeeper member {m.sid} exited:\n{self.log_tail(m)}"
+                    )
+                if m.mode() is not None:
+                    pending.remove(m)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"ZooKeeper member(s) {[m.sid for m in pending]} not serving after "
+                        f"{timeout:g}s:\n{self.log_tail(pending[0])}"
+                    )
+                time.sleep(0.05)  # an external JVM gives us no event to wait on
+
+    def log_tail(self, member: Member, lines: int = 20) -> str:
+        try:
+            text = (member.data_dir / "server.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self, timeout: float = 60.0) -> ZooKeeperEnsemble:
+        """Start every member and wait until each one answers ``srvr`` with a mode."""
+        for m in self.members:
+            self._launch(m)
+        try:
+            self._wait_serving(self.members, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("zkserver.started", connect=self.connect_string, size=self.size,
+                 base_dir=str(self.base_dir))
+        return self
+
+    def stop(self) -> None:
+        """Stop every member (SIGTERM, then SIGKILL) and remove temporary data."""
+        for m in self.members:
+            self._terminate(m)
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def _terminate(self, member: Member) -> None:
+        proc = member.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        member.process = None
+
+    def member(self, sid: int) -> Member:
+        for m in self.members:
+            if m.sid == sid:
+                return m
+        raise ConfigurationError(f"no member with id {sid}")
+
+    def kill(self, sid: int) -> None:
+        """kill -9 one member (its data stays, so it can be restarted)."""
+        m = self.member(sid)
+        if m.process is not None:
+            m.process.kill()
+            m.process.wait()
+            m.process = None
+        log.info("zkserver.killed", sid=sid)
+
+    def restart(self, sid: int, timeout: float = 60.0) -> None:
+        """Start a killed member again with its old data and ports; wait until it serves."""
+        m = self.member(sid)
+        if m.running:
+            self.kill(sid)
+        self._launch(m)
+        self._wait_serving([m], timeout)
+        log.info("zkserver.restarted", sid=sid)
+
+    def leader(self) -> int | None:
+        """The id of the member that is leader (or standalone) now, if any."""
+        for m in self.members:
+            if m.mode() in ("leader", "standalone"):
+                return m.sid
+        return None
+
+    def modes(self) -> dict[int, str | None]:
+        return {m.sid: m.mode() for m in self.members}
+
+    def running_members(self) -> Iterator[Member]:
+        return (m for m in self.members if m.running)
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,51 @@
+"""Fixtures: one real ZooKeeper per test session, a fresh chroot and Session per test."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from framework import Session, ZooKeeperEnsemble
+from framework.testing import TcpProxy
+
+SESSION_TIMEOUT = 4.0
+
+
+@pytest.fixture(scope="session")
+def zk_hosts() -> Iterator[str]:
+    """A standalone server started for this test run, or ``FRAMEWORK_ZK_HOSTS``."""
+    hosts = os.environ.get("FRAMEWORK_ZK_HOSTS")
+    if hosts:
+        yield hosts
+        return
+    with ZooKeeperEnsemble(1) as server:
+        yield server.connect_string
+
+
+@pytest.fixture
+def ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A fresh 3-node ensemble on loopback, for tests that kill servers."""
+    with ZooKeeperEnsemble(3) as members:
+        yield members
+
+
+@pytest.fixture
+def chroot(request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:60]
+    return f"/tests/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def session(zk_hosts: str, chroot: str) -> AsyncIterator[Session]:
+    async with Session(zk_hosts, chroot=chroot, session_timeout=SESSION_TIMEOUT) as s:
+        yield s
+
+
+@pytest.fixture
+def proxy(zk_hosts: str) -> Iterator[TcpProxy]:
+    with TcpProxy(zk_hosts) as p:
+        yield p
