@@ -52,4 +52,4 @@ def configure_logging(*, json: bool | None = None, level: str | None = None) -> 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     """A logger bound with ``component=name``; configures logging on first use."""
     configure_logging()
-    return structlog.get_logger().bind(component=name)
+    return structlog.get_logger(component=name)

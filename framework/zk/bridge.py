@@ -3,16 +3,24 @@
 kazoo completes requests on its own threads.  A completion may touch trio only through
 ``TrioToken.run_sync_soon`` (never ``trio.from_thread.run_sync``, never anything blocking),
 and must tolerate the trio run having finished.  kazoo re-runs *every* linked callback when a
-later one is linked to a finished result, so callbacks here are idempotent (setting an already
-set ``trio.Event`` is a no-op).
+later one is linked to a finished result, so callbacks here are idempotent.
+
+Speed: kazoo normally hands every completion callback to a second thread (its completion
+queue).  Our callbacks only call ``run_sync_soon``, which never blocks, so
+:class:`BridgeHandler` runs callbacks marked ``direct_safe`` right on the connection thread:
+one thread hop less per request.  Every other callback (kazoo's own, watches) still goes
+through the completion queue as usual.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 from typing import Any, Callable
 
 import trio
 from kazoo import exceptions as kz
+from kazoo.handlers.threading import AsyncResult, SequentialThreadingHandler
 
 from framework import errors
 
@@ -43,6 +51,58 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
+class _DirectResult(AsyncResult):
+    """An ``AsyncResult`` that runs ``direct_safe`` callbacks on the thread that sets it."""
+
+    def _do_callbacks(self) -> None:
+        for callback in self._callbacks:
+            if getattr(callback, "direct_safe", False):
+                callback(self)
+            elif self._handler.running:
+                self._handler.completion_queue.put(functools.partial(callback, self))
+            else:
+                callback(self)
+
+
+class BridgeHandler(SequentialThreadingHandler):
+    """kazoo's threading handler, with results that wake trio without an extra thread hop."""
+
+    def async_result(self) -> AsyncResult:
+        return _DirectResult(self)
+
+
+class Completions:
+    """Hands callables from kazoo's threads to one trio run, coalescing wakeups.
+
+    ``run_sync_soon`` costs a socket write per call.  Under load many completions arrive
+    together, so they are queued here and drained by a single ``run_sync_soon`` per burst.
+    Ordering argument: a producer appends *before* it looks at ``_scheduled``; the drain
+    clears ``_scheduled`` *before* it empties the queue; so an item is either seen by a drain
+    already running or schedules a new one (at worst one drain too many, never one too few).
+    """
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._scheduled = False
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Thread-safe and non-blocking: run ``fn()`` in the trio run soon."""
+        self._queue.append(fn)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._token.run_sync_soon(self._drain)
+            except trio.RunFinishedError:
+                pass
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        queue = self._queue
+        while queue:
+            queue.popleft()()
+
+
 def waker(token: trio.lowlevel.TrioToken, event: trio.Event) -> Callable[..., None]:
     """A thread-safe, idempotent callback that sets ``event`` in the trio run of ``token``."""
 
@@ -55,16 +115,34 @@ def waker(token: trio.lowlevel.TrioToken, event: trio.Event) -> Callable[..., No
     return wake
 
 
-async def wait_result(async_result: Any, token: trio.lowlevel.TrioToken) -> Any:
+async def wait_result(async_result: Any, completions: Completions) -> Any:
     """Wait for a kazoo ``IAsyncResult`` without blocking trio; return its value.
 
-    Raises the framework's typed error for a failed request.  Cancelling this wait does not
-    withdraw the request: a write's outcome is unknown after cancellation.
+    Raises kazoo's exception for a failed request (callers translate it).  Cancelling this
+    wait does not withdraw the request: a write's outcome is unknown after cancellation.
     """
-    if not async_result.ready():
-        event = trio.Event()
-        async_result.rawlink(waker(token, event))
-        await event.wait()
-    else:
+    if async_result.ready():
         await trio.lowlevel.checkpoint()
+        return async_result.get_nowait()
+    task = trio.lowlevel.current_task()
+    finished = False
+
+    def resume() -> None:  # runs in trio; at most once, and never after an abort
+        nonlocal finished
+        if not finished:
+            finished = True
+            trio.lowlevel.reschedule(task)
+
+    def on_done(_result: Any) -> None:  # runs on a kazoo thread, maybe twice
+        completions.call_soon(resume)
+
+    on_done.direct_safe = True  # type: ignore[attr-defined]
+
+    def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+        nonlocal finished
+        finished = True
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async_result.rawlink(on_done)
+    await trio.lowlevel.wait_task_rescheduled(abort)
     return async_result.get_nowait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
 
 from framework.errors import DataTooLargeError, InvalidPathError
@@ -13,6 +14,17 @@ MAX_DATA_BYTES = 0xFFFFF - 8 * 1024
 
 def validate_path(path: str, *, allow_root: bool = True) -> str:
     """Return ``path`` if ZooKeeper would accept it, else raise :class:`InvalidPathError`."""
+    if isinstance(path, str) and path != "/":
+        return _validate_cached(path)
+    return _validate(path, allow_root)
+
+
+@functools.lru_cache(maxsize=8192)
+def _validate_cached(path: str) -> str:
+    return _validate(path, True)
+
+
+def _validate(path: str, allow_root: bool) -> str:
     if not isinstance(path, str):
         raise InvalidPathError(f"znode path must be a str, got {type(path).__name__}")
     if not path.startswith("/"):

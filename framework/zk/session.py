@@ -27,7 +27,7 @@ from kazoo.protocol.states import KazooState, ZnodeStat
 
 from framework import errors
 from framework.logs import get_logger
-from framework.zk.bridge import translate, wait_result, waker
+from framework.zk.bridge import BridgeHandler, Completions, translate, wait_result, waker
 from framework.zk.inflight import InFlightLimit
 from framework.zk.paths import validate_data, validate_path
 from framework.zk.states import SessionState, StateChange
@@ -91,11 +91,13 @@ class Session:
 
     async def __aenter__(self) -> Session:
         self._token = trio.lowlevel.current_trio_token()
+        self._completions = Completions(self._token)
         client = KazooClient(
             hosts=self.hosts,
             timeout=self.session_timeout,
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
             command_retry={"max_tries": 0},
+            handler=BridgeHandler(),
         )
         self._client = client
         client.add_listener(self._listener)
@@ -283,7 +285,7 @@ class Session:
             issue = method if callable(method) else getattr(self._client, method)
             async_result = issue(*args, **kwargs)
             try:
-                return await wait_result(async_result, self._token)
+                return await wait_result(async_result, self._completions)
             except kz.SessionExpiredError as exc:
                 # kazoo also says "expired" for a request made while it reconnects.
                 if self._session_id == issued_in and self._state is not SessionState.LOST:
