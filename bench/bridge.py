@@ -17,8 +17,8 @@ from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Result, median, print_results, zookeeper  # noqa: E402
-from framework import Session, configure_logging  # noqa: E402
+from bench.common import Result, median, print_results, zookeeper
+from framework import Session, configure_logging
 
 SEQUENTIAL_OPS = 500
 CONCURRENT_OPS = 6000
@@ -112,7 +112,8 @@ async def measure(hosts: str) -> list[Result]:
                                       median(o_lat), higher_is_better=False,
                                       note="kazoo: blocking call"))
                 results.append(Result(f"{op}: {CONCURRENCY} in flight", "ops/s", median(k_tp),
-                                      median(o_tp), note=f"kazoo: *_async, {CONCURRENCY}-deep window"))
+                                      median(o_tp),
+                                      note=f"kazoo: *_async, {CONCURRENCY}-deep window"))
     finally:
         await trio.to_thread.run_sync(client.delete, "/bench", -1, True)
         await trio.to_thread.run_sync(client.stop)

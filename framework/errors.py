@@ -109,3 +109,35 @@ class LeadershipLost(FrameworkError):
     def __init__(self, reason: str):
         self.reason = reason
         super().__init__(f"leadership lost: {reason}")
+
+
+class ConcurrentUpdateError(ZooKeeperError):
+    """Another writer changed the same recipe state meanwhile (e.g. two configuration
+    writers at once); nothing of ours was committed past the point of conflict."""
+
+
+class LockLost(LeadershipLost):
+    """A lock holding ended because the lock could no longer be proven: its node was deleted,
+    the session was SUSPENDED past its grace or LOST.  The body of the ``async with`` was
+    cancelled before this was raised."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.args = (f"lock lost: {reason}",)
+
+
+class LockRevoked(LockLost):
+    """Another client asked the holder of a revocable lock to give it up."""
+
+
+class LockTimeout(FrameworkError, TimeoutError):
+    """A lock was not acquired within the given timeout (no contender node is left behind)."""
+
+
+class ClaimLost(LeadershipLost):
+    """A work-queue item's claim could no longer be proven (claim node gone, session SUSPENDED
+    or LOST, or the item was handed to another consumer); the item will be delivered again."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.args = (f"queue claim lost: {reason}",)

@@ -64,7 +64,7 @@ async def test_sequential_and_ephemeral_and_makepath(zk_hosts: str, session: Ses
     second = await session.create("/q/item-", b"", sequence=True)
     assert sequence_of(second) == sequence_of(first) + 1
     assert sorted(await session.children("/q")) == [first.split("/")[-1], second.split("/")[-1]]
-    kids, stat = await session.children_stat("/q")
+    _kids, stat = await session.children_stat("/q")
     assert stat.numChildren == 2 and stat.cversion == 2
     eph = await session.create("/eph", b"", ephemeral=True)
     with pytest.raises(NoChildrenForEphemeralsError):

@@ -118,3 +118,9 @@ async def test_guard_refuses_to_start_while_disconnected(
                     raise AssertionError("must not run")
             proxy.unfreeze()
             await s.wait_connected()
+
+
+async def test_guard_passes_the_bodys_own_error_through_unwrapped(session: Session) -> None:
+    with pytest.raises(KeyError, match="mine"):
+        async with session.guard():
+            raise KeyError("mine")

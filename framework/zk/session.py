@@ -30,6 +30,7 @@ from framework.logs import get_logger
 from framework.zk.bridge import BridgeHandler, Completions, translate, wait_result, waker
 from framework.zk.inflight import InFlightLimit
 from framework.zk.paths import validate_data, validate_path
+from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
 
 Stat = ZnodeStat
@@ -239,13 +240,14 @@ class Session:
             raise errors.SessionInterrupted("suspended" if not self._closed else "lost")
         session_id = self._session_id
         reason: list[str] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason,
-                               nursery.cancel_scope)
-            try:
-                yield
-            finally:
-                nursery.cancel_scope.cancel()
+        with single_body_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason,
+                                   nursery.cancel_scope)
+                try:
+                    yield
+                finally:
+                    nursery.cancel_scope.cancel()
         if reason:
             raise errors.SessionInterrupted(reason[0])
 
