@@ -41,6 +41,41 @@ def _cmd_zk(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from framework.runtime import load_class, run_component
+
+    hosts = zk_hosts_from(args.zk)
+    cls = load_class(args.component)
+    component = cls(args.app, name=args.name, address=args.address or "")
+    trio.run(lambda: run_component(component, hosts, session_timeout=args.session_timeout,
+                                   chroot=args.chroot))
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import trio
+    from rich.console import Console
+
+    from framework.runtime import App, gather_status, render_status
+    from framework.zk import Session
+
+    hosts = zk_hosts_from(args.zk)
+    app = App(args.app)
+
+    async def read() -> object:
+        async with Session(hosts, chroot=args.chroot, connect_timeout=args.connect_timeout) as s:
+            return await gather_status(s, app)
+
+    status = trio.run(read)
+    if args.json:
+        print(status.to_json())
+    else:
+        Console().print(render_status(status))
+    return 0 if status.exists else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="framework",
@@ -53,6 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     zk.add_argument("--data-dir", default=None, help="keep data here (default: a temp dir)")
     zk.add_argument("--tick-ms", type=int, default=200, help="ZooKeeper tickTime in ms")
     zk.set_defaults(func=_cmd_zk)
+    zk_help = "ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)"
+    run = sub.add_parser("run", help="run a Master or Worker subclass in this process")
+    run.add_argument("component", metavar="MODULE:CLASS", help="e.g. myapp.jobs:Fetcher")
+    run.add_argument("--zk", help=zk_help)
+    run.add_argument("--app", help="application name (default: the class's app_name)")
+    run.add_argument("--name", help="this process's name (default: HOST-PID)")
+    run.add_argument("--address", help="address to publish (master) or report (worker)")
+    run.add_argument("--chroot", help="ZooKeeper chroot for every path")
+    run.add_argument("--session-timeout", type=float, default=10.0, help="seconds")
+    run.set_defaults(func=_cmd_run)
+    status = sub.add_parser("status", help="show an application's leader, workers and queue")
+    status.add_argument("app", metavar="APP")
+    status.add_argument("--zk", help=zk_help)
+    status.add_argument("--chroot", help="ZooKeeper chroot")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
+    status.set_defaults(func=_cmd_status)
     for register in _extra_commands:
         register(sub)
     return parser

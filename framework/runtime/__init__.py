@@ -1,0 +1,25 @@
+"""Layer 4: the master/worker runtime (subclass ``Master`` and ``Worker``)."""
+
+from framework.runtime.app import App
+from framework.runtime.assignment import plan_assignment
+from framework.runtime.master import Master, MasterContext
+from framework.runtime.runner import load_class, run_component
+from framework.runtime.status import AppStatus, gather_status, render_status
+from framework.runtime.tasks import Task, TaskResult, new_task
+from framework.runtime.worker import Worker
+
+__all__ = [
+    "App",
+    "AppStatus",
+    "Master",
+    "MasterContext",
+    "Task",
+    "TaskResult",
+    "Worker",
+    "gather_status",
+    "load_class",
+    "new_task",
+    "plan_assignment",
+    "render_status",
+    "run_component",
+]

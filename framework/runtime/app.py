@@ -1,0 +1,70 @@
+"""``App``: the znode layout of one master/worker application.
+
+Everything an application knows lives under ``/apps/<name>`` so that a new master resumes
+from ZooKeeper, never from memory::
+
+    masters/        election of the active master (standbys wait in line)
+    rendezvous      the active master's address (ephemeral, filled in by the leader)
+    workers/        group membership: one ephemeral node per live worker, JSON status
+    tasks/          the work queue (pull mode)
+    dead/           tasks whose handler kept failing (dead letters)
+    running/        one ephemeral node per task being handled (progress in its data)
+    results/hh/     one record per finished task, bucketed by hash
+    failures/       recent task failures (a bounded ring of sequential nodes)
+    shards/         desired long-lived shards (push mode), data = shard spec
+    assignments/w/  shards assigned to worker ``w`` by the master (fenced writes)
+    config/         ready-znode configuration
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import attrs
+
+from framework.errors import ConfigurationError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Names become znode names: letters, digits, ``_.-``; a clear error otherwise."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigurationError(
+            f"invalid {kind} {value!r}: use 1-100 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@attrs.frozen
+class App:
+    """The paths of application ``name`` under ``root``."""
+
+    name: str = attrs.field(validator=lambda _i, _a, v: check_name("application name", v))
+    root: str = "/apps"
+
+    @property
+    def base(self) -> str:
+        return f"{self.root}/{self.name}"
+
+    masters = property(lambda self: f"{self.base}/masters")
+    rendezvous = property(lambda self: f"{self.base}/rendezvous")
+    workers = property(lambda self: f"{self.base}/workers")
+    tasks = property(lambda self: f"{self.base}/tasks")
+    dead = property(lambda self: f"{self.base}/dead")
+    running = property(lambda self: f"{self.base}/running")
+    results = property(lambda self: f"{self.base}/results")
+    failures = property(lambda self: f"{self.base}/failures")
+    shards = property(lambda self: f"{self.base}/shards")
+    assignments = property(lambda self: f"{self.base}/assignments")
+    config = property(lambda self: f"{self.base}/config")
+
+    def result_path(self, key: str) -> str:
+        """Where the result record of task (or idempotency) ``key`` lives."""
+        bucket = hashlib.blake2s(key.encode(), digest_size=1).hexdigest()
+        return f"{self.results}/{bucket}/{key}"
+
+    def assignment_dir(self, worker: str) -> str:
+        return f"{self.assignments}/{worker}"

@@ -1,0 +1,274 @@
+"""``Master``: subclass it and implement ``async def lead(self, ctx)``.
+
+Every master process campaigns in the application's election; standbys wait in line, each
+watching only its predecessor.  The elected one publishes its address in the rendezvous and
+runs ``lead(ctx)``.  When leadership can no longer be proven (its session SUSPENDED past
+``suspended_grace`` or LOST, its election node gone) the body of ``lead`` is cancelled and the
+process goes back to standing by; every write made through ``ctx`` is fenced by the leader's
+election node, so a deposed master's late write fails on the server.
+
+``lead`` returning means the application's job is finished: the process exits (a standby that
+is elected later runs ``lead`` again and finds the job done in ZooKeeper).  A new master
+always resumes from ZooKeeper, never from memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from framework import errors
+from framework.logs import get_logger
+from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
+from framework.primitives.queue import WorkQueue
+from framework.runtime.app import App, check_name
+from framework.runtime.assignment import plan_assignment
+from framework.runtime.tasks import Task, TaskResult, new_task
+from framework.zk import Session, watch_children
+
+log = get_logger("framework.runtime.master")
+
+
+@attrs.define
+class MasterContext:
+    """What a leading master can do.  Valid only inside ``lead``; every write is fenced."""
+
+    session: Session
+    app: App
+    term: Term
+    master: Master
+    queue: WorkQueue
+    config_store: ConfigStore[Any]
+
+    # ------------------------------------------------------------ tasks (pull mode)
+
+    async def submit(self, payload: Any, *, task_id: str | None = None,
+                     idempotency_key: str | None = None, time_limit: float | None = None,
+                     priority: int = 0) -> Task:
+        """Queue one task (JSON payload) for the workers; returns it with its id."""
+        task = new_task(payload, task_id=task_id, idempotency_key=idempotency_key,
+                        time_limit=time_limit)
+        await self.queue.put(task.encode(), priority=priority)
+        return task
+
+    async def submit_many(self, payloads: list[Any], *, priority: int = 0) -> list[Task]:
+        """Queue many tasks in one pipelined burst."""
+        tasks = [new_task(p) for p in payloads]
+        await self.queue.put_many([t.encode() for t in tasks], priority=priority)
+        return tasks
+
+    async def result(self, key: str) -> TaskResult | None:
+        """The result record of a task id (or idempotency key), if it finished."""
+        try:
+            return TaskResult.decode((await self.session.get(self.app.result_path(key)))[0])
+        except errors.NoNodeError:
+            return None
+
+    async def wait_idle(self) -> None:
+        """Return once the queue is empty and no task is running (watches, no polling).
+
+        Every item leaves the queue only after its ``running/`` marker is gone, so watching
+        ``running/`` and re-checking the queue depth on each change cannot miss the end.
+        """
+        async for snap in watch_children(self.session, self.app.running):
+            if not snap.children and await self.queue.size() == 0:
+                return
+
+    # ------------------------------------------------------------ configuration
+
+    async def publish_config(self, config: Any) -> int:
+        """Publish a new configuration to every worker (ready-znode protocol, fenced)."""
+        return await self.config_store.write(config, fence=self.term)
+
+    # ------------------------------------------------------------ workers
+
+    async def workers(self) -> dict[str, dict[str, Any]]:
+        """Live workers and the status each one reports."""
+        members = await Group(self.session, self.app.workers).members()
+        return {name: _json(data) for name, data in members.items()}
+
+    async def watch_workers(self) -> AsyncIterator[dict[str, dict[str, Any]]]:
+        async for members in Group(self.session, self.app.workers).watch():
+            yield {name: _json(data) for name, data in members.items()}
+
+    # ------------------------------------------------------------ shards (push mode)
+
+    async def run_shards(self, shards: Mapping[str, bytes]) -> None:
+        """Keep ``shards`` assigned to live workers, forever (Katta/Helix style).
+
+        Writes the desired shards, then drives ``assignments/`` towards a sticky, balanced
+        plan over the live workers.  After any change of the live set it waits until the set
+        has been stable for ``Master.stable_for`` seconds (safe mode, also at start-up), so a
+        worker that blips does not cause a storm of moves.  Every write is fenced.
+        """
+        for shard in shards:
+            check_name("shard name", shard)
+        await self._write_shards(shards)
+        send, receive = trio.open_memory_channel[dict[str, dict[str, Any]]](1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._feed_workers, send)
+            latest = await receive.receive()
+            while True:
+                with trio.move_on_after(self.master.stable_for):
+                    latest = await receive.receive()
+                    continue  # changed again: restart the stability timer
+                await self.rebalance(set(shards), set(latest))
+                latest = await receive.receive()
+
+    async def _feed_workers(self, send: trio.MemorySendChannel[Any]) -> None:
+        async for workers in self.watch_workers():
+            await send.send(workers)
+
+    async def _write_shards(self, shards: Mapping[str, bytes]) -> None:
+        await self.session.ensure_path(self.app.shards)
+        existing = set(await self.session.children(self.app.shards))
+        txn = self.term.fenced()
+        for name, spec in shards.items():
+            path = f"{self.app.shards}/{name}"
+            txn.set(path, spec) if name in existing else txn.create(path, spec)
+        for name in existing - set(shards):
+            txn.delete(f"{self.app.shards}/{name}")
+        await _commit(txn)
+
+    async def assignments(self) -> dict[str, str]:
+        """The current shard -> worker map as written in ZooKeeper."""
+        current: dict[str, str] = {}
+        await self.session.ensure_path(self.app.assignments)
+        for worker in await self.session.children(self.app.assignments):
+            try:
+                for shard in await self.session.children(self.app.assignment_dir(worker)):
+                    current[shard] = worker
+            except errors.NoNodeError:
+                continue
+        return current
+
+    async def rebalance(self, shards: set[str], live: set[str]) -> dict[str, str]:
+        """Move the written assignment to the plan for ``live``; one fenced transaction."""
+        current = await self.assignments()
+        plan = plan_assignment(shards, live, current)
+        txn = self.term.fenced()
+        moves = 0
+        for worker in live:
+            if await self.session.exists(self.app.assignment_dir(worker)) is None:
+                txn.create(self.app.assignment_dir(worker))
+        for shard, worker in current.items():
+            if plan.get(shard) != worker:
+                txn.delete(f"{self.app.assignment_dir(worker)}/{shard}")
+        for shard, worker in plan.items():
+            if current.get(shard) != worker:
+                txn.create(f"{self.app.assignment_dir(worker)}/{shard}")
+                moves += 1
+        await _commit(txn)
+        log.info("master.rebalanced", app=self.app.name, shards=len(plan), workers=len(live),
+                 moves=moves)
+        return plan
+
+
+class Master:
+    """Base class of an application's masters; override :meth:`lead`.
+
+    ``stable_for`` is the safe-mode period for shard assignment; ``suspended_grace`` how
+    long a disconnected leader keeps leading (keep it well below a third of the session
+    timeout, or 0, so it stops before the server can elect another).
+    """
+
+    app_name: str | None = None
+    stable_for: float = 2.0
+    suspended_grace: float = 0.0
+
+    def __init__(self, app: App | str | None = None, *, name: str | None = None,
+                 address: str = "") -> None:
+        app = app if app is not None else self.app_name
+        if app is None:
+            raise errors.ConfigurationError(
+                f"{type(self).__name__} needs an application: set app_name or pass --app"
+            )
+        self.app = app if isinstance(app, App) else App(app)
+        self.name = check_name("master name", name or f"{socket.gethostname()}-{os.getpid()}")
+        self.address = address
+        self.terms_led = 0
+        self._stopping = False
+        self._scope: trio.CancelScope | None = None
+
+    async def lead(self, ctx: MasterContext) -> None:
+        """The leader's work.  Return when the job is finished."""
+        raise NotImplementedError(f"{type(self).__name__} must implement lead(ctx)")
+
+    def request_stop(self) -> None:
+        """Resign (or stop standing by) at once; a standby takes over immediately."""
+        self._stopping = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self, session: Session) -> None:
+        """Campaign, lead, and stand by again after a lost term, until done or stopped."""
+        app = self.app
+        for path in (app.masters, app.tasks, app.running, app.results, app.workers):
+            await session.ensure_path(path)
+        identity = json.dumps({"name": self.name, "address": self.address,
+                               "pid": os.getpid(), "host": socket.gethostname()}).encode()
+        election = Election(session, app.masters, identity,
+                            suspended_grace=self.suspended_grace)
+        with trio.CancelScope() as self._scope:
+            while not self._stopping:
+                log.info("master.standby", app=app.name, master=self.name)
+                try:
+                    async with election.leadership() as term:
+                        await self._lead_term(session, term, identity)
+                        return
+                except errors.LeadershipLost as exc:
+                    log.warning("master.deposed", app=app.name, master=self.name,
+                                reason=exc.reason)
+                    await session.wait_connected()
+        log.info("master.stopped", app=app.name, master=self.name)
+
+    async def _lead_term(self, session: Session, term: Term, identity: bytes) -> None:
+        self.terms_led += 1
+        started = time.monotonic()
+        log.info("master.elected", app=self.app.name, master=self.name, token=term.token)
+        rendezvous = Rendezvous(session, self.app.rendezvous)
+        await rendezvous.publish(identity, ephemeral=True)
+        ctx = MasterContext(
+            session=session,
+            app=self.app,
+            term=term,
+            master=self,
+            queue=WorkQueue(session, self.app.tasks, dead_letter=self.app.dead),
+            config_store=ConfigStore(session, self.app.config),
+        )
+        try:
+            await self.lead(ctx)
+            log.info("master.finished", app=self.app.name, master=self.name,
+                     seconds=round(time.monotonic() - started, 3))
+        finally:
+            with trio.CancelScope(shield=True):
+                try:  # withdraw our address, never a successor's
+                    stat = await session.exists(self.app.rendezvous)
+                    if stat is not None and stat.ephemeralOwner == term.session_id:
+                        await session.delete(self.app.rendezvous, version=stat.version)
+                except errors.ZooKeeperError:
+                    pass
+
+
+async def _commit(txn: Any) -> None:
+    try:
+        await txn.commit()
+    except errors.TransactionFailedError as exc:
+        if exc.failed_index == 0:
+            raise errors.LeadershipLost("fenced write refused: no longer the leader") from exc
+        raise
+
+
+def _json(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data) if data else {}
+    except ValueError:
+        return {"raw": data.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"value": value}

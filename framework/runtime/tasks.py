@@ -1,0 +1,86 @@
+"""Tasks and their records, as small JSON documents (payloads belong elsewhere if large)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import attrs
+
+from framework.errors import ConfigurationError
+from framework.runtime.app import check_name
+
+
+@attrs.frozen
+class Task:
+    """One unit of work.  ``payload`` is any JSON value.
+
+    ``idempotency_key`` (default: the id) names the result record: a task whose key already
+    has a successful result is acknowledged without running again, so a redelivery after a
+    crash between "result written" and "item deleted" does no work twice.
+    """
+
+    id: str
+    payload: Any = None
+    idempotency_key: str | None = None
+    time_limit: float | None = None
+    attempts: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.idempotency_key or self.id
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"id": self.id, "payload": self.payload, "key": self.idempotency_key,
+             "time_limit": self.time_limit},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, attempts: int = 0) -> Task:
+        doc = json.loads(data)
+        return cls(doc["id"], doc.get("payload"), doc.get("key"), doc.get("time_limit"), attempts)
+
+
+def new_task(
+    payload: Any,
+    *,
+    task_id: str | None = None,
+    idempotency_key: str | None = None,
+    time_limit: float | None = None,
+) -> Task:
+    """Build a task, validating what a user can get wrong."""
+    task_id = check_name("task id", task_id) if task_id else uuid.uuid4().hex
+    if idempotency_key is not None:
+        check_name("idempotency key", idempotency_key)
+    if time_limit is not None and time_limit <= 0:
+        raise ConfigurationError("time_limit must be positive")
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"task payload must be JSON-serialisable: {exc}") from None
+    return Task(task_id, payload, idempotency_key, time_limit)
+
+
+@attrs.frozen
+class TaskResult:
+    """What happened to a task: written once per successful run (or final failure)."""
+
+    task_id: str
+    ok: bool
+    worker: str
+    attempts: int
+    result: Any = None
+    error: str | None = None
+    started_at: float = 0.0
+    finished_at: float = attrs.field(factory=time.time)
+
+    def encode(self) -> bytes:
+        return json.dumps(attrs.asdict(self), separators=(",", ":"), default=str).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> TaskResult:
+        return cls(**json.loads(data))

@@ -1,0 +1,343 @@
+"""``Worker``: subclass it and implement ``handle`` (pull mode) and/or ``serve_shard`` (push).
+
+A worker joins the application's group with its status (address, load, health, counts), takes
+tasks from the shared queue (at-least-once: an item is deleted only after ``handle`` returned
+and its result was recorded), follows the ready-znode configuration, and serves the shards the
+master assigns to it.
+
+Crash safety:
+
+* A task's claim is an ephemeral node of this worker's session: kill -9 the worker and the
+  task goes back to the queue for another worker.
+* A result record is written before the item is acknowledged; a task whose key already has a
+  successful record is acknowledged without running again (idempotency key).
+* Shards are served only while the session is trusted: on SUSPENDED past ``suspended_grace``
+  or on LOST every shard body is cancelled (the master will give them to someone else), and
+  the worker follows its assignments again once reconnected.
+
+Graceful stop (SIGTERM/Ctrl-C via the runner, or :meth:`request_stop`): stop taking, let
+in-flight tasks finish for up to ``drain_timeout`` seconds (then cancel them: their items are
+redelivered), stop shards, leave the group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import trio
+
+from framework import errors
+from framework.logs import get_logger
+from framework.primitives import ConfigStore, Group
+from framework.primitives.queue import QueueItem, WorkQueue
+from framework.runtime.app import App, check_name
+from framework.runtime.tasks import Task, TaskResult
+from framework.zk import Session, watch_children
+
+log = get_logger("framework.runtime.worker")
+
+#: How many failure records the ``failures/`` ring keeps.
+FAILURE_RING = 200
+
+
+class Worker:
+    """Base class of an application's workers; override :meth:`handle` / :meth:`serve_shard`.
+
+    Class attributes tune the runtime: ``concurrency`` (tasks at once), ``max_attempts``
+    (then the task is dead-lettered), ``backoff_base``/``backoff_max`` (seconds held before
+    a failed task is released for retry, doubling per attempt), ``time_limit`` (seconds per
+    task unless the task sets its own), ``drain_timeout``, ``status_interval``,
+    ``suspended_grace``.
+    """
+
+    app_name: str | None = None
+    concurrency: int = 1
+    max_attempts: int = 5
+    backoff_base: float = 0.2
+    backoff_max: float = 10.0
+    time_limit: float | None = None
+    drain_timeout: float = 30.0
+    status_interval: float = 1.0
+    suspended_grace: float = 0.0
+
+    def __init__(self, app: App | str | None = None, *, name: str | None = None,
+                 address: str = "") -> None:
+        app = app if app is not None else self.app_name
+        if app is None:
+            raise errors.ConfigurationError(
+                f"{type(self).__name__} needs an application: set app_name or pass --app"
+            )
+        self.app = app if isinstance(app, App) else App(app)
+        self.name = check_name("worker name", name or f"{socket.gethostname()}-{os.getpid()}")
+        self.address = address
+        self.config: Any = None
+        self.session: Session | None = None
+        self.tasks_done = 0
+        self.tasks_failed = 0
+        self._in_flight = 0
+        self._shards: set[str] = set()
+        self._draining = False
+        self._waiting: set[trio.CancelScope] = set()
+        self._stop_requested = trio.Event()
+        self._status_dirty = trio.Event()
+
+    # ------------------------------------------------------------ for subclasses
+
+    async def handle(self, task: Task) -> Any:
+        """Do one task; return a JSON-able result.  Raise to fail (it will be retried)."""
+        raise NotImplementedError(f"{type(self).__name__} takes tasks but has no handle()")
+
+    async def serve_shard(self, shard: str, spec: bytes) -> None:
+        """Serve one assigned shard until cancelled (push mode).  Default: hold it idle."""
+        await trio.sleep_forever()
+
+    async def on_config(self, config: Any) -> None:
+        """Called with each new complete configuration (the paper's ready-znode protocol)."""
+
+    def health(self) -> dict[str, Any]:
+        """Reported in the worker's group node; override to add checks."""
+        return {"ok": True}
+
+    @property
+    def takes_tasks(self) -> bool:
+        """Whether this worker pulls from the task queue (it does if it overrides handle)."""
+        return type(self).handle is not Worker.handle
+
+    async def report_progress(self, task: Task, done: float, total: float | None = None,
+                              message: str = "") -> None:
+        """Publish progress of a running task (shown by ``framework status``)."""
+        doc = {"worker": self.name, "done": done, "total": total, "message": message,
+               "at": time.time()}
+        assert self.session is not None
+        await self.session.set(f"{self.app.running}/{task.id}", json.dumps(doc).encode())
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (idempotent)."""
+        if not self._draining:
+            log.info("worker.draining", app=self.app.name, worker=self.name,
+                     in_flight=self._in_flight)
+        self._draining = True
+        self._stop_requested.set()
+        for scope in list(self._waiting):
+            scope.cancel()
+        self._status_dirty.set()
+
+    # ------------------------------------------------------------ runtime
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "state": "draining" if self._draining else "running",
+            "load": self._in_flight / max(self.concurrency, 1),
+            "in_flight": self._in_flight,
+            "done": self.tasks_done,
+            "failed": self.tasks_failed,
+            "shards": sorted(self._shards),
+            "health": self.health(),
+            "at": time.time(),
+        }
+
+    async def run(self, session: Session) -> None:
+        """Serve until :meth:`request_stop`; returns after a graceful drain."""
+        self.session = session
+        app = self.app
+        for path in (app.tasks, app.running, app.results, app.failures, app.dead,
+                     app.assignment_dir(self.name), app.shards):
+            await session.ensure_path(path)
+        group = Group(session, app.workers)
+        queue = WorkQueue(session, app.tasks, max_attempts=self.max_attempts,
+                          dead_letter=app.dead)
+        async with group.join(self.name, json.dumps(self.status()).encode()) as member:
+            log.info("worker.joined", app=app.name, worker=self.name)
+            async with trio.open_nursery() as background:
+                background.start_soon(self._report_status, member)
+                background.start_soon(self._follow_config, session)
+                background.start_soon(self._follow_assignments, session)
+                if self.takes_tasks:
+                    async with trio.open_nursery() as slots:
+                        for _ in range(self.concurrency):
+                            slots.start_soon(self._slot, session, queue)
+                        slots.start_soon(self._drain_deadline, slots.cancel_scope)
+                        await self._stop_requested.wait()
+                else:
+                    await self._stop_requested.wait()
+                background.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await member.update(json.dumps(self.status() | {"state": "stopped"}).encode())
+        log.info("worker.stopped", app=app.name, worker=self.name, done=self.tasks_done,
+                 failed=self.tasks_failed)
+
+    async def _drain_deadline(self, slots: trio.CancelScope) -> None:
+        await self._stop_requested.wait()
+        await trio.sleep(self.drain_timeout)
+        log.warning("worker.drain_timeout", worker=self.name, in_flight=self._in_flight)
+        slots.cancel()
+
+    async def _slot(self, session: Session, queue: WorkQueue) -> None:
+        while not self._draining:
+            marker: list[str] = []
+            try:
+                with trio.CancelScope() as slot:
+                    # request_stop cancels only slots still waiting for an item
+                    self._waiting.add(slot)
+                    try:
+                        async with queue.take() as item:
+                            self._waiting.discard(slot)
+                            # an exception leaving this block hands the item back
+                            await self._handle_item(session, item, marker)
+                        # the running/ marker outlives the ack or release, so an observer
+                        # that sees no marker and an empty queue knows all is done
+                    finally:
+                        self._waiting.discard(slot)
+                        await self._clear_running(session, marker)
+                if slot.cancelled_caught:  # only ever cancelled while waiting
+                    return
+            except errors.FrameworkError as exc:
+                log.warning("task.released", worker=self.name, error=str(exc))
+            except Exception:  # noqa: BLE001 - the handler's error, already recorded
+                pass
+
+    async def _clear_running(self, session: Session, marker: list[str]) -> None:
+        if marker:
+            with trio.CancelScope(shield=True):
+                try:
+                    await session.delete(marker[0], missing_ok=True)
+                except errors.ZooKeeperError:
+                    pass  # ephemeral: goes with the session anyway
+
+    async def _handle_item(self, session: Session, item: QueueItem, marker: list[str]) -> None:
+        """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
+        task = Task.decode(item.data, item.attempts)
+        running = f"{self.app.running}/{task.id}"
+        doc = json.dumps({"worker": self.name, "started": time.time(),
+                          "attempt": task.attempts}).encode()
+        await session.create(running, doc, ephemeral=True)
+        marker.append(running)
+        record = self.app.result_path(task.key)
+        try:
+            previous = TaskResult.decode((await session.get(record))[0])
+            if previous.ok:
+                log.info("task.duplicate_skipped", task=task.id, key=task.key,
+                         done_by=previous.worker)
+                return
+        except errors.NoNodeError:
+            pass
+        self._in_flight += 1
+        self._status_dirty.set()
+        started = time.time()
+        try:
+            limit = task.time_limit or self.time_limit
+            with trio.fail_after(limit) if limit else nullcontext():
+                value = await self.handle(task)
+        except Exception as exc:
+            await self._failed(session, task, exc, started)
+            raise
+        finally:
+            self._in_flight -= 1
+            self._status_dirty.set()
+        result = TaskResult(task.id, True, self.name, task.attempts, value, started_at=started)
+        await _put(session, record, result.encode())
+        self.tasks_done += 1
+        log.info("task.done", task=task.id, worker=self.name, attempt=task.attempts,
+                 seconds=round(time.time() - started, 3))
+
+    async def _failed(self, session: Session, task: Task, exc: Exception,
+                      started: float) -> None:
+        self.tasks_failed += 1
+        error = "time limit exceeded" if isinstance(exc, trio.TooSlowError) else (
+            f"{type(exc).__name__}: {exc}")
+        final = task.attempts >= self.max_attempts
+        log.warning("task.failed", task=task.id, worker=self.name, error=error,
+                    attempt=task.attempts, final=final)
+        result = TaskResult(task.id, False, self.name, task.attempts, None, error,
+                            started_at=started)
+        with trio.CancelScope(shield=True):
+            try:
+                node = await session.create(f"{self.app.failures}/f-", result.encode(),
+                                            sequence=True)
+                old = int(node[-10:]) - FAILURE_RING
+                if old >= 0:
+                    await session.delete(f"{self.app.failures}/f-{old:010d}", missing_ok=True)
+                if final:
+                    await _put(session, self.app.result_path(task.key), result.encode())
+            except errors.ZooKeeperError:
+                pass
+        if not final:
+            # hold the claim for a while so the retry is delayed (exponential backoff)
+            await trio.sleep(min(self.backoff_base * 2 ** (task.attempts - 1), self.backoff_max))
+
+    async def _report_status(self, member: Any) -> None:
+        last = None
+        while True:
+            await self._status_dirty.wait()
+            self._status_dirty = trio.Event()
+            doc = self.status()
+            comparable = {k: v for k, v in doc.items() if k != "at"}
+            if comparable != last:
+                last = comparable
+                try:
+                    await member.update(json.dumps(doc).encode())
+                except errors.ZooKeeperError as exc:
+                    log.warning("worker.status_failed", error=str(exc))
+            await trio.sleep(self.status_interval)  # rate limit, not synchronisation
+
+    async def _follow_config(self, session: Session) -> None:
+        store: ConfigStore[Any] = ConfigStore(session, self.app.config)
+        async for config in store.watch():
+            self.config = config
+            log.info("worker.config", worker=self.name)
+            await self.on_config(config)
+
+    async def _follow_assignments(self, session: Session) -> None:
+        """Serve exactly the shards assigned to us, and only while our session is trusted."""
+        mine = self.app.assignment_dir(self.name)
+        while True:
+            await session.wait_connected()
+            try:
+                async with session.guard(suspended_grace=self.suspended_grace):
+                    async with trio.open_nursery() as nursery:
+                        scopes: dict[str, trio.CancelScope] = {}
+                        async for snap in watch_children(session, mine):
+                            wanted = set(snap.children)
+                            for shard in set(scopes) - wanted:
+                                scopes.pop(shard).cancel()
+                            for shard in wanted - set(scopes):
+                                scopes[shard] = await nursery.start(self._serve, session, shard)
+            except errors.SessionInterrupted as exc:
+                log.warning("worker.shards_dropped", worker=self.name, reason=exc.reason)
+                self._shards.clear()
+                self._status_dirty.set()
+
+    async def _serve(self, session: Session, shard: str,
+                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            try:
+                spec, _ = await session.get(f"{self.app.shards}/{shard}")
+            except errors.NoNodeError:
+                spec = b""
+            self._shards.add(shard)
+            self._status_dirty.set()
+            log.info("shard.serving", worker=self.name, shard=shard)
+            try:
+                await self.serve_shard(shard, spec)
+            finally:
+                self._shards.discard(shard)
+                self._status_dirty.set()
+                log.info("shard.released", worker=self.name, shard=shard)
+
+
+async def _put(session: Session, path: str, data: bytes) -> None:
+    """Create or overwrite a persistent record."""
+    try:
+        await session.create(path, data, makepath=True)
+    except errors.NodeExistsError:
+        await session.set(path, data)
