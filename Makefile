@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	  { echo "error: Python 3.11 or newer is needed (found $$($(PYTHON) --version))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,examples]'
 	touch $(STAMP)
 
 # Debian's zookeeper package provides the server jars (Java is a dependency of it).

@@ -11,7 +11,7 @@ import trio
 from framework import LeadershipLost, Session
 from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker, gather_status
 from framework.testing import expire_session
-from framework.zk import wait_gone
+from framework.zk import wait_exists, wait_gone
 
 TIMEOUT = 4.0
 
@@ -218,11 +218,9 @@ async def test_status_reports_workers_and_leader(zk_hosts: str, chroot: str) -> 
             s = await nursery_session(nursery, zk_hosts, chroot)
             nursery.start_soon(Idle("st", name="m1", address="10.0.0.1:99").run, s)
             nursery.start_soon(W("st", name="w1").run, s)
-            while True:
-                status = await gather_status(s, App("st"))
-                if status.leader and status.workers:
-                    break
-                await trio.sleep(0.05)  # status is a read-only snapshot: re-read it
+            await wait_exists(s, "/apps/st/rendezvous")
+            await wait_exists(s, "/apps/st/workers/w1")
+            status = await gather_status(s, App("st"))
             nursery.cancel_scope.cancel()
     assert status.leader["name"] == "m1" and status.leader["address"] == "10.0.0.1:99"
     assert set(status.workers) == {"w1"} and status.workers["w1"]["state"] == "running"

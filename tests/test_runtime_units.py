@@ -14,7 +14,7 @@ names = st.lists(st.text("abcdefgh", min_size=1, max_size=3), unique=True, max_s
 
 @given(shards=names, workers=names, data=st.data())
 def test_plan_is_complete_balanced_and_sticky(shards, workers, data) -> None:
-    current = {s: data.draw(st.sampled_from(workers + ["gone"])) for s in shards} if workers else {}
+    current = {s: data.draw(st.sampled_from([*workers, "gone"])) for s in shards} if workers else {}
     plan = plan_assignment(shards, workers, current)
     if not workers:
         assert plan == {}

@@ -36,7 +36,7 @@ from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import QueueItem, WorkQueue
 from framework.runtime.app import App, check_name
-from framework.runtime.tasks import Task, TaskResult
+from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.zk import Session, watch_children
 
 log = get_logger("framework.runtime.worker")
@@ -115,6 +115,17 @@ class Worker:
                "at": time.time()}
         assert self.session is not None
         await self.session.set(f"{self.app.running}/{task.id}", json.dumps(doc).encode())
+
+    async def submit(self, payload: Any, *, task_id: str | None = None,
+                     idempotency_key: str | None = None, time_limit: float | None = None,
+                     priority: int = 0) -> Task:
+        """Queue a follow-up task (a crawler queues the links it found, say)."""
+        if self.session is None:
+            raise errors.NotConnectedError("the worker is not running")
+        task = new_task(payload, task_id=task_id, idempotency_key=idempotency_key,
+                        time_limit=time_limit)
+        await WorkQueue(self.session, self.app.tasks).put(task.encode(), priority=priority)
+        return task
 
     def request_stop(self) -> None:
         """Begin a graceful stop (idempotent)."""
@@ -202,7 +213,7 @@ class Worker:
                     return
             except errors.FrameworkError as exc:
                 log.warning("task.released", worker=self.name, error=str(exc))
-            except Exception:  # noqa: BLE001 - the handler's error, already recorded
+            except Exception:
                 pass
 
     async def _clear_running(self, session: Session, marker: list[str]) -> None:

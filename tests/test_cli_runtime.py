@@ -1,0 +1,81 @@
+"""`framework run` and `framework status`: clear errors, readable output, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from framework import Session
+from framework.runtime import App, Master, MasterContext, Worker, load_class
+from framework.zk import wait_exists
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "FRAMEWORK_ZK_HOSTS"}
+    return subprocess.run([sys.executable, "-m", "framework", *args], capture_output=True,
+                          text=True, timeout=60, env=base | (env or {}))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nocolon", "expected MODULE:CLASS"),
+        ("no_such_module_xyz:Thing", "cannot import module"),
+        ("framework.runtime:Nope", "has no attribute"),
+        ("framework.runtime:App", "not a subclass"),
+    ],
+)
+def test_wrong_class_paths_give_clear_errors(spec: str, message: str) -> None:
+    result = cli("run", spec, "--zk", "127.0.0.1:1")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_zookeeper_setting_says_how_to_start_one() -> None:
+    result = cli("run", "framework.runtime:Worker")
+    assert result.returncode == 2 and "FRAMEWORK_ZK_HOSTS" in result.stderr
+    assert "python -m framework zk" in result.stderr
+
+
+def test_unreachable_ensemble_is_a_clear_error() -> None:
+    from framework.zkserver import free_ports
+
+    (port,) = free_ports(1)
+    result = cli("status", "myapp", "--zk", f"127.0.0.1:{port}", "--connect-timeout", "1")
+    assert result.returncode == 2 and "could not connect" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_load_class_accepts_masters_and_workers() -> None:
+    assert load_class("framework.runtime:Master") is Master
+    assert load_class("framework.runtime:Worker") is Worker
+
+
+async def test_status_table_and_json(zk_hosts: str, chroot: str) -> None:
+    class Idle(Master):
+        async def lead(self, ctx: MasterContext) -> None:
+            await ctx.submit({"x": 1})
+            await trio.sleep_forever()
+
+    async with Session(zk_hosts, chroot=chroot) as s:
+        async with trio.open_nursery() as nursery:
+            master = Idle(App("shown"), name="boss", address="127.0.0.1:7000")
+            nursery.start_soon(master.run, s)
+            with trio.fail_after(20):
+                await wait_exists(s, "/apps/shown/rendezvous")
+            table = await trio.to_thread.run_sync(
+                lambda: cli("status", "shown", "--zk", zk_hosts, "--chroot", chroot))
+            as_json = await trio.to_thread.run_sync(
+                lambda: cli("status", "shown", "--zk", zk_hosts, "--chroot", chroot, "--json"))
+            missing = await trio.to_thread.run_sync(
+                lambda: cli("status", "absent", "--zk", zk_hosts, "--chroot", chroot))
+            nursery.cancel_scope.cancel()
+    assert table.returncode == 0 and "boss" in table.stdout and "queue depth" in table.stdout
+    doc = json.loads(as_json.stdout)
+    assert doc["leader"]["name"] == "boss" and doc["queue_depth"] == 1
+    assert missing.returncode == 1 and "No application 'absent'" in missing.stdout
