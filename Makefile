@@ -16,6 +16,8 @@ lint: install
 
 bench: zookeeper install
 	$(PY) bench/bridge.py
+	$(PY) bench/primitives.py
+	$(PY) bench/runtime.py
 
 install: $(STAMP)
 

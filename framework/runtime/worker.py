@@ -103,6 +103,14 @@ class Worker:
         """Reported in the worker's group node; override to add checks."""
         return {"ok": True}
 
+    def status_changed(self) -> None:
+        """Ask for the group status (with :meth:`health`) to be published again soon.
+
+        The runtime republishes on its own when the task load changes; call this when
+        something else that :meth:`health` reports changed (a new configuration applied...).
+        """
+        self._status_dirty.set()
+
     @property
     def takes_tasks(self) -> bool:
         """Whether this worker pulls from the task queue (it does if it overrides handle)."""
@@ -176,8 +184,8 @@ class Worker:
                     async with trio.open_nursery() as slots:
                         for _ in range(self.concurrency):
                             slots.start_soon(self._slot, session, queue)
-                        slots.start_soon(self._drain_deadline, slots.cancel_scope)
-                        await self._stop_requested.wait()
+                        # the timer lives outside the slots: a quick drain exits at once
+                        background.start_soon(self._drain_deadline, slots.cancel_scope)
                 else:
                     await self._stop_requested.wait()
                 background.cancel_scope.cancel()

@@ -1,0 +1,33 @@
+"""All recipe benchmarks in one run: ours vs kazoo's recipes on the same server.
+
+Run: ``.venv/bin/python bench/primitives.py`` (starts its own ZooKeeper unless
+FRAMEWORK_ZK_HOSTS is set).  Parts: election and membership (``primitives_election``), queue,
+locks and double barrier (``primitives_queue_lock``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import primitives_election, primitives_queue_lock  # noqa: E402
+from bench.common import print_results, zookeeper  # noqa: E402
+from framework import configure_logging  # noqa: E402
+
+
+def main() -> None:
+    configure_logging(level="error")
+    with zookeeper() as hosts:
+        election = trio.run(primitives_election.run, hosts)
+        print_results("election and membership: ours vs kazoo recipes "
+                      f"(session timeout {primitives_election.SESSION_TIMEOUT:g} s)", election)
+        queue_lock = trio.run(primitives_queue_lock.run, hosts)
+        print_results("queue, locks, double barrier: ours vs kazoo recipes", queue_lock)
+
+
+if __name__ == "__main__":
+    main()
