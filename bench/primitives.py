@@ -14,9 +14,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import primitives_election, primitives_queue_lock  # noqa: E402
-from bench.common import print_results, zookeeper  # noqa: E402
-from framework import configure_logging  # noqa: E402
+from bench import primitives_election, primitives_queue_lock
+from bench.common import print_results, zookeeper
+from framework import configure_logging
 
 
 def main() -> None:
