@@ -7,6 +7,8 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+os.environ.setdefault("FRAMEWORK_LOG_LEVEL", "warning")  # before framework configures logging
+
 import pytest
 
 from framework import Session, ZooKeeperEnsemble
