@@ -123,7 +123,8 @@ async def kazoo_throughput(hosts: str) -> float:
         procs = [run_cmd("-c", KAZOO_CONSUMER, hosts, path) for _ in range(WORKERS)]
         for p in procs:
             await trio.to_thread.run_sync(p.wait)
-        done = [float(client.get(f"{path}-done/{n}")[0]) for n in client.get_children(f"{path}-done")]
+        done_dir = f"{path}-done"
+        done = [float(client.get(f"{done_dir}/{n}")[0]) for n in client.get_children(done_dir)]
         return TASKS / (max(done) - start)
     finally:
         kill_all(procs)

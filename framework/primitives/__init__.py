@@ -5,18 +5,36 @@ GUID, each watching only its predecessor), and says in its docstring what happen
 SUSPENDED and LOST.
 """
 
+from framework.primitives.barrier import Barrier
 from framework.primitives.config import ConfigStore, Versioned
+from framework.primitives.double_barrier import DoubleBarrier
 from framework.primitives.election import Election, LeaderInfo, Term
+from framework.primitives.lock import Lock, LockHolding, RevocableLock, request_revoke
 from framework.primitives.membership import Group, Membership
+from framework.primitives.queue import QueueItem, WorkQueue
 from framework.primitives.rendezvous import Rendezvous
+from framework.primitives.rwlock import ReadWriteLock
+from framework.primitives.two_phase import Outcome, TwoPhaseCoordinator, TwoPhaseSite
 
 __all__ = [
+    "Barrier",
     "ConfigStore",
+    "DoubleBarrier",
     "Election",
     "Group",
     "LeaderInfo",
+    "Lock",
+    "LockHolding",
     "Membership",
+    "Outcome",
+    "QueueItem",
+    "ReadWriteLock",
     "Rendezvous",
+    "RevocableLock",
     "Term",
+    "TwoPhaseCoordinator",
+    "TwoPhaseSite",
     "Versioned",
+    "WorkQueue",
+    "request_revoke",
 ]

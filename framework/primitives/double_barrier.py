@@ -1,0 +1,235 @@
+"""A double barrier (seed recipe): ``count`` participants enter together and leave together.
+
+Layout under the barrier's path::
+
+    p-<name>-<guid>-NNNNNNNNNN   one ephemeral sequential node per participant
+    ready                        persistent; its data is "go" for one round: the names of that
+                                 round's members (empty between rounds)
+
+Enter (seed): register a node and watch ``ready``; the participant that sees ``count``
+participants says "go" by writing their names into ``ready``.  Unlike the seed (and kazoo),
+``ready`` is never counted as a participant, and "go" names the round's members: a member
+that looks late (after others already left) still finds itself there and goes, instead of
+waiting for a marker that was already removed.  A participant arriving after "go" is not a
+member of that round: it waits for the next one, so the path can be reused round after round.
+``ready`` is never deleted, only rewritten with version checks, so a stale writer can never
+clear the marker of a newer round (a deleted and re-created node would restart at version 0).
+
+Leave (seed, herd-free): the lowest member watches the highest; every other member deletes
+its node and watches the lowest.  The lowest leaves last, deleting its node and clearing
+``ready`` in one transaction.  Ephemeral nodes make crashes harmless: a crashed member's node
+vanishes, which wakes whoever watched it, and the protocol carries on without it (whoever
+sees the round empty clears ``ready``).  Until its session expires a crashed participant
+still counts towards ``count``, as in the seed: nobody can tell it from a slow one before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import attrs
+import trio
+
+from framework import errors
+from framework.errors import ConfigurationError
+from framework.logs import get_logger
+from framework.primitives.lock import release_node
+from framework.zk import (
+    Session,
+    basename,
+    create_protected,
+    delete_guid_nodes,
+    new_guid,
+    sequence_of,
+    validate_path,
+)
+
+log = get_logger("framework.primitives.double_barrier")
+
+READY = "ready"
+_PREFIX = "p-"
+
+
+@attrs.frozen
+class _Round:
+    """The content of ``ready``: this round's members (empty: no round) at ``version``."""
+
+    members: frozenset[str]
+    version: int
+
+
+def _participants(names: list[str]) -> list[str]:
+    """Participant nodes (never ``ready``), lowest sequence first."""
+    kids = [n for n in names if n.startswith(_PREFIX) and n[-10:].isdigit()]
+    return sorted(kids, key=sequence_of)
+
+
+def _default_name() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", f"{socket.gethostname()}.{os.getpid()}")
+
+
+class DoubleBarrier:
+    """``async with DoubleBarrier(session, path, count).enter():`` runs the body once
+    ``count`` participants (in any processes) have entered, and returns from the block once
+    every member of the round has left.
+
+    If the body raises (or is cancelled) the participant leaves at once without waiting for
+    the others (its node is deleted, so it does not hold them up).
+
+    SUSPENDED: waiting continues after reconnection (our node lives as long as the session).
+    LOST: our ephemeral node is gone; while entering we register again in the new session;
+    inside the body or while leaving, the others count us as having left.
+    """
+
+    def __init__(
+        self, session: Session, path: str, count: int, name: str | None = None
+    ) -> None:
+        validate_path(path, allow_root=False)
+        if not isinstance(count, int) or count < 1:
+            raise ConfigurationError(f"a double barrier needs count >= 1, got {count!r}")
+        name = _default_name() if name is None else name
+        if not re.fullmatch(r"[A-Za-z0-9_.]+", name):
+            raise ConfigurationError(
+                f"participant name must use only letters, digits, '_' and '.': {name!r}"
+            )
+        self.session = session
+        self.path = path
+        self.count = count
+        self.name = name
+        self._ready = f"{path}/{READY}"
+
+    @asynccontextmanager
+    async def enter(self) -> AsyncIterator[None]:
+        me, round_ = await self._enter()
+        left = False
+        try:
+            yield
+            await self._leave(me, round_)
+            left = True
+        finally:
+            if not left:
+                await self._abandon(me, round_)
+
+    # ------------------------------------------------------------------ enter
+
+    async def _register(self, guid: str) -> str:
+        node = await create_protected(
+            self.session, self.path, f"{_PREFIX}{self.name}-", guid=guid
+        )
+        return basename(node)
+
+    async def _enter(self) -> tuple[str, _Round]:
+        session = self.session
+        guid = new_guid()
+        try:
+            me = await self._register(guid)
+            while True:
+                fired = trio.Event()
+                try:
+                    round_ = await self._read_ready(fired)
+                    if me in round_.members:
+                        log.debug("double_barrier.entered", path=self.path, node=me)
+                        return me, round_
+                    kids = _participants(await session.children(self.path))
+                    if me not in kids:  # our node vanished (expired session): register again
+                        await delete_guid_nodes(session, self.path, guid)
+                        guid = new_guid()
+                        me = await self._register(guid)
+                        continue
+                    if round_.members:
+                        # a previous round is still leaving (or its last member crashed)
+                        if not round_.members.intersection(kids):
+                            await self._clear(round_)
+                            continue
+                        await session.children(self.path, watch=session.waker(fired))
+                    elif len(kids) >= self.count:
+                        await session.set(
+                            self._ready, "\n".join(kids).encode(), version=round_.version
+                        )
+                        log.info("double_barrier.go", path=self.path, participants=len(kids))
+                        continue
+                except (errors.BadVersionError, errors.NodeExistsError):
+                    continue
+                except (errors.ConnectionLossError, errors.SessionExpiredError):
+                    await session.wait_connected()
+                    continue
+                await fired.wait()
+        except BaseException:
+            await delete_guid_nodes(session, self.path, guid)
+            raise
+
+    async def _read_ready(self, fired: trio.Event) -> _Round:
+        session = self.session
+        while True:
+            try:
+                data, stat = await session.get(self._ready, watch=session.waker(fired))
+                members = frozenset(data.decode().split("\n")) if data else frozenset()
+                return _Round(members, stat.version)
+            except errors.NoNodeError:
+                try:
+                    await session.create(self._ready, makepath=True)
+                except errors.NodeExistsError:
+                    pass
+
+    async def _clear(self, round_: _Round) -> None:
+        """End ``round_`` (only if ``ready`` still holds it)."""
+        try:
+            await self.session.set(self._ready, b"", version=round_.version)
+        except (errors.BadVersionError, errors.NoNodeError):
+            pass
+
+    # ------------------------------------------------------------------ leave
+
+    async def _leave(self, me: str, round_: _Round) -> None:
+        session = self.session
+        while True:
+            fired = trio.Event()
+            try:
+                kids = [
+                    k for k in _participants(await session.children(self.path))
+                    if k in round_.members
+                ]
+                if not kids:
+                    await self._clear(round_)  # the last member crashed: end the round
+                    break
+                if kids == [me]:
+                    await self._last_out(me, round_)
+                    break
+                if me == kids[0]:
+                    target = kids[-1]
+                else:
+                    if me in kids:
+                        await session.delete(f"{self.path}/{me}", missing_ok=True)
+                    target = kids[0]
+                if await session.exists(f"{self.path}/{target}", watch=session.waker(fired)):
+                    await fired.wait()
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await session.wait_connected()
+        log.debug("double_barrier.left", path=self.path, node=me)
+
+    async def _last_out(self, me: str, round_: _Round) -> None:
+        """The last member removes its node and ends the round atomically."""
+        txn = self.session.transaction()
+        txn.delete(f"{self.path}/{me}").set(self._ready, b"", version=round_.version)
+        try:
+            await txn.commit()
+        except errors.TransactionFailedError:
+            await self.session.delete(f"{self.path}/{me}", missing_ok=True)
+
+    async def _abandon(self, me: str, round_: _Round) -> None:
+        """Leave without waiting (shielded): delete our node, and end the round too if we
+        are its last member, so nobody is held up by us."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + max(self.session.session_timeout, 1.0)
+            try:
+                kids = _participants(await self.session.children(self.path))
+                if [k for k in kids if k in round_.members] == [me]:
+                    await self._last_out(me, round_)
+            except errors.ZooKeeperError:
+                pass
+        await release_node(self.session, f"{self.path}/{me}")
+        log.info("double_barrier.abandoned", path=self.path, node=me)

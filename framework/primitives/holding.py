@@ -1,0 +1,130 @@
+"""Ownership scopes: run a block only while an ephemeral node of ours provably exists.
+
+A lock holding or a queue claim is proven by one ephemeral node created in one session.  The
+proof ends when the node is deleted (by anyone), when that session is LOST (expired, closed,
+replaced) or when the connection stays SUSPENDED past the session's ``suspended_grace`` (a
+suspended client cannot know whether the server already expired it).  :func:`node_scope`
+cancels the block at that moment and raises the caller's typed error from the ``async with``.
+
+The node's data can be watched too (``on_data``): the revocable lock uses it to notice an
+``unlock`` request.  Everything runs in a nursery owned by the scope: nothing outlives it.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import trio
+
+from framework import errors
+from framework.zk import Session
+
+#: Given the node's data, return a reason to end the scope (or ``None`` to keep it).
+DataCheck = Callable[[bytes], "str | None"]
+
+
+@asynccontextmanager
+async def node_scope(
+    session: Session,
+    path: str,
+    *,
+    session_id: int | None,
+    error: Callable[[str], BaseException],
+    on_data: DataCheck | None = None,
+    armed: trio.Event | None = None,
+) -> AsyncIterator[None]:
+    """Run the block while ``path`` exists in session ``session_id`` and that session is
+    trusted; otherwise cancel the block and raise ``error(reason)``.
+
+    ``armed``, if given, is an event a watch already armed by the caller will set when the
+    node may have changed (e.g. a children watch on its parent, set by the read that found
+    the node): the node is then first read only when it fires, saving a request.
+
+    ``reason`` is ``"node deleted"``, ``"lost"``, ``"suspended"``, or what ``on_data``
+    returned for the node's current data.
+    """
+    reason: list[str] = []
+
+    def end(why: str, scope: trio.CancelScope) -> None:
+        if not reason:
+            reason.append(why)
+        scope.cancel()
+
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        scope = nursery.cancel_scope
+        if session_id is None or session.session_id != session_id:
+            end("lost", scope)
+        else:
+            nursery.start_soon(_watch_session, session, session_id, end, scope)
+            nursery.start_soon(
+                _watch_node, session, path, session_id, on_data, armed, end, scope
+            )
+        try:
+            yield
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, BaseExceptionGroup) and exc.subgroup(_is_cancelled) is not None:
+                raise
+            # keep the body's own error out of the nursery, so it is not wrapped in a group
+            body_error = exc
+        finally:
+            scope.cancel()
+    if body_error is not None:
+        raise body_error
+    if reason:
+        raise error(reason[0])
+
+
+def _is_cancelled(exc: BaseException) -> bool:
+    return isinstance(exc, trio.Cancelled)
+
+
+async def _watch_session(
+    session: Session, session_id: int, end: Callable[[str, trio.CancelScope], None],
+    scope: trio.CancelScope,
+) -> None:
+    end(await session.wait_untrusted(session_id, session.suspended_grace), scope)
+
+
+async def _watch_node(
+    session: Session,
+    path: str,
+    session_id: int,
+    on_data: DataCheck | None,
+    armed: trio.Event | None,
+    end: Callable[[str, trio.CancelScope], None],
+    scope: trio.CancelScope,
+) -> None:
+    if armed is not None and on_data is None:
+        await armed.wait()
+    while True:
+        fired = trio.Event()
+        try:
+            if on_data is None:
+                stat = await session.exists(path, watch=session.waker(fired))
+                if stat is None:
+                    end("node deleted", scope)
+                    return
+            else:
+                try:
+                    data, _stat = await session.get(path, watch=session.waker(fired))
+                except errors.NoNodeError:
+                    end("node deleted", scope)
+                    return
+                why = on_data(data)
+                if why is not None:
+                    end(why, scope)
+                    return
+        except (errors.SessionExpiredError, errors.NotConnectedError):
+            end("lost", scope)
+            return
+        except errors.ConnectionLossError:
+            await session.wait_connected()
+            continue
+        await fired.wait()
+        if session.session_id not in (session_id, None):
+            end("lost", scope)
+            return

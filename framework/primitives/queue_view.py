@@ -1,0 +1,256 @@
+"""The consumer side's watched view of a work queue: buckets, items, claims.
+
+Layout (owned by :class:`framework.primitives.queue.WorkQueue`)::
+
+    <path>/items/b-NNNNNNNNNN/i<priority>-NNNNNNNNNN   items, in buckets of bounded size
+    <path>/claims/b-NNNNNNNNNN.i<priority>-NNNNNNNNNN  ephemeral claim of the item in use
+
+One :class:`QueueView` per ``WorkQueue`` object is shared by every consumer task of the
+process.  Each list it holds was read with a watch; when the watch fires the list is dropped
+and re-read on the next use (the seed's "use an up-to-date children list"), and every waiting
+consumer wakes.  Refreshes are single-flight: concurrent consumers share one read.  Buckets
+are read oldest first and only as far as needed to find unclaimed work (a lazily extended
+window), so a large queue does not cost a full listing per item.
+
+SUSPENDED: kazoo fires every watch when the connection drops, so every list is dropped and
+re-read once connected (reads wait for the connection).  LOST: the owner calls
+:meth:`QueueView.invalidate_all`, and every list is read again, with new watches, in the new
+session.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import attrs
+import trio
+
+from framework import errors
+from framework.zk import Session
+
+
+@attrs.frozen
+class Entry:
+    """One item as listed: ``bucket``/``node``, its priority and sequence number."""
+
+    bucket: str
+    node: str
+    priority: int
+    seq: int
+
+    @property
+    def key(self) -> str:
+        """The item's name relative to the items root (``b-0000000000/i+0-0000000007``)."""
+        return f"{self.bucket}/{self.node}"
+
+    @property
+    def claim_name(self) -> str:
+        """The flat name of its claim node."""
+        return f"{self.bucket}.{self.node}"
+
+
+async def gather(*reads: Callable[[], Awaitable[None]]) -> None:
+    """Run ``reads`` concurrently; re-raise the first error as itself (not as a group)."""
+    if len(reads) <= 1:
+        for read in reads:
+            await read()
+        return
+    failures: list[BaseException] = []
+
+    async def run(read: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await read()
+        except Exception as exc:
+            failures.append(exc)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for read in reads:
+            nursery.start_soon(run, read)
+    if failures:
+        raise failures[0]
+
+
+#: At most this many candidates are returned per call (the rest wait for the next one).
+_WINDOW = 64
+
+
+def _order(entry: Entry) -> tuple[int, int]:
+    return entry.priority, entry.seq
+
+
+def item_prefix(priority: int) -> str:
+    return f"i{priority:+d}-"
+
+
+def parse_item(bucket: str, node: str) -> Entry | None:
+    """Parse ``i<priority>-NNNNNNNNNN``; ``None`` for anything else."""
+    if not node.startswith("i") or len(node) < 13 or node[-11] != "-":
+        return None
+    try:
+        return Entry(bucket, node, int(node[1:-11]), int(node[-10:]))
+    except ValueError:
+        return None
+
+
+def bucket_name(index: int) -> str:
+    return f"b-{index:010d}"
+
+
+def bucket_index(name: str) -> int:
+    return int(name[2:])
+
+
+def is_bucket(name: str) -> bool:
+    return name.startswith("b-") and name[2:].isdigit()
+
+
+class QueueView:
+    """Watched, lazily refreshed lists of buckets, items and claims (see module doc)."""
+
+    def __init__(self, session: Session, items_root: str, claims_root: str) -> None:
+        self.session = session
+        self.items_root = items_root
+        self.claims_root = claims_root
+        self._token = trio.lowlevel.current_trio_token()
+        self._buckets: list[str] | None = None
+        self._items: dict[str, list[Entry] | None] = {}
+        self._claims: frozenset[str] | None = None
+        self._callbacks: dict[tuple[str, ...], Callable[..., None]] = {}
+        self._parsed: dict[str, dict[str, Entry | None]] = {}  # bucket -> name -> entry
+        self._bumps: dict[tuple[str, ...], int] = {}
+        self._epoch = 0
+        self._lock = trio.Lock()
+        #: Set (and replaced) whenever any watched list changes.
+        self.changed = trio.Event()
+
+    # ---------------------------------------------------------------- watches
+
+    def _watch(self, *key: str) -> Callable[..., None]:
+        """One callback object per watched list, so kazoo keeps one watcher per path."""
+        callback = self._callbacks.get(key)
+        if callback is None:
+            token = self._token
+
+            def callback(*_args: Any, key: tuple[str, ...] = key) -> None:
+                try:
+                    token.run_sync_soon(self._invalidate, key)
+                except trio.RunFinishedError:
+                    pass
+
+            self._callbacks[key] = callback
+        return callback
+
+    def _invalidate(self, key: tuple[str, ...]) -> None:
+        self._bumps[key] = self._bumps.get(key, 0) + 1
+        if key == ("buckets",):
+            self._buckets = None
+        elif key == ("claims",):
+            self._claims = None
+        else:
+            self._items[key[1]] = None
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def invalidate_all(self) -> None:
+        """Forget everything (after a new session: its watches are gone)."""
+        self._epoch += 1
+        self._buckets = None
+        self._claims = None
+        self._items.clear()
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _stamp(self, key: tuple[str, ...]) -> tuple[int, int]:
+        return self._epoch, self._bumps.get(key, 0)
+
+    def forget(self, entry: Entry) -> None:
+        """Drop an item we found gone, without re-reading its bucket."""
+        listed = self._items.get(entry.bucket)
+        if listed is not None and entry in listed:
+            self._items[entry.bucket] = [e for e in listed if e != entry]
+
+    # ---------------------------------------------------------------- reads
+    #
+    # A list read is cached only if its watch did not fire while the read was in flight (the
+    # notification can overtake the resumption of the reading task): otherwise the answer is
+    # used once - the caller sees ``changed`` set and comes back - and read again next time.
+
+    async def candidates(self, skip: set[str]) -> list[Entry]:
+        """Unclaimed items (lower priority value first, then oldest), from fresh lists: the
+        first ones of the oldest bucket holding unclaimed work.
+
+        ``skip`` holds keys this process is claiming right now.  An empty answer means every
+        list needed to prove the queue has no unclaimed work was read with a watch (or that
+        one changed meanwhile, which has set ``changed``).
+        """
+        async with self._lock:
+            fresh: dict[str, Any] = {"buckets": self._buckets, "claims": self._claims}
+            reads = []
+            if fresh["buckets"] is None:
+                reads.append(lambda: self._read_buckets(fresh))
+            if fresh["claims"] is None:
+                reads.append(lambda: self._read_claims(fresh))
+            await gather(*reads)
+            buckets: list[str] = fresh["buckets"]
+            claims: frozenset[str] = fresh["claims"]
+            window: list[Entry] = []
+            for position, bucket in enumerate(buckets):
+                listed = self._items.get(bucket)
+                if listed is None:
+                    listed = await self._read_bucket(bucket)
+                if not listed and position < len(buckets) - 1:
+                    await self._drop_empty_bucket(bucket)
+                for e in listed:  # already in (priority, seq) order
+                    if e.claim_name not in claims and e.key not in skip:
+                        window.append(e)
+                        if len(window) >= _WINDOW:
+                            break
+                if window:
+                    break
+            return window
+
+    async def _read_buckets(self, fresh: dict[str, Any]) -> None:
+        stamp = self._stamp(("buckets",))
+        names = await self.session.children(self.items_root, watch=self._watch("buckets"))
+        buckets = sorted(n for n in names if is_bucket(n))
+        for gone in set(self._items) - set(buckets):
+            del self._items[gone]
+            self._parsed.pop(gone, None)
+            self._callbacks.pop(("bucket", gone), None)
+        fresh["buckets"] = buckets
+        if self._stamp(("buckets",)) == stamp:
+            self._buckets = buckets
+
+    async def _read_claims(self, fresh: dict[str, Any]) -> None:
+        stamp = self._stamp(("claims",))
+        names = await self.session.children(self.claims_root, watch=self._watch("claims"))
+        fresh["claims"] = frozenset(names)
+        if self._stamp(("claims",)) == stamp:
+            self._claims = fresh["claims"]
+
+    async def _read_bucket(self, bucket: str) -> list[Entry]:
+        stamp = self._stamp(("bucket", bucket))
+        try:
+            names = await self.session.children(
+                f"{self.items_root}/{bucket}", watch=self._watch("bucket", bucket)
+            )
+        except errors.NoNodeError:
+            names = []
+        known = self._parsed.get(bucket, {})
+        parsed: dict[str, Entry | None] = {
+            n: known[n] if n in known else parse_item(bucket, n) for n in names
+        }
+        self._parsed[bucket] = parsed
+        listed = sorted((e for e in parsed.values() if e is not None), key=_order)
+        if self._stamp(("bucket", bucket)) == stamp:
+            self._items[bucket] = listed
+        return listed
+
+    async def _drop_empty_bucket(self, bucket: str) -> None:
+        """An old bucket that is empty will never be written again (producers only add to
+        the newest): delete it.  A concurrent add makes the delete fail harmlessly."""
+        try:
+            await self.session.delete(f"{self.items_root}/{bucket}", missing_ok=True)
+        except errors.NotEmptyError:
+            pass

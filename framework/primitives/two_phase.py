@@ -1,0 +1,279 @@
+"""Two-phase commit (seed recipe), with crash detection through ephemeral nodes.
+
+Layout of one transaction, all under ``<path>/<txid>`` (whose data is the payload)::
+
+    site-<name>    created by the coordinator, one per site: b"" -> b"joined" -> b"commit"|b"abort"
+    alive-<name>   ephemeral, created by the site when it joins: its session's liveness
+    decision       "commit|abort\n<reason>\nby <who>": created once, by whoever decides first
+
+The seed has every participant decide by itself from the votes.  Here every participant
+(coordinator and sites) watches the votes and the liveness nodes and applies the same rule:
+any ``abort`` vote, or a site that joined and whose ``alive`` node vanished before it voted,
+or the coordinator's timeout, means abort; all ``commit`` votes mean commit.  The first
+participant to conclude creates ``decision``; a create is atomic, so everyone adopts that
+one outcome even if two of them raced with different views.  A site's vote is written in a
+transaction that checks its own ``alive`` node, so a site whose session expired cannot vote
+after it was declared crashed.  The transaction's nodes are kept after the decision, so a
+restarted site can learn the outcome; :meth:`TwoPhaseCoordinator.forget` removes them.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+from typing import Awaitable, Callable
+
+import attrs
+import trio
+
+from framework import errors
+from framework.errors import ConfigurationError
+from framework.logs import get_logger
+from framework.zk import Session, validate_path, wait_exists
+
+log = get_logger("framework.primitives.two_phase")
+
+JOINED = b"joined"
+COMMIT = b"commit"
+ABORT = b"abort"
+
+VoteFn = Callable[[bytes], "bool | Awaitable[bool]"]
+
+
+class Outcome(enum.Enum):
+    """The decision of one transaction."""
+
+    COMMITTED = "commit"
+    ABORTED = "abort"
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*", name):
+        raise ConfigurationError(f"{kind} must use letters, digits, '_', '.', '-': {name!r}")
+    return name
+
+
+@attrs.frozen
+class _View:
+    votes: dict[str, bytes]
+    alive: frozenset[str]
+    decision: bytes | None
+
+
+def _verdict(view: _View) -> tuple[Outcome, str] | None:
+    """The rule every participant applies (see module doc)."""
+    for site, vote in view.votes.items():
+        if vote == ABORT:
+            return Outcome.ABORTED, f"site {site} voted abort"
+    for site, vote in view.votes.items():
+        if vote == JOINED and site not in view.alive:
+            return Outcome.ABORTED, f"site {site} crashed before voting"
+    if all(v == COMMIT for v in view.votes.values()):
+        return Outcome.COMMITTED, "every site voted commit"
+    return None
+
+
+def _parse(decision: bytes) -> Outcome:
+    """``decision`` holds ``outcome\nreason\nby who``."""
+    return Outcome(decision.split(b"\n", 1)[0].decode())
+
+
+class _Transaction:
+    """Watching and deciding one transaction (shared by coordinator and sites)."""
+
+    def __init__(self, session: Session, root: str, who: str) -> None:
+        self.session = session
+        self.root = root
+        self.who = who
+        self._sites: list[str] | None = None
+
+    async def _read(self, fired: trio.Event) -> _View:
+        """Votes first, then liveness: a site seen ``joined`` and then without its ``alive``
+        node has died (``alive`` exists from the moment a site joins)."""
+        session = self.session
+        if self._sites is None:
+            names = await session.children(self.root)
+            self._sites = sorted(n[5:] for n in names if n.startswith("site-"))
+        votes: dict[str, bytes] = {}
+        for site in self._sites:
+            data, _stat = await session.get(f"{self.root}/site-{site}", watch=session.waker(fired))
+            votes[site] = data
+        names = await session.children(self.root, watch=session.waker(fired))
+        alive = frozenset(n[6:] for n in names if n.startswith("alive-"))
+        decision = None
+        if "decision" in names:
+            decision, _stat = await session.get(f"{self.root}/decision")
+        return _View(votes, alive, decision)
+
+    async def _confirm_crash(self, view: _View) -> bool:
+        """A site that joined and lost its ``alive`` node may have voted just before dying:
+        it crashed before voting only if its node still says ``joined`` now (it can never
+        vote again: its vote is fenced on the vanished ``alive`` node)."""
+        for site, vote in view.votes.items():
+            if vote == JOINED and site not in view.alive:
+                data, _stat = await self.session.get(f"{self.root}/site-{site}")
+                if data != JOINED:
+                    return False
+        return True
+
+    async def decide(self, outcome: Outcome, reason: str) -> None:
+        """Propose ``outcome``; the first proposal wins."""
+        try:
+            record = f"{outcome.value}\n{reason}\nby {self.who}".encode()
+            await self.session.create(f"{self.root}/decision", record)
+            log.info("two_phase.decided", tx=self.root, outcome=outcome.value, reason=reason,
+                     by=self.who)
+        except errors.NodeExistsError:
+            pass
+
+    async def outcome(self, deadline: float = float("inf")) -> Outcome:
+        """Watch until there is a decision (proposing one as soon as the rule gives one, or
+        ABORT at ``deadline``); return it."""
+        while True:
+            fired = trio.Event()
+            try:
+                view = await self._read(fired)
+                if view.decision is not None:
+                    return _parse(view.decision)
+                verdict = _verdict(view)
+                if verdict is not None:
+                    if "crashed" not in verdict[1] or await self._confirm_crash(view):
+                        await self.decide(*verdict)
+                    continue
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await self.session.wait_connected()
+                continue
+            with trio.move_on_at(deadline):
+                await fired.wait()
+            if trio.current_time() >= deadline:
+                await self.decide(Outcome.ABORTED, "timeout")
+
+
+class TwoPhaseCoordinator:
+    """Runs transactions over the named ``sites`` under ``path``.
+
+    SUSPENDED: the coordinator keeps watching and re-reads after reconnection.  LOST: it holds
+    no ephemeral node; it continues in the new session.  If the coordinator crashes after
+    creating a transaction, the sites still reach a decision by themselves (all commit, or an
+    abort vote, crash, or a site's own timeout).
+    """
+
+    def __init__(self, session: Session, path: str, sites: list[str]) -> None:
+        validate_path(path, allow_root=False)
+        if not sites:
+            raise ConfigurationError("a two-phase commit needs at least one site")
+        if len(set(sites)) != len(sites):
+            raise ConfigurationError(f"duplicate site names: {sites}")
+        self.session = session
+        self.path = path
+        self.sites = [_check_name("site name", s) for s in sites]
+
+    async def run(self, txid: str, payload: bytes, timeout: float) -> Outcome:
+        """Create transaction ``txid`` and wait for its outcome; abort after ``timeout``."""
+        root = f"{self.path}/{_check_name('txid', txid)}"
+        deadline = trio.current_time() + timeout
+        await self.session.ensure_path(self.path)
+        txn = self.session.transaction().create(root, payload)
+        for site in self.sites:
+            txn.create(f"{root}/site-{site}")
+        try:
+            await txn.commit()
+        except errors.TransactionFailedError as exc:
+            if isinstance(exc.cause, errors.NodeExistsError):
+                raise ConfigurationError(f"transaction {txid!r} already exists") from None
+            raise
+        except errors.ConnectionLossError:
+            await self.session.wait_connected()
+            if await self.session.exists(root) is None:
+                raise
+        log.info("two_phase.started", tx=root, sites=self.sites)
+        return await _Transaction(self.session, root, "coordinator").outcome(deadline)
+
+    async def decision(self, txid: str) -> Outcome | None:
+        """The outcome of ``txid`` if decided (``None`` otherwise)."""
+        try:
+            data, _stat = await self.session.get(f"{self.path}/{txid}/decision")
+        except errors.NoNodeError:
+            return None
+        return _parse(data)
+
+    async def forget(self, txid: str) -> None:
+        """Remove a finished transaction's nodes."""
+        await self.session.delete_tree(f"{self.path}/{_check_name('txid', txid)}")
+
+
+class TwoPhaseSite:
+    """One site of the transactions under ``path``.
+
+    SUSPENDED: waiting continues after reconnection; the site's ``alive`` node survives if the
+    session does.  LOST: the ``alive`` node vanished, so if the site had not voted the others
+    abort, and its own vote (fenced on that node) can no longer be written; ``participate``
+    still returns the outcome the others reached.
+    """
+
+    def __init__(self, session: Session, path: str, site: str) -> None:
+        validate_path(path, allow_root=False)
+        self.session = session
+        self.path = path
+        self.site = _check_name("site name", site)
+
+    async def participate(
+        self, txid: str, vote_fn: VoteFn, *, timeout: float | None = None
+    ) -> Outcome:
+        """Wait for transaction ``txid``, vote with ``vote_fn(payload)`` (true: commit; an
+        exception votes abort) and return the outcome.  After ``timeout`` (if given) the site
+        proposes ABORT itself, which wins unless a decision was already made."""
+        session = self.session
+        root = f"{self.path}/{_check_name('txid', txid)}"
+        deadline = trio.current_time() + (timeout if timeout is not None else float("inf"))
+        mine = f"{root}/site-{self.site}"
+        alive = f"{root}/alive-{self.site}"
+        tx = _Transaction(session, root, self.site)
+        with trio.move_on_at(deadline):
+            await wait_exists(session, root)
+        if trio.current_time() >= deadline:
+            raise trio.TooSlowError(f"transaction {txid!r} did not appear within {timeout}s")
+        payload, _stat = await session.get(root)
+        try:
+            status, stat = await session.get(mine)
+        except errors.NoNodeError:
+            raise ConfigurationError(f"site {self.site!r} is not part of {txid!r}") from None
+        try:
+            if stat.version == 0 and await session.exists(f"{root}/decision") is None:
+                await self._join_and_vote(root, mine, alive, payload, vote_fn)
+            else:
+                log.info("two_phase.rejoined", tx=root, site=self.site, status=status.decode())
+            outcome = await tx.outcome(deadline)
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await session.delete(alive, missing_ok=True)
+                except errors.ZooKeeperError:
+                    pass
+        log.info("two_phase.outcome", tx=root, site=self.site, outcome=outcome.value)
+        return outcome
+
+    async def _join_and_vote(
+        self, root: str, mine: str, alive: str, payload: bytes, vote_fn: VoteFn
+    ) -> None:
+        session = self.session
+        try:
+            await session.transaction().create(alive, ephemeral=True).set(
+                mine, JOINED, version=0
+            ).commit()
+        except errors.TransactionFailedError:
+            return  # someone decided for us (or we joined already): just await the outcome
+        log.info("two_phase.joined", tx=root, site=self.site)
+        # vote_fn runs outside any lock: a crash (or expiry) here is seen through `alive`
+        try:
+            result = vote_fn(payload)
+            vote = COMMIT if (await result if inspect.isawaitable(result) else result) else ABORT
+        except Exception as exc:  # the site cannot do its part: vote abort
+            log.warning("two_phase.vote_failed", tx=root, site=self.site, error=repr(exc))
+            vote = ABORT
+        try:
+            await session.transaction().check(alive, -1).set(mine, vote, version=1).commit()
+            log.info("two_phase.voted", tx=root, site=self.site, vote=vote.decode())
+        except errors.TransactionFailedError:
+            log.warning("two_phase.vote_rejected", tx=root, site=self.site)

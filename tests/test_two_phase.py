@@ -1,0 +1,174 @@
+"""Two-phase commit against a real server: commit, abort votes, failing voters, timeouts,
+a site killed with kill -9 before voting (abort), and a site gone after voting commit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from framework import Session
+from framework.errors import ConfigurationError
+from framework.primitives.two_phase import Outcome, TwoPhaseCoordinator, TwoPhaseSite
+from framework.zk import wait_exists
+
+HELPERS = Path(__file__).parent / "helpers"
+ROOT = Path(__file__).parent.parent
+
+
+async def _run(zk_hosts: str, chroot: str, votes: dict[str, object], *, timeout: float = 20
+               ) -> tuple[Outcome, dict[str, Outcome]]:
+    """A coordinator and one in-process site per entry of ``votes`` (each its own session)."""
+    outcomes: dict[str, Outcome] = {}
+    result: list[Outcome] = []
+
+    async def site(name: str, vote: object) -> None:
+        async with Session(zk_hosts, chroot=chroot) as s:
+            outcomes[name] = await TwoPhaseSite(s, "/tx", name).participate("t1", vote)  # type: ignore[arg-type]
+
+    async with Session(zk_hosts, chroot=chroot) as s:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for name, vote in votes.items():
+                    nursery.start_soon(site, name, vote)
+                result.append(
+                    await TwoPhaseCoordinator(s, "/tx", list(votes)).run("t1", b"pay", timeout)
+                )
+    return result[0], outcomes
+
+
+async def _reason(s: Session, txid: str = "t1") -> str:
+    return (await s.get(f"/tx/{txid}/decision"))[0].decode()
+
+
+async def test_all_commit(zk_hosts: str, chroot: str, session: Session) -> None:
+    seen: list[bytes] = []
+
+    async def yes(payload: bytes) -> bool:
+        seen.append(payload)
+        return True
+
+    outcome, sites = await _run(zk_hosts, chroot, {"a": yes, "b": lambda p: True, "c": yes})
+    assert outcome is Outcome.COMMITTED
+    assert set(sites.values()) == {Outcome.COMMITTED} and len(sites) == 3
+    assert seen == [b"pay", b"pay"]
+    assert "every site voted commit" in await _reason(session)
+
+
+async def test_one_abort_vote_aborts_everyone(zk_hosts: str, chroot: str,
+                                              session: Session) -> None:
+    outcome, sites = await _run(
+        zk_hosts, chroot, {"a": lambda p: True, "b": lambda p: False, "c": lambda p: True}
+    )
+    assert outcome is Outcome.ABORTED and set(sites.values()) == {Outcome.ABORTED}
+    assert "site b voted abort" in await _reason(session)
+
+
+async def test_a_failing_voter_votes_abort(zk_hosts: str, chroot: str) -> None:
+    def broken(payload: bytes) -> bool:
+        raise RuntimeError("disk full")
+
+    outcome, sites = await _run(zk_hosts, chroot, {"a": lambda p: True, "b": broken})
+    assert outcome is Outcome.ABORTED and set(sites.values()) == {Outcome.ABORTED}
+
+
+async def test_coordinator_timeout_aborts_and_late_sites_learn_it(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    with trio.fail_after(10):
+        coordinator = TwoPhaseCoordinator(session, "/tx", ["a", "never"])
+        async with trio.open_nursery() as nursery:
+
+            async def site_a() -> None:
+                async with Session(zk_hosts, chroot=chroot) as s:
+                    assert await TwoPhaseSite(s, "/tx", "a").participate(
+                        "t1", lambda p: True) is Outcome.ABORTED
+
+            nursery.start_soon(site_a)
+            assert await coordinator.run("t1", b"", timeout=0.5) is Outcome.ABORTED
+        assert "timeout" in await _reason(session)
+        # a site that turns up afterwards learns the outcome without voting
+        late = TwoPhaseSite(session, "/tx", "never")
+        assert await late.participate("t1", lambda p: True) is Outcome.ABORTED
+        assert await coordinator.decision("t1") is Outcome.ABORTED
+        with pytest.raises(ConfigurationError, match="already exists"):
+            await coordinator.run("t1", b"", timeout=1)
+        with pytest.raises(ConfigurationError, match="not part of"):
+            await TwoPhaseSite(session, "/tx", "stranger").participate("t1", lambda p: True)
+        await coordinator.forget("t1")
+        assert await session.exists("/tx/t1") is None
+
+
+async def test_site_killed_before_voting_aborts(zk_hosts: str, chroot: str,
+                                                session: Session) -> None:
+    """Three sites in their own processes; one is killed with kill -9 after joining, before
+    voting.  Its ephemeral node vanishes with its session and everyone decides abort long
+    before the coordinator's timeout."""
+
+    def spawn(site: str, mode: str) -> list[str]:
+        return [sys.executable, str(HELPERS / "p2_two_phase_site.py"), zk_hosts, chroot,
+                "/tx", "t1", site, mode]
+
+    procs = [
+        await trio.lowlevel.open_process(spawn(name, mode), cwd=str(ROOT), stdout=subprocess.PIPE)
+        for name, mode in (("s1", "commit"), ("s2", "commit"), ("s3", "hang"))
+    ]
+    coordinator = TwoPhaseCoordinator(session, "/tx", ["s1", "s2", "s3"])
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                outcome: list[Outcome] = []
+
+                async def coordinate() -> None:
+                    outcome.append(await coordinator.run("t1", b"work", timeout=60))
+
+                nursery.start_soon(coordinate)
+                await wait_exists(session, "/tx/t1/alive-s3")  # s3 joined and is voting
+                procs[2].kill()
+                await procs[2].wait()
+            for proc in procs[:2]:
+                assert await proc.wait() == 0
+                assert proc.stdout is not None
+                assert (await proc.stdout.receive_some()).strip() == b"abort"
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert outcome == [Outcome.ABORTED]
+    assert "site s3 crashed before voting" in await _reason(session)
+    assert (await session.get("/tx/t1/site-s3"))[0] == b"joined"
+
+
+async def test_site_gone_after_voting_commit_still_commits(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """A vote, once written, stands: a site whose session ends after voting commit does not
+    turn the outcome into an abort."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            result: list[Outcome] = []
+
+            async def coordinate() -> None:
+                result.append(await TwoPhaseCoordinator(session, "/tx", ["gone", "b"]).run(
+                    "t1", b"", timeout=30))
+
+            async def short_lived_site() -> None:
+                async with Session(zk_hosts, chroot=chroot) as s:
+                    with trio.CancelScope() as scope:
+                        async with trio.open_nursery() as inner:
+                            inner.start_soon(TwoPhaseSite(s, "/tx", "gone").participate, "t1",
+                                             lambda p: True)
+                            while (await s.get("/tx/t1/site-gone", watch=s.waker(
+                                    fired := trio.Event())))[0] != b"commit":
+                                await fired.wait()
+                            scope.cancel()
+
+            nursery.start_soon(coordinate)
+            await short_lived_site()  # voted commit, then its session closed
+            assert await session.exists("/tx/t1/alive-gone") is None
+            async with Session(zk_hosts, chroot=chroot) as s:
+                assert await TwoPhaseSite(s, "/tx", "b").participate(
+                    "t1", lambda p: True) is Outcome.COMMITTED
+    assert result == [Outcome.COMMITTED]
