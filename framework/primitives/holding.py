@@ -32,14 +32,9 @@ async def node_scope(
     session_id: int | None,
     error: Callable[[str], BaseException],
     on_data: DataCheck | None = None,
-    armed: trio.Event | None = None,
 ) -> AsyncIterator[None]:
     """Run the block while ``path`` exists in session ``session_id`` and that session is
     trusted; otherwise cancel the block and raise ``error(reason)``.
-
-    ``armed``, if given, is an event a watch already armed by the caller will set when the
-    node may have changed (e.g. a children watch on its parent, set by the read that found
-    the node): the node is then first read only when it fires, saving a request.
 
     ``reason`` is ``"node deleted"``, ``"lost"``, ``"suspended"``, or what ``on_data``
     returned for the node's current data.
@@ -59,7 +54,7 @@ async def node_scope(
         else:
             nursery.start_soon(_watch_session, session, session_id, end, scope)
             nursery.start_soon(
-                _watch_node, session, path, session_id, on_data, armed, end, scope
+                _watch_node, session, path, session_id, on_data, end, scope
             )
         try:
             yield
@@ -94,12 +89,9 @@ async def _watch_node(
     path: str,
     session_id: int,
     on_data: DataCheck | None,
-    armed: trio.Event | None,
     end: Callable[[str, trio.CancelScope], None],
     scope: trio.CancelScope,
 ) -> None:
-    if armed is not None and on_data is None:
-        await armed.wait()
     while True:
         fired = trio.Event()
         try:

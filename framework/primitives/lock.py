@@ -93,19 +93,19 @@ class _Vanished(Exception):
     """Our contender node disappeared while we waited (deleted, or the session expired)."""
 
 
-async def _wait_turn(session: Session, path: str, me: str, blocker: Blocker) -> trio.Event:
-    """Wait until nothing blocks ``me``.  Return an event armed by a children watch on
-    ``path`` (set by the read that proved our turn): it fires on any change of the
-    contenders, including the deletion of our own node, so the holder can watch its node
-    without another request."""
+async def _wait_turn(session: Session, path: str, me: str, blocker: Blocker) -> None:
+    """Wait until nothing blocks ``me``.
+
+    As in the seed, the children are read *without* a watch (a watch on the parent would
+    notify every waiter of every change: the herd effect); each waiter watches only the one
+    node that blocks it."""
     while True:
-        changed = trio.Event()
-        ordered = _contenders(await session.children(path, watch=session.waker(changed)))
+        ordered = _contenders(await session.children(path))
         if me not in ordered:
             raise _Vanished(me)
         wait_for = blocker(ordered, me)
         if wait_for is None:
-            return changed
+            return
         fired = trio.Event()
         if await session.exists(f"{path}/{wait_for}", watch=session.waker(fired)) is None:
             continue
@@ -114,9 +114,8 @@ async def _wait_turn(session: Session, path: str, me: str, blocker: Blocker) -> 
 
 async def acquire_node(
     session: Session, path: str, prefix: str, data: bytes, blocker: Blocker
-) -> tuple[str, int, trio.Event]:
-    """Create our contender node and wait for our turn; return ``(node path, session id,
-    an event armed to fire when the contenders change)``.
+) -> tuple[str, int]:
+    """Create our contender node and wait for our turn; return ``(node path, session id)``.
 
     A session that expires while we wait is survived: the (vanished) node is re-created in the
     new session.  On any error or cancellation our node is deleted before re-raising.
@@ -128,8 +127,8 @@ async def acquire_node(
             node = await create_protected(session, path, prefix, data, guid=guid)
             if session.session_id != before:
                 raise _Vanished(node)
-            changed = await _wait_turn(session, path, basename(node), blocker)
-            return node, before, changed
+            await _wait_turn(session, path, basename(node), blocker)
+            return node, before
         except (_Vanished, errors.SessionExpiredError):
             await delete_guid_nodes(session, path, guid)
             continue
@@ -177,7 +176,7 @@ class _LockRecipe:
         error: Callable[[str], BaseException] = _lost,
     ) -> AsyncIterator[LockHolding]:
         with trio.move_on_after(timeout if timeout is not None else float("inf")) as waited:
-            node, session_id, changed = await acquire_node(
+            node, session_id = await acquire_node(
                 self.session, self.path, prefix, self.identifier, blocker
             )
         if waited.cancelled_caught:
@@ -188,7 +187,7 @@ class _LockRecipe:
         try:
             async with node_scope(
                 self.session, node, session_id=session_id, error=error,
-                on_data=on_data(holding) if on_data else None, armed=changed,
+                on_data=on_data(holding) if on_data else None,
             ):
                 yield holding
         except LockLost as exc:
