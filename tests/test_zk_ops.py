@@ -163,3 +163,45 @@ async def test_protected_create_finds_its_node_by_guid(session: Session) -> None
     guid = new_guid()
     path = await create_protected(session, "/p", "lock-", guid=guid)
     assert guid in path and (await session.exists(path)).ephemeralOwner == session.session_id
+
+
+async def test_a_burst_of_requests_shares_wakeups_and_all_complete(session: Session) -> None:
+    """Requests issued in one scheduling batch owe their wake-up bytes and are flushed
+    together: every one is sent (and answered) in order, and nothing stays owed."""
+    await session.create("/burst")
+    created: list[str] = []
+
+    async def create(i: int) -> None:
+        created.append(await session.create(f"/burst/n{i:04d}-", sequence=True))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for i in range(500):
+                nursery.start_soon(create, i)
+    assert len(created) == 500
+    assert sorted(await session.children("/burst")) == sorted(c.rsplit("/", 1)[1]
+                                                             for c in created)
+    assert session.client.wakeups_owed == 0
+
+
+async def test_owed_requests_fail_cleanly_when_the_connection_is_gone(session: Session) -> None:
+    """If the wake-up cannot be written (connection closed meanwhile), the owed requests
+    fail with a clear error instead of hanging."""
+    from framework import NotConnectedError
+
+    client = session.client
+
+    class ClosedSocket:
+        def sendall(self, _data: bytes) -> None:
+            raise OSError("closed")
+
+    real = client._connection._write_sock
+    client._connection._write_sock = ClosedSocket()
+    try:
+        with trio.fail_after(5), pytest.raises(NotConnectedError):
+            await session.get("/")
+    finally:
+        client._connection._write_sock = real
+        # the queued request is still in kazoo's queue: wake the connection for it
+        real.send(b"\0")
+    assert client.wakeups_owed == 0
