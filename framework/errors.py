@@ -141,3 +141,8 @@ class ClaimLost(LeadershipLost):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.args = (f"queue claim lost: {reason}",)
+
+
+class TwoPhaseTimeout(FrameworkError, TimeoutError):
+    """A two-phase commit site waited longer than its timeout for the transaction to
+    appear."""

@@ -354,3 +354,65 @@ async def test_waiter_survives_suspension(zk_hosts: str, chroot: str, proxy: Tcp
                 release.set()
                 await got.wait()
         assert await holder_session.children("/l") == []
+
+
+async def test_first_acquire_cancelled_mid_create_leaks_no_node(
+    zk_hosts: str, chroot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancel the very first acquire on a fresh path while its create is in flight: no
+    contender node may appear afterwards (kazoo's makepath used to re-issue the create from
+    its own thread after the parents were made), so another session gets the lock at once."""
+    import framework.zk.session as session_module
+
+    real_wait = session_module.wait_result
+    armed: list[trio.CancelScope] = []
+
+    async def cancelling_wait(async_result: object, completions: object) -> object:
+        if armed:
+            armed.pop().cancel()  # lands while the create's reply is awaited
+        return await real_wait(async_result, completions)
+
+    async with Session(zk_hosts, chroot=chroot) as s, Session(zk_hosts, chroot=chroot) as other:
+        monkeypatch.setattr(session_module, "wait_result", cancelling_wait)
+        with trio.CancelScope() as scope:
+            armed.append(scope)
+            async with Lock(s, "/fresh/lock").acquire():
+                raise AssertionError("acquired although cancelled")
+        monkeypatch.setattr(session_module, "wait_result", real_wait)
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            async with Lock(other, "/fresh/lock").acquire() as holding:
+                assert holding.node.startswith("/fresh/lock/lock-")
+        assert await s.children("/fresh/lock") == []
+
+
+async def test_bad_timeout_is_a_clear_error(session: Session) -> None:
+    from framework import ConfigurationError
+
+    for bad in ("5", -1):
+        with pytest.raises(ConfigurationError, match="lock timeout"):
+            async with Lock(session, "/lock").acquire(timeout=bad):  # type: ignore[arg-type]
+                pass
+    assert await session.exists("/lock") is None  # nothing was created
+
+
+async def test_tasks_sharing_a_lock_object_keep_their_own_holdings(session: Session) -> None:
+    """``async with lock:`` from several tasks of one process on one ``Lock``: each task
+    releases its own holding (re-entry is not shared)."""
+    lock = Lock(session, "/lock")
+    order: list[str] = []
+
+    async def user(name: str) -> None:
+        async with lock as holding:
+            order.append(f"{name}+")
+            assert holding.node in [f"/lock/{n}" for n in await session.children("/lock")]
+            await trio.lowlevel.checkpoint()
+            order.append(f"{name}-")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for name in "abc":
+                nursery.start_soon(user, name)
+    assert len(order) == 6
+    assert all(order[i][0] == order[i + 1][0] for i in range(0, 6, 2))  # never interleaved
+    assert await session.children("/lock") == []

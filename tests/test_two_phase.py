@@ -13,6 +13,7 @@ import trio
 from framework import Session
 from framework.errors import ConfigurationError
 from framework.primitives.two_phase import Outcome, TwoPhaseCoordinator, TwoPhaseSite
+from framework.testing import TcpProxy
 from framework.zk import wait_exists
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -172,3 +173,57 @@ async def test_site_gone_after_voting_commit_still_commits(
                 assert await TwoPhaseSite(s, "/tx", "b").participate(
                     "t1", lambda p: True) is Outcome.COMMITTED
     assert result == [Outcome.COMMITTED]
+
+
+async def test_connection_cut_while_the_vote_is_in_flight(
+    zk_hosts: str, chroot: str, session: Session, proxy: TcpProxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The site's connection is cut right after it sends its commit vote (the session
+    survives): the site resolves the lost reply from the server's state, is not taken for
+    crashed, and learns the same outcome as the coordinator."""
+    import framework.zk.session as session_module
+
+    real_commit = session_module.Transaction.commit
+    real_wait = session_module.wait_result
+    cut_next_wait: list[bool] = []
+
+    async def commit(self: session_module.Transaction) -> list[object]:
+        if any(op[0] == "set_data" and op[1][1] == b"commit" for op in self.operations):
+            cut_next_wait.append(True)
+        return await real_commit(self)
+
+    async def wait(async_result: object, completions: object) -> object:
+        if cut_next_wait:
+            cut_next_wait.clear()
+            proxy.cut()
+        return await real_wait(async_result, completions)
+
+    monkeypatch.setattr(session_module.Transaction, "commit", commit)
+    monkeypatch.setattr(session_module, "wait_result", wait)
+    site_outcome: list[Outcome] = []
+    async with Session(proxy.address, chroot=chroot, session_timeout=4.0) as flaky:
+
+        async def site() -> None:
+            site_outcome.append(
+                await TwoPhaseSite(flaky, "/tx", "a").participate("t1", lambda _p: True)
+            )
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(site)
+                outcome = await TwoPhaseCoordinator(session, "/tx", ["a"]).run("t1", b"", 15)
+    assert outcome is Outcome.COMMITTED and site_outcome == [Outcome.COMMITTED]
+    assert (await session.get("/tx/t1/site-a"))[0] == b"commit"
+
+
+async def test_bad_arguments_are_clear_errors(session: Session) -> None:
+    from framework.errors import TwoPhaseTimeout
+
+    with pytest.raises(ConfigurationError, match="list of site names"):
+        TwoPhaseCoordinator(session, "/tx", "ab")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="timeout"):
+        await TwoPhaseCoordinator(session, "/tx", ["a"]).run("t9", b"", None)  # type: ignore[arg-type]
+    with pytest.raises(TwoPhaseTimeout):
+        await TwoPhaseSite(session, "/tx", "a").participate("never", lambda _p: True,
+                                                              timeout=0.2)

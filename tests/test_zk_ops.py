@@ -139,6 +139,11 @@ def test_bad_session_settings_are_rejected() -> None:
         Session("127.0.0.1:2181/chroot")
     with pytest.raises(InvalidPathError):
         Session("127.0.0.1:2181", chroot="relative")
+    with pytest.raises(ConfigurationError, match="session_timeout must be a number"):
+        Session("127.0.0.1:2181", session_timeout="10")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="third of the session timeout"):
+        Session("127.0.0.1:2181", session_timeout=6, suspended_grace=2)
+    Session("127.0.0.1:2181", session_timeout=6, suspended_grace=1.9)
 
 
 async def test_in_flight_requests_are_bounded(zk_hosts: str, chroot: str) -> None:

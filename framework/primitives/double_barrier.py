@@ -117,10 +117,16 @@ class DoubleBarrier:
     # ------------------------------------------------------------------ enter
 
     async def _register(self, guid: str) -> str:
-        node = await create_protected(
-            self.session, self.path, f"{_PREFIX}{self.name}-", guid=guid
-        )
-        return basename(node)
+        """Create our participant node; a session lost meanwhile is survived by creating it
+        in the new session (the GUID finds a node whose create reply was lost)."""
+        while True:
+            try:
+                node = await create_protected(
+                    self.session, self.path, f"{_PREFIX}{self.name}-", guid=guid
+                )
+                return basename(node)
+            except errors.SessionExpiredError:
+                await self.session.wait_connected()
 
     async def _enter(self) -> tuple[str, _Round]:
         session = self.session
@@ -141,7 +147,10 @@ class DoubleBarrier:
                         me = await self._register(guid)
                         continue
                     if round_.members:
-                        # a previous round is still leaving (or its last member crashed)
+                        # A previous round is still leaving (or its last member crashed).
+                        # Waiting here watches the children: every node the leaving round
+                        # deletes wakes the next round's early arrivals (a small herd, only
+                        # while rounds overlap on one path).
                         if not round_.members.intersection(kids):
                             await self._clear(round_)
                             continue

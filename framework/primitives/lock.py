@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from framework import errors
-from framework.errors import LockLost, LockRevoked, LockTimeout
+from framework.errors import ConfigurationError, LockLost, LockRevoked, LockTimeout
 from framework.logs import get_logger
 from framework.primitives.holding import DataCheck, node_scope
 from framework.zk import (
@@ -175,6 +175,12 @@ class _LockRecipe:
         on_data: Callable[[LockHolding], DataCheck] | None = None,
         error: Callable[[str], BaseException] = _lost,
     ) -> AsyncIterator[LockHolding]:
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+        ):
+            raise ConfigurationError(
+                f"lock timeout must be a number of seconds >= 0 or None, got {timeout!r}"
+            )
         with trio.move_on_after(timeout if timeout is not None else float("inf")) as waited:
             node, session_id = await acquire_node(
                 self.session, self.path, prefix, self.identifier, blocker
@@ -216,7 +222,9 @@ class Lock(_LockRecipe):
 
     def __init__(self, session: Session, path: str, identifier: bytes = b"") -> None:
         super().__init__(session, path, identifier)
-        self._held: list[Any] = []
+        # ``async with lock:`` holdings, per task: tasks sharing this object never
+        # release each other's holding.
+        self._held: dict[trio.lowlevel.Task, list[Any]] = {}
 
     def acquire(self, timeout: float | None = None) -> Any:
         """An async context manager yielding a :class:`LockHolding`."""
@@ -225,11 +233,16 @@ class Lock(_LockRecipe):
     async def __aenter__(self) -> LockHolding:
         manager = self.acquire()
         holding = await manager.__aenter__()
-        self._held.append(manager)
+        self._held.setdefault(trio.lowlevel.current_task(), []).append(manager)
         return holding
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        return await self._held.pop().__aexit__(*exc_info)
+        task = trio.lowlevel.current_task()
+        stack = self._held[task]
+        manager = stack.pop()
+        if not stack:
+            del self._held[task]
+        return await manager.__aexit__(*exc_info)
 
 
 class RevocableLock(Lock):

@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from framework import errors
-from framework.errors import ConfigurationError
+from framework.errors import ConfigurationError, TwoPhaseTimeout
 from framework.logs import get_logger
 from framework.zk import Session, validate_path, wait_exists
 
@@ -147,7 +147,10 @@ class _Transaction:
             with trio.move_on_at(deadline):
                 await fired.wait()
             if trio.current_time() >= deadline:
-                await self.decide(Outcome.ABORTED, "timeout")
+                try:
+                    await self.decide(Outcome.ABORTED, "timeout")
+                except (errors.ConnectionLossError, errors.SessionExpiredError):
+                    await self.session.wait_connected()  # re-read: the decision may be there
 
 
 class TwoPhaseCoordinator:
@@ -161,6 +164,9 @@ class TwoPhaseCoordinator:
 
     def __init__(self, session: Session, path: str, sites: list[str]) -> None:
         validate_path(path, allow_root=False)
+        if isinstance(sites, (str, bytes)) or not all(isinstance(s, str) for s in sites):
+            raise ConfigurationError(f"sites must be a list of site names, got {sites!r}")
+        sites = list(sites)
         if not sites:
             raise ConfigurationError("a two-phase commit needs at least one site")
         if len(set(sites)) != len(sites):
@@ -172,7 +178,7 @@ class TwoPhaseCoordinator:
     async def run(self, txid: str, payload: bytes, timeout: float) -> Outcome:
         """Create transaction ``txid`` and wait for its outcome; abort after ``timeout``."""
         root = f"{self.path}/{_check_name('txid', txid)}"
-        deadline = trio.current_time() + timeout
+        deadline = trio.current_time() + _check_timeout(timeout, allow_none=False)
         await self.session.ensure_path(self.path)
         txn = self.session.transaction().create(root, payload)
         for site in self.sites:
@@ -226,14 +232,14 @@ class TwoPhaseSite:
         proposes ABORT itself, which wins unless a decision was already made."""
         session = self.session
         root = f"{self.path}/{_check_name('txid', txid)}"
-        deadline = trio.current_time() + (timeout if timeout is not None else float("inf"))
+        deadline = trio.current_time() + _check_timeout(timeout, allow_none=True)
         mine = f"{root}/site-{self.site}"
         alive = f"{root}/alive-{self.site}"
         tx = _Transaction(session, root, self.site)
         with trio.move_on_at(deadline):
             await wait_exists(session, root)
         if trio.current_time() >= deadline:
-            raise trio.TooSlowError(f"transaction {txid!r} did not appear within {timeout}s")
+            raise TwoPhaseTimeout(f"transaction {txid!r} did not appear within {timeout}s")
         payload, _stat = await session.get(root)
         try:
             status, stat = await session.get(mine)
@@ -257,13 +263,30 @@ class TwoPhaseSite:
     async def _join_and_vote(
         self, root: str, mine: str, alive: str, payload: bytes, vote_fn: VoteFn
     ) -> None:
+        """Join (create ``alive``, mark ``joined``), vote, write the vote fenced on ``alive``.
+
+        A lost reply (connection loss) is resolved by reading ``mine`` back: the server's
+        state, not the error, says whether the join or the vote happened.  If the session
+        was lost meanwhile, ``alive`` is gone and the others treat us as crashed; we then
+        only await the outcome.
+        """
         session = self.session
-        try:
-            await session.transaction().create(alive, ephemeral=True).set(
-                mine, JOINED, version=0
-            ).commit()
-        except errors.TransactionFailedError:
-            return  # someone decided for us (or we joined already): just await the outcome
+        session_id = await session.wait_connected()
+        while True:
+            try:
+                await session.transaction().create(alive, ephemeral=True).set(
+                    mine, JOINED, version=0
+                ).commit()
+                break
+            except errors.TransactionFailedError:
+                return  # someone decided for us (or we joined already): await the outcome
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                joined = await self._applied(mine, alive, session_id, JOINED)
+                if joined is None:
+                    continue  # the join did not happen: try again
+                if not joined:
+                    return
+                break
         log.info("two_phase.joined", tx=root, site=self.site)
         # vote_fn runs outside any lock: a crash (or expiry) here is seen through `alive`
         try:
@@ -272,8 +295,50 @@ class TwoPhaseSite:
         except Exception as exc:  # the site cannot do its part: vote abort
             log.warning("two_phase.vote_failed", tx=root, site=self.site, error=repr(exc))
             vote = ABORT
-        try:
-            await session.transaction().check(alive, -1).set(mine, vote, version=1).commit()
-            log.info("two_phase.voted", tx=root, site=self.site, vote=vote.decode())
-        except errors.TransactionFailedError:
-            log.warning("two_phase.vote_rejected", tx=root, site=self.site)
+        while True:
+            try:
+                await session.transaction().check(alive, -1).set(mine, vote, version=1).commit()
+                break
+            except errors.TransactionFailedError:
+                log.warning("two_phase.vote_rejected", tx=root, site=self.site)
+                return
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                voted = await self._applied(mine, alive, session_id, vote)
+                if voted is None:
+                    continue
+                if not voted:
+                    log.warning("two_phase.vote_rejected", tx=root, site=self.site)
+                    return
+                break
+        log.info("two_phase.voted", tx=root, site=self.site, vote=vote.decode())
+
+    async def _applied(
+        self, mine: str, alive: str, session_id: int, wanted: bytes
+    ) -> bool | None:
+        """After a lost reply: ``True`` if ``mine`` holds ``wanted`` (our write happened),
+        ``False`` if it cannot happen any more (our session, and so ``alive``, is gone, or
+        the node moved on), ``None`` if it did not happen and may be retried."""
+        while True:
+            try:
+                current = await self.session.wait_connected()
+                data, _stat = await self.session.get(mine)
+                if data == wanted:
+                    return True
+                if current != session_id:
+                    return False
+                stat = await self.session.exists(alive)
+                if wanted == JOINED:
+                    return None if data == b"" else False
+                if stat is None or stat.ephemeralOwner != session_id:
+                    return False
+                return None if data == JOINED else False
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                continue
+
+
+def _check_timeout(timeout: float | None, *, allow_none: bool) -> float:
+    if timeout is None and allow_none:
+        return float("inf")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ConfigurationError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)

@@ -57,7 +57,9 @@ class Session:
     ``hosts`` is a kazoo connect string (``"127.0.0.1:2181,127.0.0.1:2182"``).  ``chroot``, if
     given, is created when missing and every path is then relative to it.  ``session_timeout``
     is asked of the server (which clamps it to its min/max).  At most ``max_in_flight``
-    requests are outstanding at once; more callers wait their turn.
+    requests are outstanding at once; more callers wait their turn.  ``suspended_grace`` (under
+    a third of ``session_timeout``) is how long locks, claims and leadership survive a
+    SUSPENDED connection before their bodies are cancelled.
     """
 
     def __init__(
@@ -78,8 +80,24 @@ class Session:
             )
         if chroot is not None:
             validate_path(chroot, allow_root=False)
-        if session_timeout <= 0 or connect_timeout <= 0 or suspended_grace < 0:
+        for name, value in (("session_timeout", session_timeout),
+                            ("connect_timeout", connect_timeout),
+                            ("suspended_grace", suspended_grace)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise errors.ConfigurationError(
+                    f"{name} must be a number of seconds, got {value!r}"
+                )
+        if session_timeout <= 0 or connect_timeout <= 0:
             raise errors.ConfigurationError("timeouts must be positive (grace may be 0)")
+        if suspended_grace >= session_timeout / 3:
+            # kazoo reports SUSPENDED up to 2/3 of the session timeout after the server last
+            # heard from us; the server may expire the session 1/3 later and hand our locks,
+            # claims and leadership to others.  Ownership must end before that.
+            raise errors.ConfigurationError(
+                f"suspended_grace ({suspended_grace:g}s) must be under a third of the session "
+                f"timeout ({session_timeout:g}s): after that the server may already have "
+                "expired the session and given its locks or leadership to someone else"
+            )
         self.hosts = hosts
         self.chroot = chroot
         self.session_timeout = session_timeout
@@ -349,9 +367,19 @@ class Session:
         """
         validate_path(path, allow_root=False)
         data = validate_data(data)
-        return await self._call(
-            "create_async", path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath
-        )
+        while True:
+            try:
+                # Parents are made here, never by kazoo's makepath: kazoo would re-issue the
+                # create from its own thread after building them, so a create whose caller
+                # was cancelled (and cleaned up) could still happen afterwards.
+                return await self._call(
+                    "create_async", path, data, ephemeral=ephemeral, sequence=sequence
+                )
+            except errors.NoNodeError:
+                parent = path.rsplit("/", 1)[0]
+                if not makepath or not parent:
+                    raise
+                await self.ensure_path(parent)
 
     async def ensure_path(self, path: str) -> None:
         """Create ``path`` and its parents if missing (idempotent, safe to retry)."""
