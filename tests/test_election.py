@@ -57,7 +57,7 @@ async def test_leader_hands_over_on_resign_and_observers_follow(
         ea, eb = Election(a, PATH, b"A"), Election(b, PATH, b"B")
         observer = Election(session, PATH)
         seen: list[bytes | None] = []
-        got_b, saw_b = trio.Event(), trio.Event()
+        got_b, saw_b, observing = trio.Event(), trio.Event(), trio.Event()
         with trio.fail_after(10):
             assert await observer.leader() is None
             async with trio.open_nursery() as nursery:
@@ -65,6 +65,7 @@ async def test_leader_hands_over_on_resign_and_observers_follow(
                 async def observe() -> None:
                     async for info in observer.watch_leaders():
                         seen.append(None if info is None else info.identifier)
+                        observing.set()
                         if seen[-1] == b"B":
                             saw_b.set()
 
@@ -75,6 +76,7 @@ async def test_leader_hands_over_on_resign_and_observers_follow(
                         await saw_b.wait()  # hold on until the observer has seen us
 
                 nursery.start_soon(observe)
+                await observing.wait()  # it has seen "nobody leads" before A contends
                 async with ea.leadership() as term_a:
                     nursery.start_soon(contend_b)
                     await eb.wait_in_line()
