@@ -6,10 +6,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: test lint bench zookeeper install clean
+.PHONY: test demo lint bench zookeeper install clean
 
 test: zookeeper install lint
 	$(PY) -m pytest -q
+
+# The Fetch Service crawler end to end: ZooKeeper, a local web site, 2 masters, 4 fetchers,
+# kill -9 of the active master half-way; output in ./out/.
+demo: zookeeper install
+	$(PY) -m examples.fetch_service.demo
 
 lint: install
 	$(PY) -m ruff check framework tests bench examples

@@ -7,19 +7,20 @@ with the site's rendezvous hook.  No ZooKeeper here.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
+from helpers.fs_net import refused_port
 
 from examples.fetch_service.config import CrawlConfig, normalize_host
 from examples.fetch_service.fetch import ERROR_KINDS, Fetcher, FetchOutcome, payload_digest
@@ -47,14 +48,6 @@ REPO = Path(__file__).resolve().parent.parent
 async def site() -> AsyncIterator[Site]:
     async with serve_site(SMALL) as served:
         yield served
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A port that is bound but not listening: connecting to it is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
 
 
 def config_for(site: Site, **changes: object) -> CrawlConfig:
@@ -347,39 +340,39 @@ async def test_http_errors_are_recorded_and_their_links_ignored(site: Site, tmp_
     assert b"/trap/" in (stored[gone].body or b"")
 
 
-async def test_bad_urls_and_unreachable_hosts_give_clear_outcomes(
-    site: Site, closed_port: int
-) -> None:
-    good = site.seeds[0]
-    dead = f"http://127.0.0.1:{closed_port}/page.html"
-    elsewhere = "http://not-allowed.invalid/"
-    stuck = site.roots[0] + "_rendezvous/never/2"
-    config = config_for(site, allowed_hosts=(*site.hosts, f"127.0.0.1:{closed_port}"))
-    with trio.fail_after(15):
-        async with Fetcher(config) as fetcher:
-            urls = ["not a url", "ftp://127.0.0.1/f", dead, good, elsewhere, "http://:80/"]
-            outcomes = await fetcher.fetch_batch(urls)
-            fetcher.config = config.evolve(request_timeout_s=0.5, max_page_bytes=100)
-            slow, big = await fetcher.fetch_batch([stuck, good])
-    assert [o.url for o in outcomes] == [
-        "not a url",
-        "ftp://127.0.0.1/f",
-        dead,
-        good,
-        elsewhere,
-        "http://:80/",
-    ]
-    kinds = [o.error_kind for o in outcomes]
-    assert kinds == ["invalid_url", "invalid_url", "connect", None, "not_allowed", "invalid_url"]
-    assert set(kinds) - {None} <= ERROR_KINDS
-    errors = [o.error or "" for o in outcomes]
-    assert "not absolute" in errors[0] and "scheme 'ftp'" in errors[1]
-    assert errors[2].startswith(f"cannot connect to 127.0.0.1:{closed_port}")
-    assert errors[4] == "host not-allowed.invalid is not in allowed_hosts"
-    assert all(o.status is None for i, o in enumerate(outcomes) if i != 3)
-    assert (slow.error_kind, slow.status) == ("timeout", None)
-    assert (big.error_kind, big.links) == ("too_large", ())
-    assert big.error == "body larger than 100 bytes (cut)"
+async def test_bad_urls_and_unreachable_hosts_give_clear_outcomes(site: Site) -> None:
+    with refused_port() as closed_port:
+        good = site.seeds[0]
+        dead = f"http://127.0.0.1:{closed_port}/page.html"
+        elsewhere = "http://not-allowed.invalid/"
+        stuck = site.roots[0] + "_rendezvous/never/2"
+        config = config_for(site, allowed_hosts=(*site.hosts, f"127.0.0.1:{closed_port}"))
+        with trio.fail_after(15):
+            async with Fetcher(config) as fetcher:
+                urls = ["not a url", "ftp://127.0.0.1/f", dead, good, elsewhere, "http://:80/"]
+                outcomes = await fetcher.fetch_batch(urls)
+                fetcher.config = config.evolve(request_timeout_s=0.5, max_page_bytes=100)
+                slow, big = await fetcher.fetch_batch([stuck, good])
+        assert [o.url for o in outcomes] == [
+            "not a url",
+            "ftp://127.0.0.1/f",
+            dead,
+            good,
+            elsewhere,
+            "http://:80/",
+        ]
+        kinds = [o.error_kind for o in outcomes]
+        assert kinds == ["invalid_url", "invalid_url", "connect", None, "not_allowed",
+                         "invalid_url"]
+        assert set(kinds) - {None} <= ERROR_KINDS
+        errors = [o.error or "" for o in outcomes]
+        assert "not absolute" in errors[0] and "scheme 'ftp'" in errors[1]
+        assert errors[2].startswith(f"cannot connect to 127.0.0.1:{closed_port}")
+        assert errors[4] == "host not-allowed.invalid is not in allowed_hosts"
+        assert all(o.status is None for i, o in enumerate(outcomes) if i != 3)
+        assert (slow.error_kind, slow.status) == ("timeout", None)
+        assert (big.error_kind, big.links) == ("too_large", ())
+        assert big.error == "body larger than 100 bytes (cut)"
 
 
 async def test_live_config_change_applies_to_the_next_request(site: Site) -> None:
@@ -499,3 +492,38 @@ async def test_site_cli_prints_seeds_serves_and_stops_on_sigint(tmp_path: Path) 
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_a_shared_gate_keeps_fetchers_of_several_processes_polite(site: Site) -> None:
+    """Two fetchers (think: two machines) sharing a per-host gate: one host's requests
+    never overlap and keep the delay, redirect hops to other hosts included."""
+    delay = 0.02
+    locks: dict[str, trio.Lock] = {}
+    entered: Counter[str] = Counter()
+
+    @contextlib.asynccontextmanager
+    async def gate(host: str) -> AsyncIterator[None]:
+        async with locks.setdefault(host, trio.Lock()):
+            entered[host] += 1
+            yield
+
+    home = site.roots[0]
+    urls = [home, *(link for link in (await _links(site, home)))][:8]
+    config = config_for(site, politeness_delay_s=delay)
+    with trio.fail_after(20):
+        async with Fetcher(config, gate=gate) as one, Fetcher(config, gate=gate) as two:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one.fetch_batch, urls)
+                nursery.start_soon(two.fetch_batch, urls)
+    assert sum(entered.values()) == len(site.access_log) >= 2 * len(urls)
+    for port in site.ports:
+        log = sorted((r for r in site.access_log if r.port == port), key=lambda r: r.started)
+        for before, after in itertools.pairwise(log):
+            assert after.started - before.finished >= delay - 1e-6, (before, after)
+
+
+async def _links(site: Site, url: str) -> list[str]:
+    async with Fetcher(config_for(site)) as fetcher:
+        result = await fetcher.fetch(url)
+    site.access_log.clear()
+    return list(result.outcome.links)

@@ -6,8 +6,9 @@ and across batches processed at the same time.  Guarantees:
 
 - **Politeness.**  Requests to one host (``host[:port]``) never overlap, and each starts at
   least ``politeness_delay_s`` after the previous one to that host ended (a per-host FIFO
-  ``trio.Lock`` plus the end time of the last exchange).  Different hosts proceed in
-  parallel, at most ``fetch_concurrency`` exchanges at a time.
+  ``trio.Lock`` plus the end time of the last exchange; across processes, the optional
+  per-host ``gate``).  Different hosts proceed in parallel, at most ``fetch_concurrency``
+  exchanges at a time.
 - **Redirects** are followed by hand, each hop through the politeness gate of its own host,
   at most ``max_redirects`` hops.  A loop (a URL seen twice in one chain) ends the fetch with
   ``error_kind="redirect_loop"``; a longer chain with ``"too_many_redirects"``.
@@ -48,6 +49,7 @@ __all__ = [
     "FetchOutcome",
     "FetchResult",
     "Fetcher",
+    "HostGate",
     "RawResponse",
     "payload_digest",
 ]
@@ -162,6 +164,10 @@ class _Host:
     last_end: float = -math.inf
 
 
+#: ``gate(host)`` -> an async context manager held around each request to ``host``.
+HostGate = Callable[[str], contextlib.AbstractAsyncContextManager[Any]]
+
+
 class _Failure(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -173,10 +179,16 @@ class Fetcher:
 
     Pass ``client`` to share an ``httpx.AsyncClient`` (then the caller closes it); otherwise
     the fetcher makes one on entry and closes it on exit.
+
+    ``gate(host)``, when given, is an async context manager entered around every request to
+    ``host`` and held until ``politeness_delay_s`` after it ended: a lock shared with
+    fetchers in other processes makes the politeness guarantee hold across all of them.
     """
 
-    def __init__(self, config: CrawlConfig, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: CrawlConfig, *, client: httpx.AsyncClient | None = None,
+                 gate: HostGate | None = None) -> None:
         self._config = config
+        self._gate = gate
         self._client = client
         self._owns_client = client is None
         self._hosts: dict[str, _Host] = {}
@@ -290,18 +302,25 @@ class Fetcher:
         return slot
 
     async def _exchange(self, url: str, timing: list[float]) -> RawResponse:
-        slot = self._slot(host_key(url))
-        async with slot.lock:
+        host = host_key(url)
+        slot = self._slot(host)
+        async with slot.lock, self._gate(host) if self._gate else contextlib.nullcontext():
             before = trio.current_time()
             await trio.sleep_until(slot.last_end + self._config.politeness_delay_s)
-            async with self._limiter:
-                start = trio.current_time()
-                timing[1] += start - before
-                try:
-                    return await self._request(url)
-                finally:
-                    slot.last_end = trio.current_time()
-                    timing[0] += slot.last_end - start
+            try:
+                async with self._limiter:
+                    start = trio.current_time()
+                    timing[1] += start - before
+                    try:
+                        return await self._request(url)
+                    finally:
+                        slot.last_end = trio.current_time()
+                        timing[0] += slot.last_end - start
+            finally:
+                if self._gate is not None:
+                    # The gate's next holder may be another process, which does not know
+                    # when this request ended: keep the host quiet for the delay first.
+                    await trio.sleep_until(slot.last_end + self._config.politeness_delay_s)
 
     async def _request(self, url: str) -> RawResponse:
         config = self._config
