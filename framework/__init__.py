@@ -56,6 +56,7 @@ from framework.zk import (
     watch_children,
     watch_data,
 )
+from framework.zk.scopes import single_body_error
 from framework.zkserver import ZooKeeperEnsemble
 
 __all__ = [
@@ -109,6 +110,7 @@ __all__ = [
     "configure_logging",
     "errors",
     "get_logger",
+    "single_body_error",
     "watch_children",
     "watch_data",
 ]

@@ -1,32 +1,15 @@
-"""Two small trio helpers: run calls concurrently, and keep one error out of its group."""
+"""Run calls concurrently, with the first error raised as itself."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import trio
 
+from framework import single_body_error
+
 K = TypeVar("K")
-
-
-@contextmanager
-def single_error() -> Iterator[None]:
-    """Re-raise a nursery's only error as itself, not wrapped in an ``ExceptionGroup``.
-
-    So ``except LeadershipLost`` in the runtime still sees a master's lost term when it was
-    detected by a task of one of the master's own nurseries.  Several errors pass unchanged.
-    """
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) != 1:
-            raise
-        inner = group.exceptions[0]
-        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
-            inner = inner.exceptions[0]
-        raise inner from None
 
 
 async def map_concurrently(
@@ -41,7 +24,7 @@ async def map_concurrently(
         async with limiter:
             results[key] = await call(key)
 
-    with single_error():
+    with single_body_error():
         async with trio.open_nursery() as nursery:
             for key in dict.fromkeys(keys):
                 nursery.start_soon(one, key)

@@ -44,14 +44,19 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from examples.fetch_service.concurrency import single_error
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.ctl import start_job, wait_report
 from examples.fetch_service.dashboard import CrawlView
 from examples.fetch_service.site import Site, SiteSpec
 from examples.fetch_service.state import APP_NAME, CrawlPaths, loads
 from examples.fetch_service.warc import StoreSummary, summarize
-from framework import ConfigurationError, FrameworkError, ZooKeeperEnsemble, configure_logging
+from framework import (
+    ConfigurationError,
+    FrameworkError,
+    ZooKeeperEnsemble,
+    configure_logging,
+    single_body_error,
+)
 from framework.primitives import Group, Rendezvous
 from framework.runtime import App
 from framework.zk import Session, watch_data
@@ -492,7 +497,7 @@ async def _until_signal(args: argparse.Namespace, console: Console) -> int:
     caught: list[str] = []
     code = 1
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        with single_error():
+        with single_body_error():
             async with trio.open_nursery() as nursery:
 
                 async def on_signal() -> None:

@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 import trio
 
-from examples.fetch_service.concurrency import map_concurrently, single_error
+from examples.fetch_service.concurrency import map_concurrently
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.links import InvalidUrlError, canonicalize
 from examples.fetch_service.planning import (
@@ -70,7 +70,7 @@ from examples.fetch_service.state import (
     read_desired,
     read_job,
 )
-from framework import errors
+from framework import errors, single_body_error
 from framework.logs import get_logger
 from framework.runtime import Master, MasterContext, new_task
 from framework.zk import Transaction, wait_exists, watch_data
@@ -114,7 +114,7 @@ class _Crawl:
         assert job is not None
         desired = await read_desired(session, paths)
         await self._publish(desired[0] if desired is not None else CrawlConfig())
-        with single_error():
+        with single_body_error():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._follow_desired)
                 await self._crawl(job)

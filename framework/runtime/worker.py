@@ -41,6 +41,10 @@ from framework.zk import Session, watch_children
 
 log = get_logger("framework.runtime.worker")
 
+
+class _HandedBack(Exception):
+    """A handler failed; its error is recorded and the item goes back to the queue."""
+
 #: How many failure records the ``failures/`` ring keeps.
 FAILURE_RING = 200
 
@@ -201,7 +205,12 @@ class Worker:
         slots.cancel()
 
     async def _slot(self, session: Session, queue: WorkQueue) -> None:
+        trouble = 0  # consecutive failures of the slot itself (not of handlers)
         while not self._draining:
+            if trouble:
+                # a persistent problem (e.g. the app's znodes deleted under us) must not
+                # turn into a busy loop: back off, exponentially, up to backoff_max
+                await trio.sleep(min(self.backoff_base * 2 ** (trouble - 1), self.backoff_max))
             marker: list[str] = []
             try:
                 with trio.CancelScope() as slot:
@@ -219,10 +228,15 @@ class Worker:
                         await self._clear_running(session, marker)
                 if slot.cancelled_caught:  # only ever cancelled while waiting
                     return
+                trouble = 0
+            except _HandedBack:
+                trouble = 0  # the handler failed: logged, backed off, item handed back
             except errors.FrameworkError as exc:
-                log.warning("task.released", worker=self.name, error=str(exc))
+                trouble += 1
+                log.warning("task.released", worker=self.name, error=str(exc), retry=trouble)
             except Exception:
-                pass
+                trouble += 1
+                log.exception("worker.slot_error", worker=self.name, retry=trouble)
 
     async def _clear_running(self, session: Session, marker: list[str]) -> None:
         if marker:
@@ -258,7 +272,7 @@ class Worker:
                 value = await self.handle(task)
         except Exception as exc:
             await self._failed(session, task, exc, started)
-            raise
+            raise _HandedBack() from exc  # leaving take() with an error hands the item back
         finally:
             self._in_flight -= 1
             self._status_dirty.set()

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -80,6 +81,10 @@ def four_letter(port: int, command: str, *, host: str = "127.0.0.1", timeout: fl
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """Ask the kernel to kill the server when its parent dies (no orphan servers after a
+    crash).  Linux ties this to the *thread* that forked, so it is only used when the server
+    is started from the main thread: a worker thread (``trio.to_thread``) may exit long
+    before the process does, and would take the server with it."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -220,7 +225,11 @@ class ZooKeeperEnsemble:
             stdin=subprocess.DEVNULL,
             stdout=logfile,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=(
+                _die_with_parent
+                if threading.current_thread() is threading.main_thread()
+                else None
+            ),
         )
         logfile.close()
 
