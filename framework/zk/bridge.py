@@ -10,26 +10,18 @@ queue).  Our callbacks only call ``run_sync_soon``, which never blocks, so
 :class:`BridgeHandler` runs callbacks marked ``direct_safe`` right on the connection thread:
 one thread hop less per request.  Every other callback (kazoo's own, watches) still goes
 through the completion queue as usual.
-
-kazoo wakes its connection thread with one byte per request, written by the caller (a
-syscall, and a GIL hand-over to the connection thread, per request).  :class:`BridgeClient`
-lets the trio thread owe those bytes and write them for a whole scheduling batch at once;
-the connection thread still sends one request per byte, in order.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import threading
 from typing import Any, Callable
 
 import trio
 from kazoo import exceptions as kz
-from kazoo.client import KazooClient
 from kazoo.handlers.threading import AsyncResult, SequentialThreadingHandler
 from kazoo.handlers.utils import _NONE
-from kazoo.protocol.states import KeeperState
 
 from framework import errors
 
@@ -103,62 +95,6 @@ class BridgeHandler(SequentialThreadingHandler):
 
     def async_result(self) -> AsyncResult:
         return _DirectResult(self)
-
-
-#: kazoo states in which a request fails at once (kazoo's own ``_call`` handles them).
-_REFUSING = (KeeperState.AUTH_FAILED, KeeperState.CLOSED, KeeperState.EXPIRED_SESSION)
-
-
-class BridgeClient(KazooClient):
-    """A ``KazooClient`` that can queue requests with their wake-up byte *owed*:
-    :meth:`owing` issues one request that way, :meth:`flush_wakeups` writes every owed byte
-    in one call.
-
-    Only requests issued through :meth:`owing` (by :class:`framework.zk.Session`, which
-    flushes once per trio scheduling batch) are deferred; every other request - from any
-    thread, or made while kazoo would refuse it - takes kazoo's own path unchanged.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._owing_thread: int | None = None
-        self._owed: list[AsyncResult] = []
-
-    @property
-    def wakeups_owed(self) -> int:
-        return len(self._owed)
-
-    def owing(self, issue: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call ``issue(*args, **kwargs)`` (a ``*_async`` method) with its wake-up owed."""
-        self._owing_thread = threading.get_ident()
-        try:
-            return issue(*args, **kwargs)
-        finally:
-            self._owing_thread = None
-
-    def _call(self, request: Any, async_object: AsyncResult) -> Any:
-        if (
-            threading.get_ident() != self._owing_thread
-            or self._state in _REFUSING
-            or self._connection._write_sock is None
-        ):
-            return super()._call(request, async_object)
-        self._queue.append((request, async_object))
-        self._owed.append(async_object)
-        return None
-
-    def flush_wakeups(self) -> None:
-        """Wake the connection thread once for every request queued since the last flush;
-        if the connection is closed meanwhile, fail those requests as kazoo would."""
-        owed, self._owed = self._owed, []
-        if not owed:
-            return
-        try:
-            self._connection._write_sock.sendall(b"\0" * len(owed))
-        except Exception:  # closed socket or none: the requests will never be sent
-            for result in owed:
-                if not result.ready():
-                    result.set_exception(kz.ConnectionClosedError("Connection has been closed"))
 
 
 class Completions:

@@ -22,18 +22,12 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 import trio
 from kazoo import exceptions as kz
+from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState, ZnodeStat
 
 from framework import errors
 from framework.logs import get_logger
-from framework.zk.bridge import (
-    BridgeClient,
-    BridgeHandler,
-    Completions,
-    translate,
-    wait_result,
-    waker,
-)
+from framework.zk.bridge import BridgeHandler, Completions, translate, wait_result, waker
 from framework.zk.inflight import InFlightLimit
 from framework.zk.paths import validate_data, validate_path
 from framework.zk.scopes import single_body_error
@@ -104,8 +98,7 @@ class Session:
         self.connect_timeout = connect_timeout
         self.suspended_grace = suspended_grace
         self._limit = InFlightLimit(max_in_flight)
-        self._client: BridgeClient | None = None
-        self._flushing = False
+        self._client: KazooClient | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._state = SessionState.LOST
         self._session_id: int | None = None
@@ -118,7 +111,7 @@ class Session:
     async def __aenter__(self) -> Session:
         self._token = trio.lowlevel.current_trio_token()
         self._completions = Completions(self._token)
-        client = BridgeClient(
+        client = KazooClient(
             hosts=self.hosts,
             timeout=self.session_timeout,
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
@@ -211,7 +204,7 @@ class Session:
         return self._state is SessionState.CONNECTED and not self._closed
 
     @property
-    def client(self) -> BridgeClient:
+    def client(self) -> KazooClient:
         """The underlying kazoo client (for benchmarks and escape hatches only)."""
         if self._client is None:
             raise errors.NotConnectedError("session not started: use `async with Session(...)`")
@@ -309,16 +302,8 @@ class Session:
         with self._limit.held():
             await self._usable()
             issued_in = self._session_id
-            client = self._client
-            issue = method if callable(method) else getattr(client, method)
-            async_result = client.owing(issue, *args, **kwargs)
-            if client.wakeups_owed and not self._flushing:
-                # Let the other tasks of this scheduling batch queue their requests, then
-                # wake kazoo's connection thread once for all of them.
-                self._flushing = True
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                self._flushing = False
-                client.flush_wakeups()
+            issue = method if callable(method) else getattr(self._client, method)
+            async_result = issue(*args, **kwargs)
             try:
                 return await wait_result(async_result, self._completions)
             except kz.ConnectionClosedError as exc:  # closed for good: never retry
