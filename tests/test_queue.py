@@ -1,22 +1,35 @@
 """WorkQueue against a real server: order, priorities, buckets, retries, dead letters,
-fairness, a consumer killed with kill -9, and a property test with random consumer crashes."""
+fairness, a consumer killed with kill -9, lost replies and cancellations of claims, acks and
+puts, acks across a session change or a frozen connection, the bucket bound with stale and
+concurrent producers, bad settings, and a property test with faults at random points."""
 
 from __future__ import annotations
 
 import sys
+import types
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
 
+import attrs
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framework import Session
-from framework.errors import ClaimLost, ConfigurationError, DataTooLargeError, NoNodeError
+from framework.errors import (
+    ClaimLost,
+    ConfigurationError,
+    ConnectionLossError,
+    DataTooLargeError,
+    NoNodeError,
+)
+from framework.primitives import queue as queue_module
 from framework.primitives.queue import QueueItem, WorkQueue
 from framework.testing import TcpProxy, expire_session
+from framework.zk import Transaction
 
 HELPERS = Path(__file__).parent / "helpers"
 ROOT = Path(__file__).parent.parent
@@ -144,30 +157,42 @@ async def test_dead_letter_after_max_attempts(session: Session) -> None:
 
 
 async def test_consumers_share_the_work_fairly(zk_hosts: str, chroot: str) -> None:
-    """Four consumers each block until all four hold an item: only possible if every one of
-    them got one of the four items (no consumer can hog the queue)."""
-    holding = 0
-    all_hold = trio.Event()
-    seen: dict[str, bytes] = {}
+    """Four consumers (own sessions) keep taking until the queue is empty: each one gets a
+    fair share of the 200 items (at least half the mean), so none is starved or hogs it."""
+    total, consumers = 200, 4
+    counts: Counter[str] = Counter()
+    seen: list[bytes] = []
+    ready: list[str] = []
+    all_ready, done = trio.Event(), trio.Event()
 
     async def consumer(name: str) -> None:
-        nonlocal holding
         async with Session(zk_hosts, chroot=chroot) as s:
-            async with WorkQueue(s, "/q").take() as item:
-                seen[name] = item.data
-                holding += 1
-                if holding == 4:
-                    all_hold.set()
-                await all_hold.wait()
+            q = WorkQueue(s, "/q")
+            ready.append(name)
+            if len(ready) == consumers:
+                all_ready.set()
+            while True:
+                async with q.take() as item:
+                    await s.exists("/q")  # a little work: one round trip
+                seen.append(item.data)
+                counts[name] += 1
+                if len(seen) == total:
+                    done.set()
 
     async with Session(zk_hosts, chroot=chroot) as s:
-        with trio.fail_after(15):
+        with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                for i in range(4):
+                for i in range(consumers):
                     nursery.start_soon(consumer, f"c{i}")
-                await WorkQueue(s, "/q").put_many([b"1", b"2", b"3", b"4"])
-        assert sorted(seen.values()) == [b"1", b"2", b"3", b"4"]
+                await all_ready.wait()
+                await WorkQueue(s, "/q").put_many([b"%d" % i for i in range(total)])
+                await done.wait()
+                nursery.cancel_scope.cancel()
+        assert sorted(seen) == sorted(b"%d" % i for i in range(total))
+        mean = total / consumers
+        assert len(counts) == consumers and min(counts.values()) >= mean / 2, counts
         assert await WorkQueue(s, "/q").size() == 0
+        assert await s.children("/q/claims") == []
 
 
 async def test_consumer_killed_mid_item(zk_hosts: str, chroot: str, session: Session) -> None:
@@ -251,6 +276,374 @@ async def test_suspension_cancels_the_item_and_it_comes_back(
     assert await q.size() == 0
 
 
+# ------------------------------------------------------------------ lost replies, cancellation
+
+
+def _creates_under(ops: Sequence[Any], part: str) -> bool:
+    return any(op[0] == "create" and part in op[1][0] for op in ops)
+
+
+def is_claim(ops: Sequence[Any]) -> bool:
+    return _creates_under(ops, "/claims/")
+
+
+def is_put(ops: Sequence[Any]) -> bool:
+    """A producer's create of new items (not a move, not a consumer's restore)."""
+    return all(op[0] != "delete" for op in ops) and any(
+        op[0] == "create" and "/items/b-" in op[1][0] and op[2].get("sequence") for op in ops
+    )
+
+
+def is_move(ops: Sequence[Any]) -> bool:
+    return (len(ops) == 2 and ops[0][0] == "delete" and "/items/b-" in ops[0][1][0]
+            and ops[1][0] == "create")
+
+
+@attrs.define
+class _Rule:
+    match: Callable[[Sequence[Any]], bool]
+    action: str
+    scope: trio.CancelScope | None
+    skip: int
+    left: int
+
+
+class Interfere:
+    """Makes chosen writes behave as over a failing network, without mocking the server:
+
+    * ``"lost"``: the request never leaves (``ConnectionLossError``, nothing applied);
+    * ``"reply lost"``: it is applied, then ``ConnectionLossError`` is raised as if the reply
+      had been lost;
+    * ``"cancel"``: it is applied, and the caller is cancelled before it sees the reply;
+    * ``"reply lost, then cancel"``: applied, reply lost, and the caller's scope is cancelled
+      so the cancellation lands on whatever it does to find out.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rules: list[_Rule] = []
+        self.in_flight = self.max_in_flight = 0
+        commit, create = Transaction.commit, Session.create
+
+        async def patched_commit(txn: Transaction) -> list[Any]:
+            return await self._apply(txn.operations, lambda: commit(txn))
+
+        async def patched_create(session: Session, path: str, data: bytes = b"",
+                                 **kwargs: Any) -> str:
+            ops = (("create", (path, data), kwargs),)
+            return await self._apply(ops, lambda: create(session, path, data, **kwargs))
+
+        monkeypatch.setattr(Transaction, "commit", patched_commit)
+        monkeypatch.setattr(Session, "create", patched_create)
+
+    def arm(self, match: Callable[[Sequence[Any]], bool], action: str, *,
+            scope: trio.CancelScope | None = None, skip: int = 0, times: int = 1) -> _Rule:
+        rule = _Rule(match, action, scope, skip, times)
+        self.rules.append(rule)
+        return rule
+
+    async def _apply(self, ops: Sequence[Any], call: Callable[[], Awaitable[Any]]) -> Any:
+        rule = next((r for r in self.rules if r.left and r.match(ops)), None)
+        if rule is not None and rule.skip:
+            rule.skip -= 1
+            rule = None
+        if rule is None:
+            return await self._counted(call)
+        rule.left -= 1
+        if rule.action == "lost":
+            await trio.lowlevel.checkpoint()
+            raise ConnectionLossError("injected: request lost")
+        result = await self._counted(call)
+        if rule.action == "reply lost":
+            raise ConnectionLossError("injected: reply lost")
+        assert rule.scope is not None
+        rule.scope.cancel()
+        if rule.action == "reply lost, then cancel":
+            raise ConnectionLossError("injected: reply lost")
+        await trio.lowlevel.checkpoint()  # raises Cancelled: the reply never reaches the caller
+        return result
+
+    async def _counted(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await call()
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+def interfere(monkeypatch: pytest.MonkeyPatch) -> Interfere:
+    return Interfere(monkeypatch)
+
+
+@pytest.mark.parametrize("action", ["cancel", "reply lost, then cancel"])
+async def test_cancelled_claim_leaves_no_claim_and_no_count(
+    zk_hosts: str, chroot: str, session: Session, interfere: Interfere, action: str
+) -> None:
+    """A take() cancelled while its claim is being applied (or while it checks the claim
+    after a lost reply) removes the claim: another consumer gets the item at once, as its
+    first delivery (with max_attempts=1 a counted lost delivery would dead-letter it)."""
+    q = WorkQueue(session, "/q", max_attempts=1)
+    await q.put(b"job")
+    with trio.fail_after(15):
+        with trio.CancelScope() as scope:
+            rule = interfere.arm(is_claim, action, scope=scope)
+            async with q.take():
+                pytest.fail("the block must not run")
+        assert scope.cancelled_caught and rule.left == 0
+        assert await session.children("/q/claims") == []
+        async with Session(zk_hosts, chroot=chroot) as other:
+            async with WorkQueue(other, "/q", max_attempts=1).take() as item:
+                assert (item.data, item.attempts) == (b"job", 1)
+    assert await q.size() == 0 and await q.dead_letters() == []
+
+
+@pytest.mark.parametrize("action", ["lost", "reply lost"])
+async def test_claim_survives_a_lost_reply(session: Session, interfere: Interfere,
+                                           action: str) -> None:
+    """A claim whose request or reply is lost: the consumer finds out whether its claim
+    exists and delivers the item once, as its first delivery, and acks it."""
+    q = WorkQueue(session, "/q")
+    await q.put(b"job")
+    rule = interfere.arm(is_claim, action)
+    with trio.fail_after(10):
+        async with q.take() as item:
+            assert (item.data, item.attempts) == (b"job", 1)
+    assert rule.left == 0
+    assert await q.size() == 0 and await session.children("/q/claims") == []
+
+
+async def _expire_directly(zk_hosts: str, session: Session) -> None:
+    """Expire ``session`` through a direct connection (its own may be frozen)."""
+    await expire_session(types.SimpleNamespace(  # type: ignore[arg-type]
+        hosts=zk_hosts, client_id=session.client_id, session_timeout=session.session_timeout
+    ))
+
+
+async def test_ack_after_session_change_is_not_reported(
+    zk_hosts: str, chroot: str, session: Session, proxy: TcpProxy
+) -> None:
+    """A's ack is in flight when its connection freezes; A's session expires, B takes the
+    item and acks it.  When A reconnects (new session) it cannot tell its ack from B's: it
+    raises ClaimLost instead of reporting an ack, so the item is acked exactly once."""
+    q = WorkQueue(session, "/q")
+    await q.put(b"job")
+    raised: list[BaseException] = []
+    acked: list[QueueItem] = []
+    in_ack = trio.Event()
+    async with Session(proxy.address, chroot=chroot, session_timeout=4.0) as flaky:
+
+        async def consumer_a() -> None:
+            try:
+                async with WorkQueue(flaky, "/q").take() as item:
+                    proxy.freeze()  # the ack is sent, but neither it nor its reply passes
+                    in_ack.set()
+                acked.append(item)
+            except ClaimLost as exc:
+                raised.append(exc)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consumer_a)
+                await in_ack.wait()
+                await _expire_directly(zk_hosts, flaky)
+                async with q.take() as item:  # B: once A's claim went with its session
+                    assert item.attempts == 2
+                acked.append(item)
+                proxy.unfreeze()
+    assert [i.attempts for i in acked] == [2]
+    assert len(raised) == 1 and isinstance(raised[0], ClaimLost)
+    assert await q.size() == 0 and await session.children("/q/claims") == []
+
+
+async def _unfreeze_later(proxy: TcpProxy, seconds: float) -> None:
+    await trio.sleep(seconds)
+    proxy.unfreeze()
+
+
+async def test_ack_is_bounded_while_zookeeper_is_unreachable(
+    chroot: str, session: Session, proxy: TcpProxy
+) -> None:
+    """A block that finishes while ZooKeeper is unreachable does not hang in its ack: after
+    the session timeout (plus a second) ClaimLost is raised, and the item (not acked) is
+    delivered again."""
+    q = WorkQueue(session, "/q")
+    await q.put(b"job")
+    async with Session(proxy.address, chroot=chroot, session_timeout=4.0) as flaky:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                # a safety valve, not a wait: an unbounded ack (which no cancellation can
+                # reach) would hang the test; this turns that into the failure below
+                nursery.start_soon(_unfreeze_later, proxy, 20)
+                with pytest.raises(ClaimLost, match="not confirmed"):
+                    async with WorkQueue(flaky, "/q").take():
+                        proxy.freeze()
+                assert proxy.frozen  # take() ended by itself, the network still down
+                nursery.cancel_scope.cancel()
+            proxy.unfreeze()
+            async with q.take() as again:
+                assert (again.data, again.attempts) == (b"job", 2)
+    assert await q.size() == 0
+
+
+@pytest.mark.parametrize("action", ["lost", "reply lost"])
+async def test_puts_survive_lost_replies(session: Session, interfere: Interfere,
+                                         monkeypatch: pytest.MonkeyPatch, action: str) -> None:
+    """put, a one-batch put_many and a pipelined put_many whose request (or reply) is lost
+    mid-way: nothing is duplicated, nothing lost, order and names hold."""
+    monkeypatch.setattr(queue_module, "_BATCH_OPS", 3)
+    q = WorkQueue(session, "/q")
+    interfere.arm(is_put, action)
+    names = [await q.put(b"single")]
+    interfere.arm(is_put, action)
+    names += await q.put_many([b"a", b"b", b"c"])
+    interfere.arm(is_put, action, skip=1)  # the second of four batches in flight
+    names += await q.put_many([b"m%d" % i for i in range(10)])
+    assert all(rule.left == 0 for rule in interfere.rules)
+    expected = [b"single", b"a", b"b", b"c"] + [b"m%d" % i for i in range(10)]
+    assert await q.size() == len(expected)
+    with trio.fail_after(10):
+        items = [await _take_data(q) for _ in expected]
+    assert [i.data for i in items] == expected
+    assert [i.name for i in items] == names
+    assert await q.size() == 0 and await session.children("/q/puts") == []
+
+
+async def test_put_many_pipelines_its_batches_in_order(
+    session: Session, interfere: Interfere, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue_module, "_BATCH_OPS", 4)
+    q = WorkQueue(session, "/q")
+    payloads = [b"%03d" % i for i in range(120)]
+    names = await q.put_many(payloads)
+    assert interfere.max_in_flight > 1  # batches were in flight together
+    assert await session.children("/q/puts") == []
+    with trio.fail_after(20):
+        items = [await _take_data(q) for _ in payloads]
+    assert [i.data for i in items] == payloads and [i.name for i in items] == names
+
+
+async def _bucket_sizes(session: Session) -> dict[str, int]:
+    return {b: len(await session.children(f"/q/items/{b}"))
+            for b in await session.children("/q/items")}
+
+
+@pytest.mark.parametrize("action", [None, "lost", "reply lost"])
+async def test_bucket_bound_holds_with_a_stale_producer(
+    zk_hosts: str, chroot: str, session: Session, interfere: Interfere, action: str | None
+) -> None:
+    """A producer that still writes to a bucket filled by others meanwhile moves its item
+    on - to a bucket that may itself be full, and on again - so no bucket ends up above
+    bucket_size; a move whose request or reply is lost is neither lost nor duplicated."""
+    async with Session(zk_hosts, chroot=chroot) as other:
+        stale = WorkQueue(session, "/q", bucket_size=2)
+        fast = WorkQueue(other, "/q", bucket_size=2)
+        await stale.put(b"s0")  # caches bucket 0
+        for i in range(5):
+            await fast.put(b"f%d" % i)
+        if action is not None:
+            interfere.arm(is_move, action)
+        await stale.put(b"s1")
+        await stale.put_many([b"s2", b"s3", b"s4"])
+        await fast.put(b"f5")
+        assert all(rule.left == 0 for rule in interfere.rules)
+        sizes = await _bucket_sizes(session)
+        assert max(sizes.values()) <= 2 and sum(sizes.values()) == 11, sizes
+        with trio.fail_after(10):
+            got = [(await _take_data(stale)).data for _ in range(11)]
+        assert sorted(got) == sorted([b"s%d" % i for i in range(5)] +
+                                     [b"f%d" % i for i in range(6)])
+        for who in (b"s", b"f"):  # each producer's items in its order
+            mine = [d for d in got if d.startswith(who)]
+            assert mine == sorted(mine)
+
+
+async def test_bucket_bound_holds_with_concurrent_producers(zk_hosts: str, chroot: str,
+                                                            session: Session) -> None:
+    async def producer(p: int) -> None:
+        async with Session(zk_hosts, chroot=chroot) as s:
+            q = WorkQueue(s, "/q", bucket_size=3)
+            for i in range(8):
+                await q.put(b"%d-%d" % (p, i))
+            await q.put_many([b"%d-%d" % (p, i) for i in range(8, 15)])
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for p in range(4):
+                nursery.start_soon(producer, p)
+    sizes = await _bucket_sizes(session)
+    assert max(sizes.values()) <= 3 and sum(sizes.values()) == 60, sizes
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"bucket_size": "10"}, {"bucket_size": 1}, {"bucket_size": 0}, {"bucket_size": -4},
+    {"bucket_size": 10**6}, {"bucket_size": True}, {"bucket_size": 10.0},
+    {"max_attempts": 2.5}, {"max_attempts": 0}, {"max_attempts": -1}, {"max_attempts": "3"},
+    {"max_item_bytes": 0}, {"max_item_bytes": -1}, {"max_item_bytes": "1k"},
+    {"max_item_bytes": 10**9},
+    {"dead_letter": "relative"}, {"dead_letter": 5}, {"dead_letter": "/q"},
+    {"dead_letter": "/q/items"}, {"dead_letter": "/q/claims/x"},
+])
+async def test_bad_settings_are_configuration_errors(session: Session,
+                                                     kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        WorkQueue(session, "/q", **kwargs)
+
+
+async def test_bad_arguments_are_configuration_errors(session: Session) -> None:
+    for path in ("q", "/", "/q/", 5):
+        with pytest.raises(ConfigurationError):
+            WorkQueue(session, path)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        WorkQueue("127.0.0.1:2181", "/q")  # type: ignore[arg-type]
+    q = WorkQueue(session, "/q")
+    for priority in (1.5, True, "1", 10**9):
+        with pytest.raises(ConfigurationError):
+            await q.put(b"x", priority=priority)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="iterable of items"):
+        await q.put_many(b"abc")
+    with pytest.raises(DataTooLargeError):
+        await q.put_many([b"ok", 3])  # type: ignore[list-item]
+    assert await q.size() == 0
+
+
+# ------------------------------------------------------------------ property test
+
+#: Where a consumer's session is expired (or the consumer stops) during one delivery.
+CRASH_POINTS = ("claimed", "body", "cancel", "before_ack", "during_ack")
+
+
+class CrashingQueue(WorkQueue):
+    """A WorkQueue that records every applied ack on the server, in the ack's own
+    transaction, and hits a planned fault at a chosen point of a chosen delivery."""
+
+    def __init__(self, session: Session, path: str, plan: dict[int, str], claims: list[bytes],
+                 nursery: trio.Nursery, **kwargs: Any) -> None:
+        super().__init__(session, path, **kwargs)
+        self.plan, self.claims, self.nursery = plan, claims, nursery
+        self.point: str | None = None
+
+    def _ack_transaction(self, claim: Any) -> Transaction:
+        return super()._ack_transaction(claim).create(
+            f"/acks/{claim.data.decode()}-", b"", sequence=True
+        )
+
+    async def _claim(self) -> Any:
+        claim = await super()._claim()
+        self.point = self.plan.get(len(self.claims))
+        self.claims.append(claim.data)
+        if self.point == "claimed":  # expired between the claim and the block
+            await expire_session(self.session)
+        return claim
+
+    async def _ack(self, claim: Any) -> None:
+        if self.point == "before_ack":  # expired between the block and the ack
+            await expire_session(self.session)
+        elif self.point == "during_ack":  # expired while the ack is in flight
+            self.nursery.start_soon(expire_session, self.session)
+        await super()._ack(claim)
+
+
 @settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
@@ -258,21 +651,24 @@ async def test_suspension_cancels_the_item_and_it_comes_back(
     consumers=st.integers(1, 3),
     per_producer=st.integers(1, 10),
     batched=st.booleans(),
-    crashes=st.sets(st.integers(0, 25), max_size=3),
+    plan=st.dictionaries(st.integers(0, 12), st.sampled_from(CRASH_POINTS), max_size=5),
 )
 async def test_every_item_delivered_and_acked_exactly_once_despite_crashes(
-    zk_hosts: str, producers: int, consumers: int, per_producer: int, batched: bool,
-    crashes: set[int],
+    zk_hosts: str, monkeypatch: pytest.MonkeyPatch, producers: int, consumers: int,
+    per_producer: int, batched: bool, plan: dict[int, str],
 ) -> None:
-    """N producers, M consumers; the consumers holding the k-th deliveries (k in ``crashes``)
-    crash mid-item: their session is expired on the server and their task cancelled, and a
-    fresh consumer replaces them.  Every item is delivered at least once and acknowledged
-    exactly once; the queue ends empty."""
+    """N producers, M consumers.  At the k-th claim (k in ``plan``) a fault hits: the
+    consumer's session is expired right after the claim, in the block (and the consumer
+    dies: a fresh one replaces it), after the block before the ack, or while the ack is in
+    flight; or the consumer is cancelled in the block while its session lives.  Every item is
+    delivered at least once, acknowledged exactly once - counted by records that the acks
+    themselves create on the server - and no ack is reported that did not happen."""
+    monkeypatch.setattr(queue_module, "_BATCH_OPS", 2)  # pipelined put_many batches
     chroot = f"/tests/queue-property-{uuid.uuid4().hex[:8]}"
     expected = {f"{p}-{i}".encode() for p in range(producers) for i in range(per_producer)}
     delivered: list[bytes] = []
-    acked: list[bytes] = []
-    done = trio.Event()
+    reported: list[bytes] = []
+    claims: list[bytes] = []
 
     async def producer(p: int) -> None:
         async with Session(zk_hosts, chroot=chroot, session_timeout=2.0) as s:
@@ -286,31 +682,38 @@ async def test_every_item_delivered_and_acked_exactly_once_despite_crashes(
 
     async def consumer(nursery: trio.Nursery) -> None:
         async with Session(zk_hosts, chroot=chroot, session_timeout=2.0) as s:
-            q = WorkQueue(s, "/q", bucket_size=4)
+            q = CrashingQueue(s, "/q", plan, claims, nursery, bucket_size=4)
             with trio.CancelScope() as alive:
                 while True:
-                    async with q.take() as item:
-                        n = len(delivered)
-                        delivered.append(item.data)
-                        if n in crashes:
-                            nursery.start_soon(consumer, nursery)  # a replacement
-                            await expire_session(s)  # the server drops the session ...
-                            alive.cancel()  # ... and the consumer dies mid-item
-                            await trio.sleep_forever()
-                    acked.append(item.data)
-                    if set(acked) == expected:
-                        done.set()
+                    try:
+                        async with q.take() as item:
+                            delivered.append(item.data)
+                            if q.point in ("body", "cancel"):
+                                nursery.start_soon(consumer, nursery)  # a replacement
+                                if q.point == "body":
+                                    await expire_session(s)  # the server drops the session
+                                alive.cancel()  # ... and the consumer dies mid-item
+                                await trio.sleep_forever()
+                    except ClaimLost:
+                        continue
+                    reported.append(item.data)
 
     async with Session(zk_hosts, chroot=chroot) as admin:
+        await admin.ensure_path("/acks")
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
                 for _ in range(consumers):
                     nursery.start_soon(consumer, nursery)
                 for p in range(producers):
                     nursery.start_soon(producer, p)
-                await done.wait()
+                await _wait_children(admin, "/acks", len(expected))
                 nursery.cancel_scope.cancel()
+        records = Counter(name.rsplit("-", 1)[0].encode()
+                          for name in await admin.children("/acks"))
         assert set(delivered) == expected
-        assert Counter(acked) == Counter({data: 1 for data in expected})
+        assert records == Counter({data: 1 for data in expected})
+        assert all(n == 1 for n in Counter(reported).values())  # reported acks all happened
+        assert set(reported) <= expected
         assert await WorkQueue(admin, "/q").size() == 0
         await admin.delete_tree("/q")
+        await admin.delete_tree("/acks")

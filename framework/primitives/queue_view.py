@@ -2,8 +2,14 @@
 
 Layout (owned by :class:`framework.primitives.queue.WorkQueue`)::
 
-    <path>/items/b-NNNNNNNNNN/i<priority>-NNNNNNNNNN   items, in buckets of bounded size
-    <path>/claims/b-NNNNNNNNNN.i<priority>-NNNNNNNNNN  ephemeral claim of the item in use
+    <path>/items/b-NNNNNNNNNN/i<priority>-<token>-NNNNNNNNNN   items, in buckets of bounded size
+    <path>/claims/b-NNNNNNNNNN.i<priority>-<token>-NNNNNNNNNN  ephemeral claim of an item in use
+    <path>/puts/p-<guid>                                       ephemeral: orders pipelined puts
+
+``<priority>`` is signed (``+0``, ``-5``); ``<token>`` is the GUID that lets a producer find
+its item after a lost reply (16 hex digits: a batch id and the item's index in the batch);
+the name ends with the server's sequence number.  Names without a token (``i+0-NNNNNNNNNN``)
+parse too.
 
 One :class:`QueueView` per ``WorkQueue`` object is shared by every consumer task of the
 process.  Each list it holds was read with a watch; when the watch fires the list is dropped
@@ -40,7 +46,7 @@ class Entry:
 
     @property
     def key(self) -> str:
-        """The item's name relative to the items root (``b-0000000000/i+0-0000000007``)."""
+        """The item's name relative to the items root (``b-0000000000/i+0-1f0c...-0000000007``)."""
         return f"{self.bucket}/{self.node}"
 
     @property
@@ -83,14 +89,28 @@ def item_prefix(priority: int) -> str:
     return f"i{priority:+d}-"
 
 
+def item_name_prefix(priority: int, token: str) -> str:
+    """What a producer creates (sequentially): ``i<priority>-<token>-``."""
+    return f"{item_prefix(priority)}{token}-"
+
+
 def parse_item(bucket: str, node: str) -> Entry | None:
-    """Parse ``i<priority>-NNNNNNNNNN``; ``None`` for anything else."""
+    """Parse ``i<priority>-<token>-NNNNNNNNNN`` (or ``i<priority>-NNNNNNNNNN``); ``None`` for
+    anything else."""
     if not node.startswith("i") or len(node) < 13 or node[-11] != "-":
         return None
-    try:
-        return Entry(bucket, node, int(node[1:-11]), int(node[-10:]))
-    except ValueError:
+    seq, body = node[-10:], node[1:-11]  # body: "+0" or "+0-<token>"
+    if not seq.isdigit() or len(body) < 2 or body[0] not in "+-":
         return None
+    digits, _, token = body[1:].partition("-")
+    if not digits.isdigit() or (token and not token.isalnum()):
+        return None
+    return Entry(bucket, node, int(body[0] + digits), int(seq))
+
+
+def item_token(node: str) -> str:
+    """The token of an item's node name (``""`` for a name without one)."""
+    return node[1:-11][1:].partition("-")[2]
 
 
 def bucket_name(index: int) -> str:
