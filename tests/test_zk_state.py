@@ -24,20 +24,24 @@ async def test_suspended_then_reconnected_keeps_the_session(
         original = s.session_id
         eph = await s.create("/mine", ephemeral=True)
         seen: list[SessionState] = []
+        reached = {state: trio.Event() for state in SessionState}
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
 
                 async def record() -> None:
                     async for change in s.states():
                         seen.append(change.state)
+                        reached[change.state].set()
 
                 nursery.start_soon(record)
+                await reached[SessionState.CONNECTED].wait()
+                reached[SessionState.CONNECTED] = trio.Event()
                 async with s.guard(suspended_grace=math.inf):
                     proxy.freeze()
                     proxy.cut()
-                    await _wait_for(s, SessionState.SUSPENDED)
+                    await reached[SessionState.SUSPENDED].wait()  # the reader saw it
                     proxy.unfreeze()
-                    await _wait_for(s, SessionState.CONNECTED)
+                    await reached[SessionState.CONNECTED].wait()
                 nursery.cancel_scope.cancel()
         assert seen[:3] == [SessionState.CONNECTED, SessionState.SUSPENDED, SessionState.CONNECTED]
         assert s.session_id == original

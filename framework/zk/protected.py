@@ -79,6 +79,9 @@ async def create_protected(
 async def _search(session: Session, parent: str, guid: str, ephemeral: bool) -> str | None:
     session_id = await session.wait_connected()
     try:
+        # The lost create may be newer than anything this client saw, and a lagging follower
+        # we reconnected to may not have it yet: catch up with the leader before looking.
+        await session.sync(parent)
         names = await session.children(parent)
     except errors.NoNodeError:
         return None
