@@ -58,9 +58,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import trio
     from rich.console import Console
 
+    from framework.logs import configure_logging
     from framework.runtime import App, gather_status, render_status
     from framework.zk import Session
 
+    # a one-shot reader: its own session's connect/close events are noise in a status view
+    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
     hosts = zk_hosts_from(args.zk)
     app = App(args.app)
 

@@ -51,3 +51,44 @@ def test_task_round_trip_and_validation() -> None:
         new_task({"bad": object()})
     with pytest.raises(ConfigurationError, match="time_limit"):
         new_task(1, time_limit=0)
+
+
+async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """If taking work keeps failing (e.g. the app's znodes were deleted), the slot waits
+    ``backoff_base * 2**n`` (capped at ``backoff_max``) between tries; a success resets it."""
+    from contextlib import asynccontextmanager
+
+    import framework.runtime.worker as worker_module
+    from framework import FrameworkError, Worker
+
+    class Idle(Worker):
+        app_name = "backoff"
+        backoff_base = 0.5
+        backoff_max = 3.0
+
+        async def handle(self, task: Task) -> None:
+            return None
+
+    worker = Idle(name="w1")
+    outcomes = iter(["fail", "fail", "fail", "fail", "fail", "ok", "fail", "stop"])
+    waits: list[float] = []
+
+    class FailingQueue:
+        @asynccontextmanager
+        async def take(self):  # type: ignore[no-untyped-def]
+            outcome = next(outcomes)
+            if outcome == "stop":
+                worker._draining = True
+            if outcome in ("fail", "stop"):
+                raise FrameworkError("tasks znode is gone")
+            raise worker_module._HandedBack()  # a handler failure: not the slot's trouble
+            yield
+
+    async def record_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(worker_module.trio, "sleep", record_sleep)
+    await worker._slot(None, FailingQueue())  # type: ignore[arg-type]
+    assert waits == [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]
