@@ -3,6 +3,10 @@
 Run: ``.venv/bin/python bench/bridge.py`` (starts its own ZooKeeper unless FRAMEWORK_ZK_HOSTS).
 Sequential latency (one request at a time) and throughput with 200 requests in flight
 (200 trio tasks for the bridge; a 200-deep window of ``*_async`` calls for kazoo).
+
+The bridge runs kazoo with :class:`~framework.zk.bridge.BridgeHandler`, whose connection
+thread waits with one ``poll`` call where stock kazoo builds an epoll selector.  The rows marked
+"same handler" compare against kazoo given that handler too, isolating what the trio side costs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Result, median, print_results, zookeeper
 from framework import Session, configure_logging
+from framework.zk.bridge import BridgeHandler
 
 SEQUENTIAL_OPS = 500
 CONCURRENT_OPS = 6000
@@ -93,6 +98,8 @@ async def ours_concurrent(session: Session, op: str, n: int, tasks: int) -> floa
 async def measure(hosts: str) -> list[Result]:
     client = KazooClient(hosts=hosts)
     await trio.to_thread.run_sync(client.start)
+    same_handler = KazooClient(hosts=hosts, handler=BridgeHandler())
+    await trio.to_thread.run_sync(same_handler.start)
     client.ensure_path("/bench/seq")
     client.ensure_path("/bench/con")
     client.create("/bench/node", b"v" * 100)
@@ -100,7 +107,7 @@ async def measure(hosts: str) -> list[Result]:
     try:
         async with Session(hosts) as session:
             for op in ("get", "create"):
-                k_lat, o_lat, k_tp, o_tp = [], [], [], []
+                k_lat, o_lat, k_tp, o_tp, h_tp = [], [], [], [], []
                 for _ in range(ROUNDS):
                     k_lat.append(await trio.to_thread.run_sync(
                         kazoo_sequential, client, op, SEQUENTIAL_OPS))
@@ -108,16 +115,22 @@ async def measure(hosts: str) -> list[Result]:
                     k_tp.append(await trio.to_thread.run_sync(
                         kazoo_window, client, op, CONCURRENT_OPS, CONCURRENCY))
                     o_tp.append(await ours_concurrent(session, op, CONCURRENT_OPS, CONCURRENCY))
+                    h_tp.append(await trio.to_thread.run_sync(
+                        kazoo_window, same_handler, op, CONCURRENT_OPS, CONCURRENCY))
                 results.append(Result(f"{op}: sequential latency", "µs/op", median(k_lat),
                                       median(o_lat), higher_is_better=False,
                                       note="kazoo: blocking call"))
                 results.append(Result(f"{op}: {CONCURRENCY} in flight", "ops/s", median(k_tp),
                                       median(o_tp),
                                       note=f"kazoo: *_async, {CONCURRENCY}-deep window"))
+                results.append(Result(f"{op}: {CONCURRENCY} in flight, same handler", "ops/s",
+                                      median(h_tp), median(o_tp),
+                                      note="kazoo given BridgeHandler too: trio's own cost"))
     finally:
         await trio.to_thread.run_sync(client.delete, "/bench", -1, True)
-        await trio.to_thread.run_sync(client.stop)
-        client.close()
+        for kazoo_client in (client, same_handler):
+            await trio.to_thread.run_sync(kazoo_client.stop)
+            kazoo_client.close()
     return results
 
 

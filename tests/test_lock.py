@@ -364,21 +364,21 @@ async def test_first_acquire_cancelled_mid_create_leaks_no_node(
     its own thread after the parents were made), so another session gets the lock at once."""
     import framework.zk.session as session_module
 
-    real_wait = session_module.wait_result
+    real_send = session_module.send_request
     armed: list[trio.CancelScope] = []
 
-    async def cancelling_wait(async_result: object, completions: object) -> object:
+    async def cancelling_send(client: object, request: object, completions: object) -> object:
         if armed:
             armed.pop().cancel()  # lands while the create's reply is awaited
-        return await real_wait(async_result, completions)
+        return await real_send(client, request, completions)
 
     async with Session(zk_hosts, chroot=chroot) as s, Session(zk_hosts, chroot=chroot) as other:
-        monkeypatch.setattr(session_module, "wait_result", cancelling_wait)
+        monkeypatch.setattr(session_module, "send_request", cancelling_send)
         with trio.CancelScope() as scope:
             armed.append(scope)
             async with Lock(s, "/fresh/lock").acquire():
                 raise AssertionError("acquired although cancelled")
-        monkeypatch.setattr(session_module, "wait_result", real_wait)
+        monkeypatch.setattr(session_module, "send_request", real_send)
         assert scope.cancelled_caught
         with trio.fail_after(5):
             async with Lock(other, "/fresh/lock").acquire() as holding:

@@ -1,9 +1,10 @@
 """``Session``: one ZooKeeper session, used from trio.
 
-A ``Session`` owns one ``KazooClient``.  Requests go out through kazoo's ``*_async`` calls and
-are awaited without blocking trio (see :mod:`framework.zk.bridge`).  kazoo's blocking retry
-and recipes are never used: reads are retried here, in trio, only within the same session;
-writes are never retried, because after a ``ConnectionLossError`` their outcome is unknown.
+A ``Session`` owns one ``KazooClient``.  Requests are kazoo protocol records queued on that
+client's connection and awaited without blocking trio (see :mod:`framework.zk.bridge`).
+kazoo's blocking retry and recipes are never used: reads are retried here, in trio, only
+within the same session; writes are never retried, because after a ``ConnectionLossError``
+their outcome is unknown.
 
 What a caller sees when the connection wavers:
 
@@ -23,11 +24,29 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import trio
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
+from kazoo.protocol.serialization import (
+    Create,
+    Delete,
+    Exists,
+    GetChildren,
+    GetChildren2,
+    GetData,
+    SetData,
+    Sync,
+)
 from kazoo.protocol.states import KazooState, ZnodeStat
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from framework import errors
 from framework.logs import get_logger
-from framework.zk.bridge import BridgeHandler, Completions, translate, wait_result, waker
+from framework.zk.bridge import (
+    BridgeHandler,
+    Completions,
+    send_request,
+    translate,
+    wait_result,
+    waker,
+)
 from framework.zk.inflight import InFlightLimit
 from framework.zk.paths import validate_data, validate_path
 from framework.zk.scopes import single_body_error
@@ -105,6 +124,7 @@ class Session:
         self._generation = 0
         self._changed = trio.Event()
         self._closed = False
+        self._prefix = ""  # the chroot, once it exists
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -126,7 +146,8 @@ class Session:
                 await self.wait_connected()
             if self.chroot:
                 await self.ensure_path(self.chroot)
-                client.chroot = self.chroot
+                client.chroot = self.chroot  # for transactions, which kazoo still builds
+                self._prefix = self.chroot
         except BaseException as exc:
             await self._shutdown()
             if isinstance(exc, trio.TooSlowError):
@@ -295,17 +316,29 @@ class Session:
 
     # ------------------------------------------------------------------ requests
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Issue one kazoo request (a ``KazooClient`` method name, or a callable) once and
-        await it, with errors translated."""
+    def _full(self, path: str) -> str:
+        """``path`` as the server knows it (under the chroot)."""
+        if not self._prefix:
+            return path
+        return self._prefix if path == "/" else self._prefix + path
+
+    def _relative(self, path: str) -> str:
+        """A server path given back by a create, seen from inside the chroot."""
+        if self._prefix and path.startswith(self._prefix):
+            return path[len(self._prefix):] or "/"
+        return path
+
+    async def _call(self, request: Any) -> Any:
+        """Send one request once and await it, with errors translated: a kazoo protocol
+        record (``GetData(...)``), or a callable returning a kazoo async result."""
         await self._limit.acquire()
         with self._limit.held():
             await self._usable()
             issued_in = self._session_id
-            issue = method if callable(method) else getattr(self._client, method)
-            async_result = issue(*args, **kwargs)
             try:
-                return await wait_result(async_result, self._completions)
+                if callable(request):
+                    return await wait_result(request(), self._completions)
+                return await send_request(self._client, request, self._completions)
             except kz.ConnectionClosedError as exc:  # closed for good: never retry
                 raise errors.NotConnectedError(str(exc) or "connection closed") from exc
             except kz.SessionExpiredError as exc:
@@ -323,12 +356,12 @@ class Session:
         if self._state is not SessionState.CONNECTED:
             await self.wait_connected()
 
-    async def _read(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _read(self, request: Any) -> Any:
         """A read, retried after a connection loss as long as the session is the same."""
         while True:
             session_id = self._session_id
             try:
-                return await self._call(method, *args, **kwargs)
+                return await self._call(request)
             except errors.ConnectionLossError:
                 await self.wait_connected()
                 if self._session_id != session_id and session_id is not None:
@@ -352,14 +385,13 @@ class Session:
         """
         validate_path(path, allow_root=False)
         data = validate_data(data)
+        request = Create(self._full(path), data, OPEN_ACL_UNSAFE,
+                         (1 if ephemeral else 0) | (2 if sequence else 0))
         while True:
             try:
-                # Parents are made here, never by kazoo's makepath: kazoo would re-issue the
-                # create from its own thread after building them, so a create whose caller
-                # was cancelled (and cleaned up) could still happen afterwards.
-                return await self._call(
-                    "create_async", path, data, ephemeral=ephemeral, sequence=sequence
-                )
+                # Parents are made here, in this task: a create whose caller was cancelled
+                # (and cleaned up) can never be issued again behind its back.
+                return self._relative(await self._call(request))
             except errors.NoNodeError:
                 parent = path.rsplit("/", 1)[0]
                 if not makepath or not parent:
@@ -373,46 +405,48 @@ class Session:
             return
         while True:
             try:
-                await self._call("create_async", path, b"", makepath=True)
+                await self._call(Create(self._full(path), b"", OPEN_ACL_UNSAFE, 0))
                 return
             except errors.NodeExistsError:
                 return
+            except errors.NoNodeError:
+                await self.ensure_path(path.rsplit("/", 1)[0] or "/")
             except errors.ConnectionLossError:
                 await self.wait_connected()
 
     async def get(self, path: str, *, watch: WatchCallback | None = None) -> tuple[bytes, Stat]:
         """Return ``(data, stat)``; raises :class:`NoNodeError` when missing."""
         validate_path(path)
-        return await self._read("get_async", path, watch=watch)
+        return await self._read(GetData(self._full(path), _watcher(watch)))
 
     async def exists(self, path: str, *, watch: WatchCallback | None = None) -> Stat | None:
         """Return the node's stat, or ``None``.  A watch set here also fires on creation."""
         validate_path(path)
-        return await self._read("exists_async", path, watch=watch)
+        return await self._read(Exists(self._full(path), _watcher(watch)))
 
     async def children(self, path: str, *, watch: WatchCallback | None = None) -> list[str]:
         """Return the names of the children of ``path`` (unsorted, as the server gives them)."""
         validate_path(path)
-        return await self._read("get_children_async", path, watch=watch)
+        return await self._read(GetChildren(self._full(path), _watcher(watch)))
 
     async def children_stat(
         self, path: str, *, watch: WatchCallback | None = None
     ) -> tuple[list[str], Stat]:
         """Return ``(children, stat)`` of ``path`` (``stat.pzxid``/``cversion`` version them)."""
         validate_path(path)
-        return await self._read("get_children_async", path, watch=watch, include_data=True)
+        return await self._read(GetChildren2(self._full(path), _watcher(watch)))
 
     async def set(self, path: str, data: bytes, *, version: int = -1) -> Stat:
         """Write data; with ``version`` the write happens only if the node has that version."""
         validate_path(path)
         data = validate_data(data)
-        return await self._call("set_async", path, data, version)
+        return await self._call(SetData(self._full(path), data, _version(version)))
 
     async def delete(self, path: str, *, version: int = -1, missing_ok: bool = False) -> None:
         """Delete a node (only at ``version`` when given)."""
         validate_path(path, allow_root=False)
         try:
-            await self._call("delete_async", path, version)
+            await self._call(Delete(self._full(path), _version(version)))
         except errors.NoNodeError:
             if not missing_ok:
                 raise
@@ -434,7 +468,7 @@ class Session:
     async def sync(self, path: str = "/") -> None:
         """Make the server we are connected to catch up with the leader for ``path``."""
         validate_path(path)
-        await self._read("sync_async", path)
+        await self._read(Sync(self._full(path)))
 
     def transaction(self) -> Transaction:
         """Start building a multi-op transaction (all applied, or none)."""
@@ -498,6 +532,18 @@ class Transaction:
         if any(isinstance(r, Exception) for r in results):
             raise errors.TransactionFailedError([translate(r) for r in results])
         return results
+
+
+def _watcher(watch: WatchCallback | None) -> WatchCallback | None:
+    if watch is not None and not callable(watch):
+        raise TypeError(f"watch must be a callable, got {watch!r}")
+    return watch
+
+
+def _version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"version must be an int, got {version!r}")
+    return version
 
 
 def _hex(session_id: int | None) -> str | None:
