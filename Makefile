@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: test demo lint bench zookeeper install clean
+.PHONY: test demo demo-katta demo-broker lint bench zookeeper install clean
 
 test: zookeeper install lint
 	$(PY) -m pytest -q
@@ -15,6 +15,16 @@ test: zookeeper install lint
 # kill -9 of the active master half-way; output in ./out/.
 demo: zookeeper install
 	$(PY) -m examples.fetch_service.demo
+
+# Katta-like search: index built as a job, 2 masters, 4 search nodes, 8 shards x 2 replicas,
+# a query load while a node and the active master are killed with kill -9.
+demo-katta: zookeeper install
+	$(PY) -m examples.katta_like.demo
+
+# Message broker after YMB: 3 servers, 2 controllers, 100 topics, producers and subscribers,
+# kill -9 of the busiest primary and of the active controller; nothing acknowledged is lost.
+demo-broker: zookeeper install
+	$(PY) -m examples.message_broker.demo
 
 lint: install
 	$(PY) -m ruff check framework tests bench examples
