@@ -104,11 +104,13 @@ class Election:
     runs only while leadership can be proven; it is cancelled, and :class:`LeadershipLost` is
     raised from the ``async with`` with ``reason``:
 
-    * ``"suspended"`` - the connection stayed SUSPENDED longer than ``suspended_grace``
-      (default: the session's, normally 0).  kazoo notices a dead connection after about 2/3
-      of the session timeout while the server expires the session after the whole timeout,
-      so with a grace below ~1/3 of the session timeout the body is cancelled *before* any
-      other contender can be elected.  With a longer grace, only fencing protects you.
+    * ``"suspended"`` - the connection stayed SUSPENDED past the session's trust deadline
+      (:meth:`Session.trusted_until`: the send time of the newest answered request plus 2/3
+      of the session timeout) or past ``suspended_grace``, if that is set and shorter.  The
+      server cannot expire the session sooner than a third of the session timeout after that
+      deadline, so the body is cancelled *before* any other contender can be elected, even
+      when the body keeps sending requests into a partition.  A ZooKeeper leader change (a
+      stall of about a second) is ridden through without cancelling anything.
     * ``"lost"`` - the session expired (LOST) or was closed: our node is gone.
     * ``"node deleted"`` - someone deleted our node.
 
@@ -137,7 +139,7 @@ class Election:
         self.suspended_grace = (
             session.suspended_grace if suspended_grace is None else suspended_grace
         )
-        if self.suspended_grace < 0:
+        if self.suspended_grace is not None and self.suspended_grace < 0:
             raise errors.ConfigurationError("suspended_grace must be >= 0")
         #: the contender node we are watching while waiting in :meth:`leadership`, else None
         self.predecessor: str | None = None

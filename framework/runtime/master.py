@@ -2,10 +2,10 @@
 
 Every master process campaigns in the application's election; standbys wait in line, each
 watching only its predecessor.  The elected one publishes its address in the rendezvous and
-runs ``lead(ctx)``.  When leadership can no longer be proven (its session SUSPENDED past
-``suspended_grace`` or LOST, its election node gone) the body of ``lead`` is cancelled and the
-process goes back to standing by; every write made through ``ctx`` is fenced by the leader's
-election node, so a deposed master's late write fails on the server.
+runs ``lead(ctx)``.  When leadership can no longer be proven (no reply from ZooKeeper for
+2/3 of the session timeout, its session LOST, its election node gone) the body of ``lead``
+is cancelled and the process goes back to standing by; every write made through ``ctx`` is
+fenced by the leader's election node, so a deposed master's late write fails on the server.
 
 ``lead`` returning means the application's job is finished: the process exits (a standby that
 is elected later runs ``lead`` again and finds the job done in ZooKeeper).  A new master
@@ -175,13 +175,15 @@ class Master:
     """Base class of an application's masters; override :meth:`lead`.
 
     ``stable_for`` is the safe-mode period for shard assignment; ``suspended_grace`` how
-    long a disconnected leader keeps leading (keep it well below a third of the session
-    timeout, or 0, so it stops before the server can elect another).
+    long a disconnected leader may keep leading (``None``, the default: until the session's
+    trust deadline, which rides through a ZooKeeper leader change and still stops the body a
+    third of the session timeout before the server can elect another master; a number
+    stops it sooner).
     """
 
     app_name: str | None = None
     stable_for: float = 2.0
-    suspended_grace: float = 0.0
+    suspended_grace: float | None = None
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:

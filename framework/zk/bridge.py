@@ -39,6 +39,7 @@ from kazoo.handlers.threading import AsyncResult, SequentialThreadingHandler
 from kazoo.handlers.utils import _NONE
 
 from framework import errors
+from framework.zk.liveness import Liveness
 
 _KAZOO_TO_FRAMEWORK: dict[type[BaseException], type[errors.ZooKeeperError]] = {
     kz.NoNodeError: errors.NoNodeError,
@@ -155,13 +156,23 @@ def _mask(wanted: tuple[list[Any], list[Any]], bits: int, side: int) -> int:
 
 class BridgeHandler(SequentialThreadingHandler):
     """kazoo's threading handler, with results that wake trio without an extra thread hop and
-    a one-system-call ``select`` for the connection thread."""
+    a one-system-call ``select`` for the connection thread.
+
+    With a :class:`~framework.zk.liveness.Liveness` attached, every wait of the connection
+    thread is capped at the read deadline and a connection with no reply past it is dropped.
+    """
+
+    liveness: Liveness | None = None
 
     def async_result(self) -> AsyncResult:
         return _DirectResult(self)
 
-    def select(self, *args: Any, **kwargs: Any) -> tuple[list[Any], list[Any], list[Any]]:
-        return poll_select(*args, **kwargs)
+    def select(
+        self, rlist: list[Any], wlist: list[Any], xlist: list[Any], timeout: float | None = None
+    ) -> tuple[list[Any], ...]:
+        if self.liveness is None:
+            return poll_select(rlist, wlist, xlist, timeout)
+        return self.liveness.check_select(poll_select, rlist, wlist, xlist, timeout)
 
 
 class Completions:

@@ -9,8 +9,12 @@ their outcome is unknown.
 What a caller sees when the connection wavers:
 
 * SUSPENDED: new requests wait for the connection to come back (nothing was sent, so waiting
-  is safe); requests already in flight fail with :class:`ConnectionLossError`.
-  :meth:`Session.guard` cancels guarded work after ``suspended_grace`` seconds (default 0).
+  is safe); requests already in flight fail with :class:`ConnectionLossError`.  The connection
+  is declared dead when no reply has come for 2/3 of the session timeout, however many
+  requests this process is sending (:mod:`framework.zk.liveness`).  :meth:`Session.guard` (and
+  every lock, claim and leadership) keeps its body running through a short suspension, such as
+  a ZooKeeper leader change, and cancels it at :meth:`Session.trusted_until` at the latest:
+  a third of the session timeout before the server could expire the session.
 * LOST: requests in flight fail with :class:`SessionExpiredError`; guarded work is cancelled;
   kazoo reconnects with a *new* session, reported as CONNECTED with another ``session_id``.
 """
@@ -18,6 +22,7 @@ What a caller sees when the connection wavers:
 from __future__ import annotations
 
 import math
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -48,6 +53,7 @@ from framework.zk.bridge import (
     waker,
 )
 from framework.zk.inflight import InFlightLimit
+from framework.zk.liveness import Liveness
 from framework.zk.paths import validate_data, validate_path
 from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
@@ -70,9 +76,14 @@ class Session:
     ``hosts`` is a kazoo connect string (``"127.0.0.1:2181,127.0.0.1:2182"``).  ``chroot``, if
     given, is created when missing and every path is then relative to it.  ``session_timeout``
     is asked of the server (which clamps it to its min/max).  At most ``max_in_flight``
-    requests are outstanding at once; more callers wait their turn.  ``suspended_grace`` (under
-    a third of ``session_timeout``) is how long locks, claims and leadership survive a
-    SUSPENDED connection before their bodies are cancelled.
+    requests are outstanding at once; more callers wait their turn.
+
+    ``suspended_grace`` is how long locks, claims and leadership survive a SUSPENDED
+    connection before their bodies are cancelled.  The default (``None``) keeps them until
+    :meth:`trusted_until`, which rides through a ZooKeeper leader change (a stall of about a
+    second) and still ends every body a third of the session timeout before the server could
+    hand what it owned to someone else.  A number (under a third of ``session_timeout``)
+    cancels sooner: ``0`` at the first sign of trouble.
     """
 
     def __init__(
@@ -82,7 +93,7 @@ class Session:
         chroot: str | None = None,
         session_timeout: float = 10.0,
         connect_timeout: float = 15.0,
-        suspended_grace: float = 0.0,
+        suspended_grace: float | None = None,
         max_in_flight: int = 1024,
     ) -> None:
         if not hosts or not isinstance(hosts, str):
@@ -96,13 +107,15 @@ class Session:
         for name, value in (("session_timeout", session_timeout),
                             ("connect_timeout", connect_timeout),
                             ("suspended_grace", suspended_grace)):
+            if value is None and name == "suspended_grace":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise errors.ConfigurationError(
                     f"{name} must be a number of seconds, got {value!r}"
                 )
         if session_timeout <= 0 or connect_timeout <= 0:
             raise errors.ConfigurationError("timeouts must be positive (grace may be 0)")
-        if suspended_grace >= session_timeout / 3:
+        if suspended_grace is not None and suspended_grace >= session_timeout / 3:
             # kazoo reports SUSPENDED up to 2/3 of the session timeout after the server last
             # heard from us; the server may expire the session 1/3 later and hand our locks,
             # claims and leadership to others.  Ownership must end before that.
@@ -117,6 +130,7 @@ class Session:
         self.connect_timeout = connect_timeout
         self.suspended_grace = suspended_grace
         self._limit = InFlightLimit(max_in_flight)
+        self._liveness = Liveness(session_timeout)
         self._client: KazooClient | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._state = SessionState.LOST
@@ -138,6 +152,8 @@ class Session:
             command_retry={"max_tries": 0},
             handler=BridgeHandler(),
         )
+        self._liveness.install(client._connection)
+        client.handler.liveness = self._liveness
         self._client = client
         client.add_listener(self._listener)
         client.start_async()
@@ -178,6 +194,8 @@ class Session:
     def _listener(self, state: KazooState) -> None:
         """kazoo's connection thread calls this; hand the change to trio and return."""
         assert self._client is not None and self._token is not None
+        if state == KazooState.CONNECTED:
+            self._liveness.connected()  # runs inside kazoo's handshake, before any select
         session_id = self._client._session_id if state == KazooState.CONNECTED else None
         try:
             self._token.run_sync_soon(self._on_state, _KAZOO_STATES[state], session_id)
@@ -271,8 +289,9 @@ class Session:
         The block is cancelled, and :class:`SessionInterrupted` is raised from the ``async
         with``, when the session that was current on entry is lost (expired, closed, or
         replaced by a new one), or when the connection stays SUSPENDED longer than
-        ``suspended_grace`` seconds (default: the session's; ``math.inf`` to ignore
-        suspensions).  Entering while not connected raises at once.
+        ``suspended_grace`` seconds (default: the session's) or past :meth:`trusted_until`,
+        whichever comes first (``math.inf`` ignores suspensions: unsafe).  Entering while not
+        connected raises at once.
         """
         grace = self.suspended_grace if suspended_grace is None else suspended_grace
         if not self.connected:
@@ -296,17 +315,42 @@ class Session:
         reason.append(await self.wait_untrusted(session_id, grace))
         scope.cancel()
 
-    async def wait_untrusted(self, session_id: int | None, grace: float) -> str:
-        """Return ``"lost"`` or ``"suspended"`` once ``session_id`` can no longer be trusted."""
+    def trusted_until(self) -> float:
+        """The trio time until which the current session is provably alive with a margin.
+
+        That is the send time of the newest request the server answered plus 2/3 of the
+        session timeout: the server cannot expire the session within the remaining third.
+        While connected the value keeps moving forward; once the connection drops it stays.
+        """
+        return trio.current_time() + (self._liveness.trusted_until() - time.monotonic())
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds without a reply after which the connection counts as dead (2/3 of the
+        negotiated session timeout)."""
+        return self._liveness.read_timeout
+
+    async def wait_untrusted(self, session_id: int | None, grace: float | None) -> str:
+        """Return ``"lost"`` or ``"suspended"`` once ``session_id`` can no longer be trusted.
+
+        While SUSPENDED, that is ``grace`` seconds after the suspension was noticed (``None``:
+        no limit of its own) and never later than :meth:`trusted_until`; ``math.inf`` waits
+        for LOST only (unsafe: the server may expire the session while the body still runs).
+        """
         while True:
             if self._closed or self._session_id not in (session_id, None) or (
                 self._state is SessionState.LOST
             ):
                 return "lost"
             if self._state is SessionState.SUSPENDED:
-                if grace <= 0:
+                if grace is not None and math.isinf(grace):
+                    deadline = math.inf
+                else:
+                    deadline = self.trusted_until()
+                    if grace is not None:
+                        deadline = min(deadline, trio.current_time() + grace)
+                if deadline <= trio.current_time():
                     return "suspended"
-                deadline = trio.current_time() + grace if math.isfinite(grace) else math.inf
                 with trio.move_on_at(deadline):
                     while self._state is SessionState.SUSPENDED and not self._closed:
                         await self._changed.wait()
