@@ -143,6 +143,12 @@ class ClaimLost(LeadershipLost):
         self.args = (f"queue claim lost: {reason}",)
 
 
+class PermanentFailure(FrameworkError):
+    """Raise it from a ``WorkQueue.take()`` block (or a worker's ``handle``) when retrying
+    cannot help: the item is dead-lettered at once instead of being delivered again, and a
+    worker records the task as failed for good with this message."""
+
+
 class TwoPhaseTimeout(FrameworkError, TimeoutError):
     """A two-phase commit site waited longer than its timeout for the transaction to
     appear."""

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from framework import LeadershipLost, Session
+from framework import LeadershipLost, PermanentFailure, Session
 from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker, gather_status
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone
@@ -97,6 +97,47 @@ async def test_tasks_retries_dead_letters_and_time_limits(zk_hosts: str, chroot:
     assert status.dead_letters == 2 and status.queue_depth == 0 and status.results == 24
     assert {f["task_id"] for f in status.failures} >= {"t21", "t22"}
     assert sum(w.tasks_done for w in workers) == 22
+
+
+class Unstorable(Worker):
+    """Returns what cannot be stored, or says retrying cannot help."""
+
+    max_attempts = 5
+    backoff_base = 0.01
+
+    async def handle(self, task: Task) -> Any:
+        kind = task.payload["kind"]
+        if kind == "big":
+            return "x" * 1_100_000
+        if kind == "object":
+            return object()
+        if kind == "permanent":
+            raise PermanentFailure("the input is malformed")
+        return kind
+
+
+async def test_unstorable_results_fail_the_task_for_good(zk_hosts: str, chroot: str) -> None:
+    """A result over the znode limit or not JSON, or a PermanentFailure, is a recorded final
+    failure on the first delivery (never retried, never stored as success), dead-lettered."""
+    master = Jobs("unstorable", [{"kind": k} for k in ("big", "object", "permanent", "fine")])
+    worker = Unstorable("unstorable", name="w")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, await nursery_session(nursery, zk_hosts, chroot))
+            async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s:
+                await master.run(s)
+                status = await gather_status(s, App("unstorable"))
+            worker.request_stop()
+            nursery.cancel_scope.cancel()
+    big, obj, permanent, fine = (master.results[f"t{i}"] for i in range(4))
+    assert not big.ok and big.attempts == 1 and "over the" in big.error and "limit" in big.error
+    assert not obj.ok and obj.attempts == 1 and "not JSON-serialisable" in obj.error
+    assert not permanent.ok and permanent.attempts == 1
+    assert permanent.error == "the input is malformed"
+    assert fine.ok and fine.result == "fine"
+    assert status.dead_letters == 3 and status.queue_depth == 0
+    assert {f["task_id"] for f in status.failures} == {"t0", "t1", "t2"}
+    assert worker.tasks_failed == 3 and worker.tasks_done == 1
 
 
 async def test_duplicate_delivery_is_skipped_by_idempotency_key(zk_hosts: str,

@@ -20,7 +20,8 @@ Delivery is at-least-once:
   changes meanwhile, or it cannot be confirmed within the session timeout (plus a second),
   :class:`ClaimLost` is raised (the item is delivered again unless that ack did apply);
 * an exception releases the claim (the item is delivered again), or moves the item to the
-  dead-letter path once ``max_attempts`` deliveries have been made;
+  dead-letter path once ``max_attempts`` deliveries have been made, or at once for
+  :class:`~framework.errors.PermanentFailure` (retrying cannot help);
 * a ``take()`` cancelled before its block starts (even while the claim's request is in
   flight, or while its outcome is being checked after a lost reply) removes a claim it may
   have made and restores the item's delivery count, so the item is not stuck and the
@@ -62,7 +63,7 @@ import attrs
 import trio
 
 from framework import errors
-from framework.errors import ClaimLost, ConfigurationError, DataTooLargeError
+from framework.errors import ClaimLost, ConfigurationError, DataTooLargeError, PermanentFailure
 from framework.logs import get_logger
 from framework.primitives.holding import node_scope
 from framework.primitives.queue_view import (
@@ -783,10 +784,12 @@ class WorkQueue:
         entry = claim.entry
         bury = (
             started
-            and self.max_attempts is not None
-            and claim.version >= self.max_attempts
             and isinstance(exc, Exception)
             and not isinstance(exc, ClaimLost)
+            and (
+                isinstance(exc, PermanentFailure)
+                or (self.max_attempts is not None and claim.version >= self.max_attempts)
+            )
         )
         why: str | None = "unconfirmed"
         with trio.CancelScope(shield=True) as scope:

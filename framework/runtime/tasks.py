@@ -9,8 +9,9 @@ from typing import Any
 
 import attrs
 
-from framework.errors import ConfigurationError
+from framework.errors import ConfigurationError, PermanentFailure
 from framework.runtime.app import check_name
+from framework.zk import MAX_DATA_BYTES
 
 
 @attrs.frozen
@@ -79,7 +80,22 @@ class TaskResult:
     finished_at: float = attrs.field(factory=time.time)
 
     def encode(self) -> bytes:
-        return json.dumps(attrs.asdict(self), separators=(",", ":"), default=str).encode()
+        """The record as JSON; :class:`PermanentFailure` if the result is not JSON or the
+        record would not fit in one znode (neither gets better by running the task again)."""
+        try:
+            data = json.dumps(attrs.asdict(self), separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise PermanentFailure(
+                f"the result of task {self.task_id} is not JSON-serialisable ({exc}); "
+                "return JSON values (dict, list, str, int, float, bool, None)"
+            ) from None
+        if len(data) > MAX_DATA_BYTES:
+            raise PermanentFailure(
+                f"the result of task {self.task_id} is {len(data):,} bytes as JSON, over the "
+                f"{MAX_DATA_BYTES:,}-byte limit of a ZooKeeper node; store large results "
+                "elsewhere and return a reference to them"
+            )
+        return data
 
     @classmethod
     def decode(cls, data: bytes) -> TaskResult:

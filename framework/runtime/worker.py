@@ -11,9 +11,10 @@ Crash safety:
   task goes back to the queue for another worker.
 * A result record is written before the item is acknowledged; a task whose key already has a
   successful record is acknowledged without running again (idempotency key).
-* Shards are served only while the session is trusted: on SUSPENDED past ``suspended_grace``
-  or on LOST every shard body is cancelled (the master will give them to someone else), and
-  the worker follows its assignments again once reconnected.
+* Shards are served only while the session is trusted: on SUSPENDED past the session's trust
+  deadline (or ``suspended_grace``, if set and shorter) or on LOST every shard body is
+  cancelled (the master will give them to someone else), and the worker follows its
+  assignments again once reconnected.
 
 Graceful stop (SIGTERM/Ctrl-C via the runner, or :meth:`request_stop`): stop taking, let
 in-flight tasks finish for up to ``drain_timeout`` seconds (then cancel them: their items are
@@ -45,6 +46,14 @@ log = get_logger("framework.runtime.worker")
 class _HandedBack(Exception):
     """A handler failed; its error is recorded and the item goes back to the queue."""
 
+
+class _GivenUp(_HandedBack, errors.PermanentFailure):
+    """A task failed for good (its result cannot be stored, or the handler said retrying
+    cannot help): its failure is recorded and the queue dead-letters the item at once."""
+
+#: Longest error message kept in a failure record (a record must fit in one znode).
+MAX_ERROR_CHARS = 4000
+
 #: How many failure records the ``failures/`` ring keeps.
 FAILURE_RING = 200
 
@@ -67,7 +76,7 @@ class Worker:
     time_limit: float | None = None
     drain_timeout: float = 30.0
     status_interval: float = 1.0
-    suspended_grace: float = 0.0
+    suspended_grace: float | None = None  # None: until the session's trust deadline
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -93,7 +102,11 @@ class Worker:
     # ------------------------------------------------------------ for subclasses
 
     async def handle(self, task: Task) -> Any:
-        """Do one task; return a JSON-able result.  Raise to fail (it will be retried)."""
+        """Do one task; return a JSON result (it must fit in a znode: keep it small).
+
+        Raise to fail: the task is retried up to ``max_attempts`` deliveries, except for
+        :class:`~framework.errors.PermanentFailure`, which fails it for good at once.  A
+        result that is not JSON or is too large fails the task for good the same way."""
         raise NotImplementedError(f"{type(self).__name__} takes tasks but has no handle()")
 
     async def serve_shard(self, shard: str, spec: bytes) -> None:
@@ -272,12 +285,19 @@ class Worker:
                 value = await self.handle(task)
         except Exception as exc:
             await self._failed(session, task, exc, started)
-            raise _HandedBack() from exc  # leaving take() with an error hands the item back
+            # leaving take() with an error hands the item back (or buries it for good)
+            handed_back = _GivenUp() if isinstance(exc, errors.PermanentFailure) else _HandedBack()
+            raise handed_back from exc
         finally:
             self._in_flight -= 1
             self._status_dirty.set()
         result = TaskResult(task.id, True, self.name, task.attempts, value, started_at=started)
-        await _put(session, record, result.encode())
+        try:
+            encoded = result.encode()
+        except errors.PermanentFailure as exc:
+            await self._failed(session, task, exc, started)
+            raise _GivenUp() from None
+        await _put(session, record, encoded)
         self.tasks_done += 1
         log.info("task.done", task=task.id, worker=self.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
@@ -285,9 +305,15 @@ class Worker:
     async def _failed(self, session: Session, task: Task, exc: Exception,
                       started: float) -> None:
         self.tasks_failed += 1
-        error = "time limit exceeded" if isinstance(exc, trio.TooSlowError) else (
-            f"{type(exc).__name__}: {exc}")
-        final = task.attempts >= self.max_attempts
+        if isinstance(exc, trio.TooSlowError):
+            error = "time limit exceeded"
+        elif isinstance(exc, errors.PermanentFailure):
+            error = str(exc)
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        if len(error) > MAX_ERROR_CHARS:
+            error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
+        final = task.attempts >= self.max_attempts or isinstance(exc, errors.PermanentFailure)
         log.warning("task.failed", task=task.id, worker=self.name, error=error,
                     attempt=task.attempts, final=final)
         result = TaskResult(task.id, False, self.name, task.attempts, None, error,
