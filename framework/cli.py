@@ -10,11 +10,12 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from framework.errors import FrameworkError
 
 Command = Callable[[argparse.Namespace], int]
+T = TypeVar("T")
 
 
 def _cmd_zk(args: argparse.Namespace) -> int:
@@ -55,23 +56,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import trio
     from rich.console import Console
 
     from framework.logs import configure_logging
     from framework.runtime import App, gather_status, render_status
-    from framework.zk import Session
 
     # a one-shot reader: its own session's connect/close events are noise in a status view
     configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
     hosts = zk_hosts_from(args.zk)
     app = App(args.app)
 
-    async def read() -> object:
-        async with Session(hosts, chroot=args.chroot, connect_timeout=args.connect_timeout) as s:
-            return await gather_status(s, app)
-
-    status = trio.run(read)
+    status = one_shot(hosts, lambda s: gather_status(s, app), chroot=args.chroot,
+                      connect_timeout=args.connect_timeout, deadline=args.timeout)
     if args.json:
         print(status.to_json())
     else:
@@ -107,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--chroot", help="ZooKeeper chroot")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
+    add_deadline_argument(status)
     status.set_defaults(func=_cmd_status)
     for register in _extra_commands:
         register(sub)
@@ -128,19 +125,89 @@ def zk_hosts_from(args_value: str | None) -> str:
     return hosts
 
 
+#: Default overall deadline of a one-shot command (seconds).
+ONE_SHOT_DEADLINE = 30.0
+
+
+def add_deadline_argument(parser: argparse.ArgumentParser,
+                          default: float = ONE_SHOT_DEADLINE) -> None:
+    """``--timeout SECONDS``: the overall deadline of a one-shot command."""
+    parser.add_argument("--timeout", type=_positive_seconds, default=default,
+                        help=f"give up after this many seconds (default {default:g})")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def one_shot(hosts: str, work: Callable[[Any], Awaitable[T]], *, chroot: str | None = None,
+             connect_timeout: float = 10.0, deadline: float = ONE_SHOT_DEADLINE) -> T:
+    """Run ``await work(session)`` in a new trio run, all of it within ``deadline`` seconds.
+
+    A one-shot command must never hang: reads wait for a lost connection to come back, so
+    without an overall deadline a ZooKeeper that dies mid-command would keep the command
+    waiting forever.  Past the deadline (connecting included) :class:`FrameworkError` says
+    so in one line.
+    """
+    import trio
+
+    from framework.zk import Session
+
+    async def run() -> T:
+        with trio.move_on_after(deadline):
+            async with Session(hosts, chroot=chroot,
+                               connect_timeout=min(connect_timeout, deadline)) as session:
+                return await work(session)
+        raise FrameworkError(
+            f"ZooKeeper at {hosts} did not answer within {deadline:g}s "
+            "(is it running and reachable? --timeout sets the limit)"
+        )
+
+    return trio.run(run)
+
+
+def user_error(exc: BaseException) -> FrameworkError | None:
+    """The :class:`FrameworkError` that ``exc`` is, or that trio wrapped in exception groups
+    (with nothing else in them but cancellations); ``None`` if it is something else."""
+    if isinstance(exc, FrameworkError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        import trio
+
+        found = [user_error(e) for e in exc.exceptions if not isinstance(e, trio.Cancelled)]
+        if found and all(found):
+            return found[0]
+    return None
+
+
+def run_command(prog: str, func: Command, args: argparse.Namespace) -> int:
+    """Run a sub-command: a user mistake (a :class:`FrameworkError`, even one raised inside
+    a nursery) ends in one line on stderr and exit status 2, Ctrl-C in status 130."""
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        error = user_error(exc)
+        if error is None:
+            raise
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return args.func(args)
-    except FrameworkError as exc:
-        print(f"framework: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command("framework", args.func, args)
 
 
 if __name__ == "__main__":

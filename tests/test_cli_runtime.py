@@ -10,8 +10,10 @@ import sys
 import pytest
 import trio
 
-from framework import Session
+from framework import FrameworkError, Session
+from framework.cli import one_shot
 from framework.runtime import App, Master, MasterContext, Worker, load_class
+from framework.testing import TcpProxy
 from framework.zk import wait_exists
 
 
@@ -49,6 +51,47 @@ def test_unreachable_ensemble_is_a_clear_error() -> None:
     result = cli("status", "myapp", "--zk", f"127.0.0.1:{port}", "--connect-timeout", "1")
     assert result.returncode == 2 and "could not connect" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run framework.runtime:Worker --app a", "status myapp"])
+def test_bad_hosts_string_is_one_line(command: str) -> None:
+    result = cli(*command.split(), "--zk", "127.0.0.1:99999")
+    assert result.returncode == 2 and "bad ZooKeeper hosts '127.0.0.1:99999'" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_typed_error_raised_in_lead_is_one_line(zk_hosts: str, chroot: str) -> None:
+    """A FrameworkError from ``lead`` (here: a task over 1 MB) reaches the user as one line,
+    exit status 2, though trio wrapped it in exception groups on its way out."""
+    helpers = os.path.join(os.path.dirname(__file__), "helpers")
+    result = cli("run", "rt_app:OversizedSubmitMaster", "--zk", zk_hosts, "--chroot", chroot,
+                 env={"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "ExceptionGroup" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("framework: error:") and "bytes" in line
+
+
+async def test_one_shot_command_ends_when_zookeeper_stops_answering(proxy: TcpProxy) -> None:
+    """ZooKeeper dies mid-command (its connection frozen): the command's overall deadline
+    ends it with one clear error instead of waiting for a reconnect forever."""
+
+    async def work(session: Session) -> None:
+        await session.ensure_path("/oneshot")
+        proxy.freeze()
+        await session.get("/oneshot")
+
+    with trio.fail_after(30):
+        with pytest.raises(FrameworkError, match="did not answer within 2s"):
+            await trio.to_thread.run_sync(
+                lambda: one_shot(proxy.address, work, deadline=2.0))
+
+
+def test_status_through_a_dead_connection_is_one_line(proxy: TcpProxy) -> None:
+    proxy.freeze()
+    result = cli("status", "myapp", "--zk", proxy.address, "--timeout", "2")
+    assert result.returncode == 2 and "within 2s" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 def test_load_class_accepts_masters_and_workers() -> None:

@@ -139,6 +139,9 @@ def test_bad_session_settings_are_rejected() -> None:
         Session("127.0.0.1:2181/chroot")
     with pytest.raises(InvalidPathError):
         Session("127.0.0.1:2181", chroot="relative")
+    for hosts in ("127.0.0.1:99999", "a:b", ",", "host:-1"):
+        with pytest.raises(ConfigurationError, match="bad ZooKeeper hosts"):
+            Session(hosts)
     with pytest.raises(ConfigurationError, match="session_timeout must be a number"):
         Session("127.0.0.1:2181", session_timeout="10")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="third of the session timeout"):

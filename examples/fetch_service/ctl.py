@@ -42,7 +42,7 @@ from examples.fetch_service.state import (
 )
 from examples.fetch_service.warc import StoreSummary, summarize
 from framework import configure_logging, errors
-from framework.cli import zk_hosts_from
+from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
 from framework.primitives import Group
 from framework.runtime import App
 from framework.zk import Session, wait_exists
@@ -197,13 +197,12 @@ def check_warc(warc_dirs: Sequence[str | os.PathLike[str]], site: Site,
 # ---------------------------------------------------------------- the command line
 
 
-def _with_session(args: argparse.Namespace, work: Any) -> Any:
-    async def run() -> Any:
-        async with Session(zk_hosts_from(args.zk), chroot=args.chroot,
-                           connect_timeout=args.connect_timeout) as session:
-            return await work(session, App(args.app))
-
-    return trio.run(run)
+def _with_session(args: argparse.Namespace, work: Any, *, deadline: float | None = None) -> Any:
+    """Run ``work(session, app)`` within the command's overall deadline (never hangs)."""
+    app = App(args.app)
+    return one_shot(zk_hosts_from(args.zk), lambda session: work(session, app),
+                    chroot=args.chroot, connect_timeout=args.connect_timeout,
+                    deadline=deadline or args.timeout)
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -275,7 +274,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
             return await wait_report(session, app)
 
     try:
-        report = _with_session(args, wait)
+        report = _with_session(args, wait, deadline=args.timeout + args.connect_timeout)
     except trio.TooSlowError:
         print(f"ctl: the crawl did not finish within {args.timeout:g}s", file=sys.stderr)
         return 1
@@ -342,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--app", default=APP_NAME, help=f"application (default {APP_NAME})")
             p.add_argument("--chroot", help="ZooKeeper chroot")
             p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
+            if name != "wait":
+                add_deadline_argument(p)
         return p
 
     p = command("start", _cmd_start, "create the crawl job")
@@ -373,13 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return args.func(args)
-    except errors.FrameworkError as exc:
-        print(f"ctl: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command("ctl", args.func, args)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import select
+import socket
 import time
 from typing import Any, Callable
 
@@ -54,6 +55,7 @@ class Liveness:
         self._sent: dict[int, float] = {}
         self._connect_started = -math.inf
         self._connection: Any = None
+        self._given_up = False
 
     # ------------------------------------------------------------------ trio side
 
@@ -104,6 +106,22 @@ class Liveness:
         if self._connect_started > self.proof:
             self.proof = self._connect_started
 
+    def give_up(self) -> None:
+        """Closing, and the server does not answer: drop the connection now.
+
+        kazoo's ``stop`` waits for the answer to its close request, or for a connection
+        attempt to end, for up to a session timeout; a closing client has no reason to.
+        Shuts the server socket down, which wakes the connection thread's ``select`` (a
+        handshake waits on that socket alone), and makes that ``select`` raise
+        ``ConnectionDropped``, after which kazoo, being stopped, ends its loop."""
+        self._given_up = True
+        sock = getattr(self._connection, "_socket", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # not connected yet, or already closed: nothing waits on it
+
     def check_select(
         self,
         poll: Callable[[list[Any], list[Any], list[Any], float | None], tuple[list[Any], ...]],
@@ -111,12 +129,16 @@ class Liveness:
     ) -> tuple[list[Any], ...]:
         """``poll`` with the wait capped at the read deadline; past it, with no reply waiting
         on the server socket, raise ``ConnectionDropped`` (kazoo then reconnects)."""
+        if self._given_up:
+            raise ConnectionDropped("closing: ZooKeeper did not answer in time")
         if not self.armed:
             return poll(rlist, wlist, xlist, timeout)
         deadline = self.trusted_until()
         remaining = max(deadline - time.monotonic(), 0.0)
         capped = remaining if timeout is None else min(timeout, remaining)
         ready = poll(rlist, wlist, xlist, capped)
+        if self._given_up:
+            raise ConnectionDropped("closing: ZooKeeper did not answer in time")
         if time.monotonic() >= deadline and self.armed and not self._reply_waiting(ready[0]):
             self.armed = False
             self.dropped_connections += 1

@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import trio
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
+from kazoo.hosts import collect_hosts
 from kazoo.protocol.serialization import (
     Create,
     Delete,
@@ -70,6 +71,10 @@ _KAZOO_STATES = {
 }
 
 
+#: Seconds a closing session waits for the server to answer its close request.
+CLOSE_GRACE = 1.0
+
+
 class Session:
     """An async context manager holding one ZooKeeper session.
 
@@ -102,6 +107,7 @@ class Session:
             raise errors.ConfigurationError(
                 "give the chroot as Session(chroot=...), not inside the hosts string"
             )
+        _check_hosts(hosts)
         if chroot is not None:
             validate_path(chroot, allow_root=False)
         for name, value in (("session_timeout", session_timeout),
@@ -184,7 +190,23 @@ class Session:
         self._closed = True
         client = self._client
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(client.stop)
+            # a healthy close takes one round trip; a server that does not answer (or a
+            # connection still being attempted) must not hold the caller for a session
+            # timeout, so past CLOSE_GRACE (at once, if not connected) the connection is
+            # dropped and the server expires the session by itself
+            stopped = trio.Event()
+
+            async def stop() -> None:
+                await trio.to_thread.run_sync(client.stop)
+                stopped.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop)
+                grace = CLOSE_GRACE if self.state is SessionState.CONNECTED else 0.0
+                with trio.move_on_after(grace):
+                    await stopped.wait()
+                if not stopped.is_set():
+                    self._liveness.give_up()
             await trio.to_thread.run_sync(client.close)
         self._on_state(SessionState.LOST, None)
         log.info("zk.session.closed", hosts=self.hosts)
@@ -592,3 +614,15 @@ def _version(version: int) -> int:
 
 def _hex(session_id: int | None) -> str | None:
     return None if session_id is None else f"{session_id:#x}"
+
+
+def _check_hosts(hosts: str) -> None:
+    """A connect string kazoo can use, or :class:`ConfigurationError` saying what is wrong."""
+    expected = "expected HOST:PORT[,HOST:PORT...] with ports 1-65535"
+    try:
+        parsed, _chroot = collect_hosts(hosts)
+    except ValueError as exc:
+        raise errors.ConfigurationError(
+            f"bad ZooKeeper hosts {hosts!r}: {exc}; {expected}") from None
+    if not parsed or any(not host or not 0 < port < 65536 for host, port in parsed):
+        raise errors.ConfigurationError(f"bad ZooKeeper hosts {hosts!r}: {expected}")

@@ -53,3 +53,12 @@ class RecordingWorker(Worker):
         await trio.sleep(float(payload.get("seconds", os.environ.get("RT_TASK_SECONDS", "0.05"))))
         await session.delete(f"{EVIDENCE}/exec/{task.id}", missing_ok=True)
         return {"n": payload.get("n"), "by": self.name}
+
+
+class OversizedSubmitMaster(Master):
+    """A user mistake inside ``lead``: a task payload over ZooKeeper's 1 MB node limit."""
+
+    app_name = APP
+
+    async def lead(self, ctx: MasterContext) -> None:
+        await ctx.submit({"blob": "x" * 1_100_000})
