@@ -1,0 +1,389 @@
+"""Clients: :class:`Producer` and :class:`Subscriber`.
+
+Both find a topic's primary through ZooKeeper (the ``primary`` znode: the fact, never the
+controller's plan) and talk to it over TCP; after a failover they wait on a watch for the
+next primary (no polling) and carry on.
+
+``Producer`` guarantees: ``await send(topic, payload)`` returns only once the message is
+acknowledged (on two servers, or one in a ``one_copy`` topic with no backup in sync); messages
+of one producer to one topic are appended in ``send`` order; retries after a failover or a
+timeout carry the same producer id and sequence numbers, so the broker never appends a message
+twice.  Messages queued while a batch is in flight go out together as the next batch
+(``batch_max`` caps a batch).
+
+``Subscriber`` guarantees: at-least-once delivery, in log order per topic, of every
+acknowledged message; ``ack(msg)`` is cumulative per topic; positions are committed to
+ZooKeeper every ``commit_interval`` seconds (and on exit) - one write per topic per interval,
+never per message.  After a crash the subscriber resumes from its last committed position (so
+messages after it are delivered again: dedupe by :attr:`Message.id`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import trio
+
+from examples.message_broker import protocol
+from examples.message_broker.layout import BrokerPaths, check_topic, dumps, loads
+from framework import errors
+from framework.logs import get_logger
+from framework.zk import Session
+
+__all__ = ["BrokerError", "Message", "Producer", "Subscriber", "UnknownTopicError"]
+
+log = get_logger("examples.message_broker.client")
+
+
+class BrokerError(errors.FrameworkError):
+    """A request the broker refused for good (``code`` is the protocol's error code)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UnknownTopicError(BrokerError):
+    def __init__(self, topic: str) -> None:
+        super().__init__("unknown_topic", f"unknown topic {topic!r} (create it with "
+                                          "`python -m examples.message_broker.ctl create`)")
+
+
+#: Pause before asking again after a refusal that the znode does not explain (seconds).
+RETRY_BACKOFF = 0.05
+
+_PERMANENT = {"too_large", "bad_request", "bad_frame", "bad_version", "unknown_topic"}
+
+
+@attrs.frozen
+class Message:
+    """A delivered message.  ``id`` (topic/offset) is the same on every delivery."""
+
+    topic: str
+    offset: int
+    producer: str
+    seq: int
+    payload: bytes
+
+    @property
+    def id(self) -> str:
+        return f"{self.topic}/{self.offset}"
+
+
+class Router:
+    """Finds topics' primaries through ZooKeeper watches."""
+
+    def __init__(self, session: Session, paths: BrokerPaths) -> None:
+        self.session = session
+        self.paths = paths
+
+    async def primary(self, topic: str, *, not_epoch: int | None = None) -> tuple[str, int]:
+        """``(address, epoch)`` of the topic's primary, waiting (on a watch) until there is
+        one whose epoch is not ``not_epoch``."""
+        session, paths = self.session, self.paths
+        while True:
+            fired = trio.Event()
+            try:
+                data, stat = await session.get(paths.primary(topic), watch=session.waker(fired))
+            except errors.NoNodeError:
+                if await session.exists(paths.topic(topic)) is None:
+                    raise UnknownTopicError(topic) from None
+                if await session.exists(paths.primary(topic),
+                                        watch=session.waker(fired)) is None:
+                    await fired.wait()
+                continue
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await session.wait_connected()
+                continue
+            if stat.czxid == not_epoch:
+                await fired.wait()
+                continue
+            address = loads(data).get("address")
+            if address:
+                return address, stat.czxid
+            await fired.wait()
+
+    async def wait_isr_change(self, topic: str) -> None:
+        """Return when the topic's in-sync set changes (a backup caught up)."""
+        fired = trio.Event()
+        try:
+            await self.session.get(self.paths.isr(topic), watch=self.session.waker(fired))
+        except errors.ZooKeeperError:
+            return
+        await fired.wait()
+
+
+class _Link:
+    """One connection to a server with replies matched to requests by id."""
+
+    def __init__(self, conn: protocol.Connection) -> None:
+        self.conn = conn
+        self.pending: dict[int, list[Any]] = {}
+        self.next_id = 1
+        self.broken = False
+
+    async def reader(self) -> None:
+        try:
+            while True:
+                reply = await self.conn.read()
+                slot = self.pending.pop(reply.get("id"), None)
+                if slot is not None:
+                    slot[1] = reply
+                    slot[0].set()
+        except (protocol.PeerClosed, protocol.ProtocolError, OSError,
+                trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.broken = True
+            for slot in self.pending.values():
+                slot[0].set()
+            self.pending.clear()
+            await self.conn.aclose()
+
+    async def request(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.broken:
+            raise protocol.PeerClosed("link closed")
+        rid = self.next_id
+        self.next_id += 1
+        slot: list[Any] = [trio.Event(), None]
+        self.pending[rid] = slot
+        try:
+            await self.conn.send({**body, "id": rid})
+            await slot[0].wait()
+        finally:
+            self.pending.pop(rid, None)
+        if slot[1] is None:
+            raise protocol.PeerClosed("link closed")
+        return slot[1]
+
+
+@attrs.define(eq=False)
+class _Pending:
+    payload: bytes
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: BaseException | None = None
+
+
+class Producer:
+    """An idempotent, batching producer (see the module doc).  Use ``async with``."""
+
+    def __init__(self, session: Session, *, producer_id: str | None = None,
+                 batch_max: int = 200, ack_timeout: float = 5.0,
+                 paths: BrokerPaths | None = None) -> None:
+        if batch_max < 1:
+            raise errors.ConfigurationError("batch_max must be at least 1")
+        self.session = session
+        self.paths = paths or BrokerPaths()
+        self.router = Router(session, self.paths)
+        self.producer_id = producer_id or uuid.uuid4().hex[:16]
+        self.batch_max = batch_max
+        self.ack_timeout = ack_timeout
+        self.retries = 0
+        self._queues: dict[str, list[_Pending]] = {}
+        self._wakeups: dict[str, trio.Event] = {}
+        self._links: dict[str, _Link] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def __aenter__(self) -> Producer:
+        self._cm = trio.open_nursery()
+        self._nursery = await self._cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        return await self._cm.__aexit__(*exc)
+
+    async def send(self, topic: str, payload: bytes) -> None:
+        """Publish one message; returns once it is acknowledged (see the module doc)."""
+        check_topic(topic)
+        if not isinstance(payload, bytes):
+            raise errors.ConfigurationError("a message payload must be bytes")
+        if len(payload) > protocol.MAX_MESSAGE:
+            raise BrokerError("too_large", f"message of {len(payload)} bytes exceeds the "
+                                           f"maximum of {protocol.MAX_MESSAGE}")
+        if self._nursery is None:
+            raise errors.ConfigurationError("use the Producer inside `async with`")
+        item = _Pending(payload)
+        if topic not in self._queues:
+            self._queues[topic] = []
+            self._wakeups[topic] = trio.Event()
+            self._nursery.start_soon(self._sender, topic)
+        self._queues[topic].append(item)
+        self._wakeups[topic].set()
+        await item.done.wait()
+        if item.error is not None:
+            raise item.error
+
+    async def _link(self, address: str) -> _Link:
+        link = self._links.get(address)
+        if link is None or link.broken:
+            link = _Link(await protocol.connect(address))
+            self._links[address] = link
+            assert self._nursery is not None
+            self._nursery.start_soon(link.reader)
+        return link
+
+    async def _sender(self, topic: str) -> None:
+        seq = 0
+        queue = self._queues[topic]
+        while True:
+            if not queue:
+                self._wakeups[topic] = trio.Event()
+                await self._wakeups[topic].wait()
+                continue
+            batch = queue[:self.batch_max]
+            del queue[:len(batch)]
+            try:
+                await self._deliver(topic, seq, [p.payload for p in batch])
+            except BrokerError as exc:
+                for p in batch:
+                    p.error = exc
+            seq += len(batch)
+            for p in batch:
+                p.done.set()
+
+    async def _deliver(self, topic: str, seq: int, payloads: list[bytes]) -> None:
+        """Send one batch until acknowledged (same sequence numbers on every retry)."""
+        epoch: int | None = None
+        stale: int | None = None
+        while True:
+            address, epoch = await self.router.primary(topic, not_epoch=stale)
+            stale = None
+            try:
+                link = await self._link(address)
+                with trio.fail_after(self.ack_timeout):
+                    reply = await link.request({"op": "produce", "topic": topic,
+                                                "producer": self.producer_id, "seq": seq,
+                                                "msgs": payloads})
+            except (OSError, protocol.PeerClosed, trio.BrokenResourceError,
+                    trio.TooSlowError) as exc:
+                self.retries += 1
+                log.info("producer.retry", topic=topic, error=type(exc).__name__)
+                stale = epoch if not isinstance(exc, trio.TooSlowError) else None
+                with trio.move_on_after(self.ack_timeout):
+                    await self.router.primary(topic, not_epoch=epoch)
+                continue
+            code = reply.get("error")
+            if code is None:
+                return
+            if code in _PERMANENT:
+                raise BrokerError(code, reply.get("message", code))
+            self.retries += 1
+            if code == "no_in_sync_backup":
+                with trio.move_on_after(self.ack_timeout):
+                    await self.router.wait_isr_change(topic)
+            else:
+                # not_primary: that server is starting or has just been deposed; the znode
+                # tells which, so look again after a short back-off
+                await trio.sleep(RETRY_BACKOFF)
+
+
+class Subscriber:
+    """A durable subscriber to ``topics`` (see the module doc).  Use ``async with`` and
+    iterate; call :meth:`ack` for each processed message."""
+
+    def __init__(self, session: Session, name: str, topics: list[str], *,
+                 commit_interval: float = 1.0, paths: BrokerPaths | None = None) -> None:
+        from framework.runtime.app import check_name
+
+        self.session = session
+        self.name = check_name("subscriber name", name)
+        self.topics = [check_topic(t) for t in topics]
+        self.paths = paths or BrokerPaths()
+        self.router = Router(session, self.paths)
+        self.commit_interval = commit_interval
+        self.acked: dict[str, int] = {}
+        self.committed: dict[str, int] = {}
+        self.resubscribes = 0
+        self._send, self._receive = trio.open_memory_channel[Message](1000)
+
+    async def __aenter__(self) -> Subscriber:
+        for topic in self.topics:
+            if await self.session.exists(self.paths.topic(topic)) is None:
+                raise UnknownTopicError(topic)
+            path = self.paths.subscriber(topic, self.name)
+            try:
+                data, _ = await self.session.get(path)
+                self.committed[topic] = int(loads(data).get("offset", 0))
+            except errors.NoNodeError:
+                await self.session.create(path, dumps({"offset": 0}), makepath=True)
+                self.committed[topic] = 0
+            self.acked[topic] = self.committed[topic]
+        self._cm = trio.open_nursery()
+        self._nursery = await self._cm.__aenter__()
+        for topic in self.topics:
+            self._nursery.start_soon(self._follow, topic)
+        self._nursery.start_soon(self._committer)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        self._nursery.cancel_scope.cancel()
+        result = await self._cm.__aexit__(*exc)
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await self.commit()
+        return result
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._receive.__aiter__()
+
+    def ack(self, message: Message) -> None:
+        """Acknowledge ``message`` and everything before it in its topic."""
+        if message.offset + 1 > self.acked.get(message.topic, 0):
+            self.acked[message.topic] = message.offset + 1
+
+    async def commit(self) -> None:
+        """Write acknowledged positions that moved (one ``set`` per such topic)."""
+        async def one(topic: str, offset: int) -> None:
+            try:
+                await self.session.set(self.paths.subscriber(topic, self.name),
+                                       dumps({"offset": offset}))
+                self.committed[topic] = max(self.committed.get(topic, 0), offset)
+            except errors.ZooKeeperError as exc:
+                log.warning("subscriber.commit_failed", topic=topic, error=str(exc))
+
+        async with trio.open_nursery() as nursery:
+            for topic, offset in list(self.acked.items()):
+                if offset > self.committed.get(topic, 0):
+                    nursery.start_soon(one, topic, offset)
+
+    async def _committer(self) -> None:
+        while True:
+            await trio.sleep(self.commit_interval)
+            await self.commit()
+
+    async def _follow(self, topic: str) -> None:
+        offset = self.committed[topic]
+        stale: int | None = None
+        while True:
+            address, epoch = await self.router.primary(topic, not_epoch=stale)
+            stale = None
+            try:
+                conn = await protocol.connect(address)
+            except OSError:
+                stale = epoch
+                continue
+            try:
+                await conn.send({"op": "subscribe", "id": 1, "topic": topic, "offset": offset})
+                while True:
+                    frame = await conn.read()
+                    if "error" in frame:
+                        if frame["error"] in _PERMANENT:
+                            raise BrokerError(frame["error"], frame.get("message", ""))
+                        break
+                    if frame.get("op") != "msgs" or frame.get("start") != offset:
+                        continue
+                    for producer, seq, payload in frame["records"]:
+                        await self._send.send(Message(topic, offset, producer, seq,
+                                                      bytes(payload)))
+                        offset += 1
+            except (protocol.PeerClosed, protocol.ProtocolError, OSError,
+                    trio.BrokenResourceError):
+                pass
+            finally:
+                await conn.aclose()
+            self.resubscribes += 1
+            await trio.sleep(RETRY_BACKOFF)  # then look up the primary again (znode = fact)

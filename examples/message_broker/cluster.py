@@ -1,0 +1,148 @@
+"""Running a broker cluster from tests, the demo and the bench.
+
+* :class:`LocalCluster` runs servers and controllers as trio tasks in this process (each with
+  its own ZooKeeper session), each in its own cancel scope: fast, for protocol tests.
+* :class:`ProcessCluster` runs them as ``python -m framework run ...`` child processes, so they
+  can be killed with ``kill -9`` (the kernel also kills them if the parent dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from examples.message_broker.controller import BrokerController
+from examples.message_broker.layout import BrokerPaths, loads
+from examples.message_broker.server import BrokerServer
+from framework.zk import Session, wait_exists, wait_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@attrs.define
+class LocalCluster:
+    """Servers and controllers as tasks of ``nursery`` (see the module doc)."""
+
+    hosts: str
+    chroot: str | None
+    data_dir: Path
+    nursery: trio.Nursery
+    session_timeout: float = 4.0
+    servers: dict[str, BrokerServer] = attrs.field(factory=dict)
+    scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
+
+    async def _run(self, component: Any, scope: trio.CancelScope,
+                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            async with Session(self.hosts, chroot=self.chroot,
+                               session_timeout=self.session_timeout) as session:
+                task_status.started()
+                await component.run(session)
+
+    async def start_server(self, name: str, session: Session, **kwargs: Any) -> BrokerServer:
+        server = BrokerServer(name=name, data_dir=self.data_dir, **kwargs)
+        self.servers[name] = server
+        self.scopes[name] = trio.CancelScope()
+        await self.nursery.start(self._run, server, self.scopes[name])
+        await wait_exists(session, f"{BrokerPaths().nodes}/{name}")
+        return server
+
+    async def start_controller(self, name: str) -> BrokerController:
+        controller = BrokerController(name=name)
+        self.scopes[name] = trio.CancelScope()
+        await self.nursery.start(self._run, controller, self.scopes[name])
+        return controller
+
+    def crash(self, name: str) -> None:
+        """Cancel a component at once (its session closes: like a clean crash)."""
+        self.scopes[name].cancel()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class ProcessCluster:
+    """Servers and controllers as child processes (see the module doc)."""
+
+    def __init__(self, hosts: str, chroot: str | None, data_dir: Path, logs: Path, *,
+                 session_timeout: float = 4.0, log_level: str = "info") -> None:
+        self.hosts = hosts
+        self.chroot = chroot
+        self.data_dir = data_dir
+        self.logs = logs
+        self.session_timeout = session_timeout
+        self.log_level = log_level
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def spawn(self, kind: str, name: str, env: dict[str, str] | None = None) -> None:
+        cls = {"server": "BrokerServer", "controller": "BrokerController"}[kind]
+        argv = [sys.executable, "-m", "framework", "run",
+                f"examples.message_broker.app:{cls}", "--zk", self.hosts, "--name", name,
+                "--session-timeout", str(self.session_timeout)]
+        if self.chroot:
+            argv += ["--chroot", self.chroot]
+        environment = os.environ | {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "FRAMEWORK_LOG_LEVEL": self.log_level,
+            "FRAMEWORK_LOG_JSON": "1",
+            "BROKER_DATA_DIR": str(self.data_dir),
+            **(env or {}),
+        }
+        with open(self.logs / f"{name}.log", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                argv, env=environment, cwd=ROOT, stdout=out, stderr=out,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+
+    async def wait_joined(self, session: Session, name: str) -> None:
+        await wait_exists(session, f"{BrokerPaths().nodes}/{name}")
+
+    def kill9(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    async def wait_exit(self, name: str) -> int:
+        return await trio.to_thread.run_sync(self.procs[name].wait, abandon_on_cancel=True)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        for proc in self.procs.values():
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
+
+    def log_tail(self, name: str, lines: int = 10) -> str:
+        try:
+            text = (self.logs / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+async def primaries(session: Session, topics: list[str]) -> dict[str, str]:
+    """topic -> server currently holding its primary znode."""
+    paths = BrokerPaths()
+    out: dict[str, str] = {}
+    for topic in topics:
+        try:
+            out[topic] = loads((await session.get(paths.primary(topic)))[0]).get("server", "")
+        except Exception:
+            continue
+    return out
+
+
+async def wait_server_gone(session: Session, name: str) -> None:
+    await wait_gone(session, f"{BrokerPaths().nodes}/{name}")

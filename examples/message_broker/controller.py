@@ -1,0 +1,184 @@
+"""The controller: the runtime's elected master (``BrokerController``, run 2 or more).
+
+It keeps every topic placed on two distinct live servers, balanced by load (replicas per
+server).  Its inputs are ZooKeeper only (``nodes/``, ``topics/``, each topic's ``placement``),
+read afresh when a term starts, so a new controller resumes exactly where the old one stopped;
+its outputs are fenced multis (``check`` of its election node first), so a deposed controller
+cannot write.
+
+* A topic created by ``ctl`` (``topics/<t>`` with settings, no placement) gets a placement,
+  an ``isr`` naming its first replica (that server takes the primary znode) and the two
+  ``assign/<server>/<t>`` entries, in one multi per batch of topics.
+* A server gone from ``nodes/`` (after the membership has been stable for ``stable_for``
+  seconds: safe mode) is replaced in each of its topics by the least-loaded live server not
+  already there.  The surviving replica keeps serving meanwhile (its backup took over as
+  primary by itself); the new one catches up before it counts as in sync.  This repair is not
+  a voluntary move: it happens with ``migration_prohibited`` too.
+* Voluntary moves (rebalancing onto a server that joined) are made only while
+  ``migration_prohibited`` does not exist, one backup at a time per topic, never a primary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from examples.message_broker.layout import APP_NAME, BrokerPaths, Isr, dumps, loads
+from framework import errors
+from framework.logs import get_logger
+from framework.primitives import Group
+from framework.runtime import Master, MasterContext
+from framework.zk import Session, watch_children, watch_data
+
+__all__ = ["BrokerController", "plan_placement"]
+
+log = get_logger("examples.message_broker.controller")
+
+REPLICAS = 2
+#: topics per fenced multi
+BATCH = 40
+
+
+def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[str], *,
+                   voluntary: bool) -> dict[str, list[str]]:
+    """The new placement: every topic on ``REPLICAS`` distinct live servers when possible.
+
+    Sticky: a live replica is never removed for a repair.  New replicas go to the least
+    loaded live server (ties by name).  With ``voluntary``, a backup (second replica) on a
+    server holding more than one replica above the average moves to the least loaded one.
+    """
+    load = {s: 0 for s in live}
+    plan: dict[str, list[str]] = {}
+    for topic in topics:
+        kept = [s for s in current.get(topic, []) if s in load]
+        plan[topic] = kept
+        for s in kept:
+            load[s] += 1
+    for topic in sorted(topics):
+        replicas = plan[topic]
+        while len(replicas) < REPLICAS:
+            candidates = [s for s in sorted(load, key=lambda s: (load[s], s)) if s not in replicas]
+            if not candidates:
+                break
+            replicas.append(candidates[0])
+            load[candidates[0]] += 1
+    if voluntary and live:
+        for topic in sorted(topics):
+            replicas = plan[topic]
+            if len(replicas) < REPLICAS:
+                continue
+            backup = replicas[-1]
+            lightest = min(sorted(load), key=lambda s: load[s])
+            if lightest not in replicas and load[backup] - load[lightest] > 1:
+                replicas[-1] = lightest
+                load[backup] -= 1
+                load[lightest] += 1
+    return plan
+
+
+class BrokerController(Master):
+    """The broker's controller (see the module doc)."""
+
+    app_name = APP_NAME
+    stable_for = 1.0
+
+    async def lead(self, ctx: MasterContext) -> None:
+        session = ctx.session
+        paths = BrokerPaths(ctx.app)
+        for path in (paths.nodes, paths.topics, paths.assign):
+            await session.ensure_path(path)
+        log.info("controller.leading", controller=self.name, token=ctx.term.token)
+        placement = await self._read_placement(session, paths)
+        changes_send, changes = trio.open_memory_channel[str](100)
+        state: dict[str, Any] = {"live": None, "topics": None, "prohibited": False}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_nodes, session, paths, state, changes_send)
+            nursery.start_soon(self._watch_topics, session, paths, state, changes_send)
+            nursery.start_soon(self._watch_prohibited, session, paths, state, changes_send)
+            while True:
+                kind = await changes.receive()
+                if kind == "nodes":  # safe mode: wait until membership is stable
+                    while True:
+                        with trio.move_on_after(self.stable_for) as quiet:
+                            kind = await changes.receive()
+                        if quiet.cancelled_caught:
+                            break
+                if state["live"] is None or state["topics"] is None:
+                    continue
+                await self._reconcile(ctx, paths, state, placement)
+
+    async def _read_placement(self, session: Session, paths: BrokerPaths) -> dict[str, list[str]]:
+        placement: dict[str, list[str]] = {}
+        for topic in await session.children(paths.topics):
+            try:
+                data, _ = await session.get(paths.placement(topic))
+            except errors.NoNodeError:
+                continue
+            placement[topic] = list(loads(data).get("replicas", []))
+        return placement
+
+    async def _watch_nodes(self, session: Session, paths: BrokerPaths, state: dict[str, Any],
+                           send: trio.MemorySendChannel[str]) -> None:
+        async for members in Group(session, paths.nodes).watch():
+            live = sorted(n for n, d in members.items()
+                          if loads(d).get("state", "running") == "running")
+            if live != state["live"]:
+                state["live"] = live
+                await send.send("nodes")
+
+    async def _watch_topics(self, session: Session, paths: BrokerPaths, state: dict[str, Any],
+                            send: trio.MemorySendChannel[str]) -> None:
+        async for snap in watch_children(session, paths.topics):
+            state["topics"] = list(snap.children)
+            await send.send("topics")
+
+    async def _watch_prohibited(self, session: Session, paths: BrokerPaths,
+                                state: dict[str, Any], send: trio.MemorySendChannel[str]) -> None:
+        async for snap in watch_data(session, paths.migration_prohibited):
+            state["prohibited"] = snap.exists
+            log.info("controller.migration_prohibited", prohibited=snap.exists)
+            await send.send("prohibited")
+
+    async def _reconcile(self, ctx: MasterContext, paths: BrokerPaths, state: dict[str, Any],
+                         placement: dict[str, list[str]]) -> None:
+        topics = sorted(state["topics"])
+        plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"])
+        changed = [t for t in topics if plan[t] != placement.get(t)]
+        known_dirs: set[str] = set(await ctx.session.children(paths.assign))
+        for start in range(0, len(changed), BATCH):
+            chunk = changed[start:start + BATCH]
+
+            def build(txn: Any, chunk: list[str] = chunk) -> None:
+                for server in sorted({s for t in chunk for s in plan[t]} - known_dirs):
+                    txn.create(paths.assign_dir(server))
+                    known_dirs.add(server)
+                for topic in chunk:
+                    old, new = placement.get(topic), plan[topic]
+                    doc = dumps({"replicas": new})
+                    if old is None:
+                        txn.create(paths.placement(topic), doc)
+                        txn.create(paths.isr(topic), Isr(tuple(new[:1])).encode())
+                        txn.create(paths.subscribers(topic))
+                    else:
+                        txn.set(paths.placement(topic), doc)
+                    for server in set(old or []) - set(new):
+                        txn.delete(f"{paths.assign_dir(server)}/{topic}")
+                    for server in set(new) - set(old or []):
+                        txn.create(f"{paths.assign_dir(server)}/{topic}")
+
+            try:
+                await ctx.term.commit(build)
+            except errors.TransactionFailedError as exc:
+                # a topic deleted under us, or an assign entry already there: re-read and retry
+                log.warning("controller.placement_conflict", error=str(exc))
+                placement.clear()
+                placement.update(await self._read_placement(ctx.session, paths))
+                return
+            for topic in chunk:
+                log.info("controller.placed", topic=topic, replicas=plan[topic],
+                         was=placement.get(topic))
+                placement[topic] = list(plan[topic])
+        if changed:
+            log.info("controller.reconciled", topics=len(topics), changed=len(changed),
+                     live=state["live"])

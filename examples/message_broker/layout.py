@@ -1,0 +1,134 @@
+"""The broker's znode layout and the small records kept in ZooKeeper (YMB, Figure 3).
+
+Everything lives under ``/apps/broker`` (the runtime's :class:`framework.runtime.App`)::
+
+    masters/                      controller election (the runtime's)
+    nodes/<server>                ephemeral, one per live server: address, load, status, lag
+    shutdown                      exists => servers hand their primaries over and exit
+    migration_prohibited          exists => the controller makes no voluntary moves
+    assign/<server>/<topic>       the controller's intent: ``server`` holds a copy of ``topic``
+    topics/<topic>                settings (mode: ``refuse`` or ``one_copy``)
+    topics/<topic>/placement      the controller's intent: the two replicas, primary first
+    topics/<topic>/isr            in-sync replicas, last leader, term (written by the primary
+                                  on a change of in-sync set and by a backup taking over)
+    topics/<topic>/primary        ephemeral: the serving primary (server, address); its czxid
+                                  is the epoch of this primary term
+    topics/<topic>/subscribers/<name>   a subscriber's committed position (batched)
+
+ZooKeeper never sees a message: writes happen on topic creation, placement changes, failover,
+in-sync set changes, status updates and batched subscriber commits only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from framework.runtime import App
+from framework.runtime.app import check_name
+
+APP_NAME = "broker"
+
+MODES = ("refuse", "one_copy")
+
+
+def loads(data: bytes | None) -> dict[str, Any]:
+    """JSON object from znode data (empty or broken data -> ``{}``)."""
+    if not data:
+        return {}
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+@attrs.frozen
+class TopicSettings:
+    """A topic's settings.  ``mode``: what the primary does while no backup is in sync:
+    ``refuse`` (the default) refuses writes, ``one_copy`` acknowledges with one copy."""
+
+    mode: str = attrs.field(default="refuse")
+
+    @mode.validator
+    def _check(self, _attr: object, value: str) -> None:
+        if value not in MODES:
+            from framework.errors import ConfigurationError
+
+            raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
+
+    def encode(self) -> bytes:
+        return dumps({"mode": self.mode})
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> TopicSettings:
+        mode = loads(data).get("mode", "refuse")
+        return cls(mode if mode in MODES else "refuse")
+
+
+@attrs.frozen
+class Isr:
+    """The in-sync replica record of a topic.
+
+    ``in_sync`` lists the servers holding every acknowledged message; only one of them may
+    become primary.  ``term`` grows with every takeover (a takeover sets this record with the
+    version it read and creates ``primary`` in one multi, so two takeovers cannot both win and
+    a deposed primary's later conditional write fails)."""
+
+    in_sync: tuple[str, ...] = ()
+    leader: str | None = None
+    term: int = 0
+
+    def encode(self) -> bytes:
+        return dumps({"in_sync": list(self.in_sync), "leader": self.leader, "term": self.term})
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> Isr:
+        doc = loads(data)
+        return cls(tuple(doc.get("in_sync") or ()), doc.get("leader"), int(doc.get("term", 0)))
+
+
+@attrs.frozen
+class BrokerPaths:
+    """Paths of one broker installation (``app`` defaults to ``/apps/broker``)."""
+
+    app: App = attrs.field(factory=lambda: App(APP_NAME))
+
+    base = property(lambda self: self.app.base)
+    nodes = property(lambda self: f"{self.app.base}/nodes")
+    shutdown = property(lambda self: f"{self.app.base}/shutdown")
+    migration_prohibited = property(lambda self: f"{self.app.base}/migration_prohibited")
+    assign = property(lambda self: f"{self.app.base}/assign")
+    topics = property(lambda self: f"{self.app.base}/topics")
+
+    def topic(self, name: str) -> str:
+        return f"{self.topics}/{name}"
+
+    def placement(self, name: str) -> str:
+        return f"{self.topics}/{name}/placement"
+
+    def isr(self, name: str) -> str:
+        return f"{self.topics}/{name}/isr"
+
+    def primary(self, name: str) -> str:
+        return f"{self.topics}/{name}/primary"
+
+    def subscribers(self, name: str) -> str:
+        return f"{self.topics}/{name}/subscribers"
+
+    def subscriber(self, topic: str, name: str) -> str:
+        return f"{self.topics}/{topic}/subscribers/{name}"
+
+    def assign_dir(self, server: str) -> str:
+        return f"{self.assign}/{server}"
+
+
+def check_topic(name: str) -> str:
+    """A topic name, or a clear :class:`ConfigurationError`."""
+    return check_name("topic name", name)

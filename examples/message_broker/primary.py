@@ -1,0 +1,200 @@
+"""A topic's primary term: appends, the replication high watermark, the in-sync set.
+
+One :class:`PrimaryTopic` lives exactly as long as the server provably holds the topic's
+``primary`` znode (the server's topic scope creates it and closes it in ``finally``).
+
+Guarantees:
+
+* A produce is acknowledged only when every record of its batch is at or below the high
+  watermark ``hw``: on this log *and* on every backup in the in-sync set (their fetch asked
+  for an offset past it), or - ``one_copy`` mode only - after the primary has written an
+  in-sync set of just itself to ZooKeeper with a conditional set (so a later takeover cannot
+  pick a backup that misses acknowledged records).
+* After :meth:`close` nothing is acknowledged any more: every waiter gets ``not_primary``
+  (a deposed primary, frozen rather than dead, cannot acknowledge a write).
+* A backup's fetch carries the epoch it follows (the ``czxid`` of the primary znode); a fetch
+  with another epoch is refused, and one with a *newer* epoch deposes this primary at once.
+* ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached the log end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from examples.message_broker.layout import Isr
+from examples.message_broker.log import Record, TopicLog
+from framework import errors
+from framework.logs import get_logger
+from framework.zk import Session
+
+log = get_logger("examples.message_broker.primary")
+
+
+class RequestError(Exception):
+    """A request refused with a protocol error ``code``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@attrs.define(eq=False)
+class PrimaryTopic:
+    """State of one primary term (see the module doc)."""
+
+    name: str
+    server: str
+    log: TopicLog
+    epoch: int
+    mode: str
+    session: Session
+    isr_path: str
+    isr: Isr
+    isr_version: int
+    hw: int = 0
+    followers: dict[str, int] = attrs.field(factory=dict)
+    synced: set[str] = attrs.field(factory=set)
+    closed: bool = False
+    handing_over: bool = False
+    deposed: trio.Event = attrs.field(factory=trio.Event)
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+    _isr_lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    def __attrs_post_init__(self) -> None:
+        # records we hold now were replicated under the previous term (or this is a new topic)
+        self.hw = self.log.end
+
+    # ------------------------------------------------------------ helpers
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def close(self) -> None:
+        """End the term: from now on nothing is acknowledged or delivered."""
+        self.closed = True
+        self._wake()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RequestError("not_primary", f"this server is no longer primary for {self.name}")
+
+    def _advance(self) -> None:
+        if self.synced:
+            new = min(self.followers.get(s, 0) for s in self.synced)
+            if new > self.hw:
+                self.hw = min(new, self.log.end)
+                self._wake()
+
+    async def _write_isr(self, in_sync: tuple[str, ...]) -> None:
+        """Conditionally replace the in-sync set (fails if a takeover happened meanwhile)."""
+        async with self._isr_lock:
+            self._check_open()
+            if self.isr.in_sync == in_sync:
+                return
+            new = Isr(in_sync, self.server, self.isr.term)
+            try:
+                stat = await self.session.set(self.isr_path, new.encode(),
+                                              version=self.isr_version)
+            except errors.BadVersionError:
+                self.deposed.set()
+                self.close()
+                raise RequestError("not_primary", "a newer primary took over") from None
+            except errors.ZooKeeperError as exc:
+                raise RequestError("no_in_sync_backup",
+                                   f"cannot record the in-sync set: {exc}") from None
+            self._check_open()
+            self.isr, self.isr_version = new, stat.version
+            log.info("broker.isr_changed", topic=self.name, in_sync=list(in_sync),
+                     epoch=self.epoch)
+
+    # ------------------------------------------------------------ produce
+
+    async def produce(self, producer: str, seq: int, payloads: list[bytes]) -> int:
+        """Append and wait until acknowledged (module doc); returns the log end."""
+        self._check_open()
+        if self.handing_over:
+            raise RequestError("not_primary", f"primary for {self.name} is handing over")
+        if not self.synced:
+            if self.mode == "refuse":
+                raise RequestError("no_in_sync_backup",
+                                   f"topic {self.name} has no in-sync backup (mode refuse)")
+            await self._write_isr((self.server,))
+        self.log.append(self.log.new_records(producer, seq, payloads))
+        target = self.log.end
+        if not self.synced and self.isr.in_sync == (self.server,):
+            self.hw = max(self.hw, target)  # one_copy: the primary alone, recorded in ZK
+            self._wake()
+        while True:
+            self._check_open()
+            if self.hw >= target:
+                return target
+            await self._changed.wait()
+
+    # ------------------------------------------------------------ replication
+
+    async def fetch(self, follower: str, epoch: int, offset: int,
+                    wait: float) -> dict[str, Any]:
+        """A backup pulls from ``offset`` (which also acknowledges everything before it)."""
+        self._check_open()
+        if epoch != self.epoch:
+            if epoch > self.epoch:
+                log.warning("broker.deposed_by_fetch", topic=self.name, epoch=self.epoch,
+                            newer=epoch)
+                self.deposed.set()
+                self.close()
+            raise RequestError("stale_epoch", f"epoch {epoch} is not {self.epoch}")
+        if offset > self.log.end:
+            raise RequestError("bad_request", f"offset {offset} beyond log end {self.log.end}")
+        self.followers[follower] = offset
+        if follower not in self.synced and offset == self.log.end:
+            # caught up: record it in ZooKeeper before it counts (a takeover needs it)
+            in_sync = (self.server, follower)
+            await self._write_isr(in_sync)
+            if self.log.end == offset:
+                self.synced = {follower}
+                log.info("broker.backup_in_sync", topic=self.name, backup=follower,
+                         offset=offset)
+        self._advance()
+        with trio.move_on_after(wait):
+            await self.log.wait_beyond(offset)
+        self._check_open()
+        records = self.log.read(offset, 2000)
+        return {"start": offset, "records": records, "end": self.log.end, "epoch": self.epoch}
+
+    def follower_gone(self, follower: str) -> None:
+        """The backup's link closed: it no longer advances the high watermark."""
+        self.followers.pop(follower, None)
+        if follower in self.synced:
+            self.synced.discard(follower)
+            log.warning("broker.backup_lost", topic=self.name, backup=follower)
+            self._wake()
+
+    def lag(self) -> int | None:
+        if not self.synced:
+            return None
+        return self.log.end - min(self.followers.get(s, 0) for s in self.synced)
+
+    # ------------------------------------------------------------ subscribers
+
+    async def deliverable(self, offset: int, limit: int = 500) -> list[Record]:
+        """Records from ``offset`` up to the high watermark, waiting for at least one."""
+        while True:
+            self._check_open()
+            if self.hw > offset:
+                return self.log.read(offset, min(limit, self.hw - offset))
+            await self._changed.wait()
+
+    async def drained(self) -> bool:
+        """Wait until an in-sync backup holds the whole log (handover); False if none."""
+        while True:
+            if self.closed:
+                return False
+            if self.synced and self.hw >= self.log.end:
+                return True
+            if not self.synced:
+                return False
+            await self._changed.wait()

@@ -1,0 +1,146 @@
+"""The broker's wire protocol: msgpack frames over TCP (trio streams).
+
+Frame layout (every direction, every message)::
+
+    +---------+----------------------+-------------------------------+
+    | version | length (uint32, BE)  | body: one msgpack map          |
+    | 1 byte  | 4 bytes              | ``length`` bytes               |
+    +---------+----------------------+-------------------------------+
+
+``version`` is :data:`VERSION`; ``length`` is at most :data:`MAX_FRAME` bytes.  A peer that
+receives a frame with another version, a length above the maximum or a body that is not a
+msgpack map answers with one ``error`` frame (``code`` = ``bad_version``, ``too_large`` or
+``bad_frame``) and closes *that* connection; every other connection is unaffected.  A frame cut
+short by the peer closing is dropped silently (the peer is gone).
+
+Requests carry ``op`` and a client-chosen ``id`` echoed in the reply:
+
+* ``produce`` {topic, producer, seq, msgs: [bytes]} -> {ok, end}: ``msgs[i]`` has sequence
+  number ``seq + i`` for that producer; the reply comes once every message is on the primary's
+  log *and* on the in-sync backup's (or, for a topic in ``one_copy`` mode with no in-sync
+  backup, on the primary alone).  Messages whose sequence number the topic already holds are
+  not appended again (an idempotent retry).
+* ``fetch`` {topic, epoch, offset, server} -> {ok, start, records, end}: replication (the
+  backup pulls).  Refused with ``stale_epoch`` unless ``epoch`` is the primary's own.
+* ``subscribe`` {topic, offset} -> a stream of {op: "msgs", start, records} frames with the
+  records from ``offset`` up to the high watermark, until an ``error`` frame or the close.
+
+A record is ``[producer, seq, payload]``.  Error replies are {id, error: code, message}.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+import msgpack
+import trio
+
+#: Protocol version carried in every frame's first byte.
+VERSION = 1
+
+#: Largest frame body accepted (bytes).  A produce batch must fit in one frame.
+MAX_FRAME = 4 * 1024 * 1024
+
+#: Largest single message payload a server accepts (bytes).
+MAX_MESSAGE = 1024 * 1024
+
+_HEADER = struct.Struct(">BI")
+
+#: Error codes a server may answer with.
+ERROR_CODES = frozenset({
+    "bad_version", "bad_frame", "too_large", "unknown_topic", "not_primary", "stale_epoch",
+    "no_in_sync_backup", "bad_request", "shutting_down",
+})
+
+
+class ProtocolError(Exception):
+    """A frame that breaks the protocol; ``code`` is the error code sent to the peer."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PeerClosed(Exception):
+    """The peer closed the connection (possibly in the middle of a frame)."""
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    """One frame holding ``body``; raises :class:`ProtocolError` (``too_large``) if too big."""
+    payload = msgpack.packb(body, use_bin_type=True)
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError("too_large", f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(VERSION, len(payload)) + payload
+
+
+def error_frame(code: str, message: str, request_id: Any = None) -> bytes:
+    return encode({"id": request_id, "error": code, "message": message})
+
+
+class FrameReader:
+    """Reads whole frames from a trio stream, buffering partial reads."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def _fill(self, size: int) -> None:
+        while len(self._buffer) < size:
+            chunk = await self._stream.receive_some(65536)
+            if not chunk:
+                raise PeerClosed("connection closed" + (" mid-frame" if self._buffer else ""))
+            self._buffer += chunk
+
+    async def read(self) -> dict[str, Any]:
+        """The next frame's body; :class:`ProtocolError` for a bad frame, :class:`PeerClosed`
+        at the end of the stream."""
+        await self._fill(_HEADER.size)
+        version, length = _HEADER.unpack_from(self._buffer)
+        if version != VERSION:
+            raise ProtocolError("bad_version",
+                                f"protocol version {version} not supported (this is {VERSION})")
+        if length > MAX_FRAME:
+            raise ProtocolError("too_large", f"frame of {length} bytes exceeds {MAX_FRAME}")
+        await self._fill(_HEADER.size + length)
+        raw = bytes(self._buffer[_HEADER.size:_HEADER.size + length])
+        del self._buffer[:_HEADER.size + length]
+        try:
+            body = msgpack.unpackb(raw, raw=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise ProtocolError("bad_frame", f"frame body is not msgpack: {exc}") from None
+        if not isinstance(body, dict):
+            raise ProtocolError("bad_frame", "frame body must be a msgpack map")
+        return body
+
+
+class Connection:
+    """A framed, bidirectional connection: serialised sends, one reader."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.reader = FrameReader(stream)
+        self._send_lock = trio.Lock()
+
+    async def send(self, body: dict[str, Any]) -> None:
+        await self.send_raw(encode(body))
+
+    async def send_raw(self, frame: bytes) -> None:
+        async with self._send_lock:
+            await self.stream.send_all(frame)
+
+    async def read(self) -> dict[str, Any]:
+        return await self.reader.read()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+async def connect(address: str) -> Connection:
+    """Open a connection to ``host:port``."""
+    host, _, port = address.rpartition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return Connection(stream)

@@ -1,0 +1,445 @@
+"""A broker server: ``python -m framework run examples.message_broker.app:BrokerServer``.
+
+It listens on TCP (``$BROKER_PORT``, default any free port on 127.0.0.1; see
+:mod:`examples.message_broker.protocol`), joins ``nodes/`` with its address, load and status,
+and serves every topic the controller assigns it (``assign/<server>/``, one children watch).
+For each assigned topic one task, in the server's nursery, runs this state machine on the
+topic's ``primary`` znode (one data watch, plus the ``isr`` znode while nobody is primary):
+
+* no primary, and we are in the in-sync set -> take over: one multi sets ``isr`` (term + 1,
+  with the version just read) and creates the ephemeral ``primary``; exactly one contender
+  can win, and the ``czxid`` of the new node is the new epoch;
+* the primary znode is ours -> serve as primary (:class:`PrimaryTopic`) inside a scope that
+  ends when the node is gone, when the session can no longer be trusted (before the server
+  could expire it), or when a fetch from a newer epoch arrives; on the way out the term is
+  closed so nothing more is acknowledged;
+* the primary znode is someone else's -> back it up: reset the local log, then pull from the
+  primary (``fetch`` with the epoch) until the znode changes.
+
+Messages never touch ZooKeeper.  Graceful stop (SIGTERM, or the ``shutdown`` znode naming this
+server or all servers): stop taking over, hand every primary to its in-sync backup once it
+holds the whole log, then leave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from examples.message_broker import protocol
+from examples.message_broker.layout import (
+    APP_NAME,
+    BrokerPaths,
+    Isr,
+    TopicSettings,
+    dumps,
+    loads,
+)
+from examples.message_broker.log import TopicLog
+from examples.message_broker.primary import PrimaryTopic, RequestError
+from framework import errors
+from framework.logs import get_logger
+from framework.primitives import Group, Membership
+from framework.runtime import App, Worker
+from framework.zk import Session, wait_gone, watch_children, watch_data
+
+__all__ = ["BrokerServer"]
+
+log = get_logger("examples.message_broker.server")
+
+#: Longest a replication fetch waits on the primary for new records (seconds).
+FETCH_WAIT = 1.0
+
+
+class BrokerServer(Worker):
+    """A YMB-style topic server (see the module doc).
+
+    ``data_dir`` (default ``$BROKER_DATA_DIR`` or ``out/broker``) holds one directory per
+    topic; ``port`` (default ``$BROKER_PORT`` or 0: any) the TCP port; ``fsync``
+    (``$BROKER_FSYNC``: ``never`` or ``always``) the log's fsync policy.
+    """
+
+    app_name = APP_NAME
+    status_interval = 0.5
+
+    def __init__(self, app: App | str | None = None, *, name: str | None = None,
+                 address: str = "", data_dir: str | os.PathLike[str] | None = None,
+                 port: int | None = None, fsync: str | None = None) -> None:
+        super().__init__(app, name=name, address=address)
+        self.paths = BrokerPaths(self.app)
+        root = Path(data_dir or os.environ.get("BROKER_DATA_DIR") or "out/broker")
+        self.data_dir = root / self.name
+        self.port = int(port if port is not None else os.environ.get("BROKER_PORT", "0"))
+        self.fsync = fsync or os.environ.get("BROKER_FSYNC", "never")
+        self.primaries: dict[str, PrimaryTopic] = {}
+        self.backups: dict[str, dict[str, Any]] = {}
+        self.logs: dict[str, TopicLog] = {}
+        self.stopping = False
+        self._stop = trio.Event()
+        self._topic_done = trio.Event()
+        self.session: Session | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def request_stop(self) -> None:
+        """Hand primaries over, then exit (idempotent)."""
+        if not self.stopping:
+            log.info("broker.stopping", server=self.name, primaries=len(self.primaries))
+        self.stopping = True
+        self._stop.set()
+        for state in list(self.primaries.values()):
+            state.handing_over = True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "pid": os.getpid(),
+            "state": "stopping" if self.stopping else "running",
+            "load": len(self.primaries) + len(self.backups),
+            "primaries": sorted(self.primaries),
+            "backups": sorted(self.backups),
+            "lag": {t: s.lag() for t, s in self.primaries.items()},
+        }
+
+    async def run(self, session: Session) -> None:
+        """Serve until stopped (see the module doc)."""
+        self.session = session
+        for path in (self.paths.nodes, self.paths.topics, self.paths.assign_dir(self.name)):
+            await session.ensure_path(path)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        group = Group(session, self.paths.nodes)
+        async with group.join(self.name, dumps(self.status())) as member:
+            log.info("broker.serving", server=self.name, address=self.address)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
+                nursery.start_soon(self._report_status, member)
+                nursery.start_soon(self._watch_shutdown, session)
+                async with trio.open_nursery() as topics:
+                    topics.start_soon(self._follow_assignments, session, topics)
+                    await self._stop.wait()
+                    await self._hand_over()
+                    topics.cancel_scope.cancel()
+                nursery.cancel_scope.cancel()
+        for topic_log in self.logs.values():
+            topic_log.close()
+        log.info("broker.stopped", server=self.name)
+
+    async def _hand_over(self) -> None:
+        """Give every primary to its in-sync backup once it holds the whole log."""
+        assert self.session is not None
+        with trio.move_on_after(30):
+            for name, state in list(self.primaries.items()):
+                state.handing_over = True
+                if await state.drained():
+                    path = self.paths.primary(name)
+                    try:
+                        stat = await self.session.exists(path)
+                        if stat is not None and stat.ephemeralOwner == self.session.session_id:
+                            await self.session.delete(path, version=stat.version)
+                            log.info("broker.handed_over", topic=name, to=sorted(state.synced))
+                    except errors.ZooKeeperError:
+                        pass
+                state.close()
+
+    async def _watch_shutdown(self, session: Session) -> None:
+        async for snap in watch_data(session, self.paths.shutdown):
+            if snap.exists:
+                names = loads(snap.data).get("servers")
+                if not names or self.name in names:
+                    log.info("broker.shutdown_requested", server=self.name)
+                    self.request_stop()
+                    return
+
+    async def _report_status(self, member: Membership) -> None:
+        last = b""
+        while True:
+            data = dumps({k: v for k, v in self.status().items() if k != "pid"})
+            if data != last:
+                await member.update(data)
+                last = data
+            await trio.sleep(self.status_interval)
+
+    # ------------------------------------------------------------ topics
+
+    async def _follow_assignments(self, session: Session, nursery: trio.Nursery) -> None:
+        running: dict[str, trio.CancelScope] = {}
+        async for snap in watch_children(session, self.paths.assign_dir(self.name)):
+            wanted = set(snap.children)
+            for topic in set(running) - wanted:
+                running.pop(topic).cancel()
+                log.info("broker.topic_unassigned", server=self.name, topic=topic)
+            for topic in wanted - set(running):
+                scope = trio.CancelScope()
+                running[topic] = scope
+                nursery.start_soon(self._serve_topic, session, topic, scope)
+
+    def _log(self, topic: str) -> TopicLog:
+        if topic not in self.logs:
+            self.logs[topic] = TopicLog(self.data_dir / topic, fsync=self.fsync)
+        return self.logs[topic]
+
+    async def _serve_topic(self, session: Session, topic: str, scope: trio.CancelScope) -> None:
+        with scope:
+            try:
+                await self._topic_loop(session, topic)
+            finally:
+                self.backups.pop(topic, None)
+                state = self.primaries.pop(topic, None)
+                if state is not None:
+                    state.close()
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await self._resign(session, topic)
+
+    async def _resign(self, session: Session, topic: str) -> None:
+        try:
+            stat = await session.exists(self.paths.primary(topic))
+            if stat is not None and stat.ephemeralOwner == session.session_id:
+                await session.delete(self.paths.primary(topic), version=stat.version)
+        except errors.ZooKeeperError:
+            pass
+
+    async def _topic_loop(self, session: Session, topic: str) -> None:
+        paths = self.paths
+        topic_log = self._log(topic)
+        while True:
+            fired = trio.Event()
+            wake = session.waker(fired)
+            try:
+                settings = TopicSettings.decode((await session.get(paths.topic(topic)))[0])
+                stat = await session.exists(paths.primary(topic), watch=wake)
+                if stat is None:
+                    data, isr_stat = await session.get(paths.isr(topic), watch=wake)
+                    isr = Isr.decode(data)
+                    if self.name in isr.in_sync and not self.stopping:
+                        await self._take_over(session, topic, isr, isr_stat.version)
+                        continue
+                    await fired.wait()
+                    continue
+                data, stat = await session.get(paths.primary(topic), watch=wake)
+            except (errors.ConnectionLossError, errors.SessionExpiredError,
+                    errors.NotConnectedError):
+                await session.wait_connected()
+                continue
+            except errors.NoNodeError:
+                if await session.exists(paths.topic(topic)) is None:
+                    return  # topic deleted
+                continue
+            if stat.ephemeralOwner == session.session_id:
+                await self._be_primary(session, topic, topic_log, stat.czxid, settings)
+            else:
+                await self._be_backup(session, topic, topic_log, loads(data), stat.czxid,
+                                      fired)
+
+    async def _take_over(self, session: Session, topic: str, isr: Isr, version: int) -> None:
+        new = Isr(isr.in_sync, self.name, isr.term + 1)
+        txn = session.transaction()
+        txn.set(self.paths.isr(topic), new.encode(), version=version)
+        txn.create(self.paths.primary(topic),
+                   dumps({"server": self.name, "address": self.address}), ephemeral=True)
+        try:
+            await txn.commit()
+            log.info("broker.took_over", topic=topic, server=self.name, term=new.term,
+                     at=time.time())
+        except errors.TransactionFailedError:
+            pass  # someone else won, or the in-sync set changed: look again
+        except errors.ConnectionLossError:
+            await session.wait_connected()
+
+    async def _be_primary(self, session: Session, topic: str, topic_log: TopicLog,
+                          epoch: int, settings: TopicSettings) -> None:
+        try:
+            data, isr_stat = await session.get(self.paths.isr(topic))
+        except errors.ZooKeeperError:
+            return
+        state = PrimaryTopic(topic, self.name, topic_log, epoch, settings.mode, session,
+                             self.paths.isr(topic), Isr.decode(data), isr_stat.version)
+        state.handing_over = self.stopping
+        self.primaries[topic] = state
+        log.info("broker.primary", topic=topic, server=self.name, epoch=epoch,
+                 end=topic_log.end, mode=settings.mode)
+        try:
+            async with session.guard():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_after, wait_gone(session, self.paths.primary(topic)),
+                                       nursery.cancel_scope)
+                    nursery.start_soon(_cancel_after, state.deposed.wait(),
+                                       nursery.cancel_scope)
+        except errors.SessionInterrupted as exc:
+            log.warning("broker.primary_lost", topic=topic, server=self.name, reason=exc.reason)
+            await session.wait_connected()
+        finally:
+            state.close()
+            self.primaries.pop(topic, None)
+        log.info("broker.primary_ended", topic=topic, server=self.name, epoch=epoch)
+
+    async def _be_backup(self, session: Session, topic: str, topic_log: TopicLog,
+                         primary: dict[str, Any], epoch: int, fired: trio.Event) -> None:
+        address = primary.get("address")
+        if not address:
+            await fired.wait()
+            return
+        topic_log.reset()  # a backup's log is a copy of the primary's, from offset 0
+        info: dict[str, Any] = {"primary": primary.get("server"), "epoch": epoch, "lag": None}
+        self.backups[topic] = info
+        log.info("broker.backup", topic=topic, server=self.name, primary=info["primary"],
+                 epoch=epoch)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_after, fired.wait(), nursery.cancel_scope)
+                while True:
+                    try:
+                        await self._replicate(topic, topic_log, address, epoch, info)
+                    except (OSError, protocol.PeerClosed, protocol.ProtocolError,
+                            trio.BrokenResourceError, trio.TooSlowError) as exc:
+                        log.info("broker.replication_retry", topic=topic, error=str(exc))
+                    except RequestError as exc:
+                        log.info("broker.replication_refused", topic=topic, code=exc.code)
+                        if exc.code == "stale_epoch":
+                            await fired.wait()  # wait for the primary znode to change
+                    await trio.sleep(0.2)  # back off before reconnecting to the same primary
+        finally:
+            self.backups.pop(topic, None)
+
+    async def _replicate(self, topic: str, topic_log: TopicLog, address: str, epoch: int,
+                         info: dict[str, Any]) -> None:
+        conn = await protocol.connect(address)
+        try:
+            while True:
+                await conn.send({"op": "fetch", "id": 0, "topic": topic, "epoch": epoch,
+                                 "offset": topic_log.end, "server": self.name})
+                with trio.fail_after(FETCH_WAIT + 5):
+                    reply = await conn.read()
+                if "error" in reply:
+                    raise RequestError(reply["error"], reply.get("message", ""))
+                if reply.get("epoch") != epoch or reply.get("start") != topic_log.end:
+                    raise RequestError("stale_epoch", "reply from another term")
+                records = [(p, s, bytes(b)) for p, s, b in reply["records"]]
+                topic_log.append(records)
+                info["lag"] = reply["end"] - topic_log.end
+        finally:
+            await conn.aclose()
+
+    # ------------------------------------------------------------ connections
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        conn = protocol.Connection(stream)
+        followers: set[tuple[str, str]] = set()
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    try:
+                        request = await conn.read()
+                    except protocol.ProtocolError as exc:
+                        log.info("broker.bad_frame", code=exc.code, error=str(exc))
+                        with contextlib.suppress(trio.BrokenResourceError, OSError):
+                            await conn.send_raw(protocol.error_frame(exc.code, str(exc)))
+                        break
+                    except (protocol.PeerClosed, OSError, trio.BrokenResourceError):
+                        break
+                    op = request.get("op")
+                    if op == "produce":
+                        nursery.start_soon(_quietly, self._produce, conn, request)
+                    elif op == "fetch":
+                        followers.add((str(request.get("topic")), str(request.get("server"))))
+                        await _quietly(self._fetch, conn, request)
+                    elif op == "subscribe":
+                        nursery.start_soon(_quietly, self._subscribe, conn, request)
+                    else:
+                        await self._reply_error(conn, request, "bad_request",
+                                                f"unknown op {op!r}")
+                nursery.cancel_scope.cancel()
+        except (protocol.PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            for topic, server in followers:
+                state = self.primaries.get(topic)
+                if state is not None:
+                    state.follower_gone(server)
+            await conn.aclose()
+
+    def _primary_for(self, request: dict[str, Any]) -> PrimaryTopic:
+        topic = request.get("topic")
+        if not isinstance(topic, str):
+            raise RequestError("bad_request", "topic must be a string")
+        state = self.primaries.get(topic)
+        if state is None:
+            if topic in self.logs:
+                raise RequestError("not_primary", f"{self.name} is not primary for {topic}")
+            raise RequestError("unknown_topic", f"{self.name} does not serve topic {topic!r}")
+        return state
+
+    async def _reply_error(self, conn: protocol.Connection, request: dict[str, Any],
+                           code: str, message: str) -> None:
+        await conn.send_raw(protocol.error_frame(code, message, request.get("id")))
+
+    async def _produce(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
+        try:
+            state = self._primary_for(request)
+            msgs = request.get("msgs")
+            producer, seq = request.get("producer"), request.get("seq")
+            if not isinstance(msgs, list) or not isinstance(producer, str) or \
+                    not isinstance(seq, int) or not all(isinstance(m, bytes) for m in msgs):
+                raise RequestError("bad_request", "produce needs producer, seq and msgs (bytes)")
+            for m in msgs:
+                if len(m) > protocol.MAX_MESSAGE:
+                    raise RequestError("too_large", f"message of {len(m)} bytes exceeds "
+                                                    f"{protocol.MAX_MESSAGE}")
+            end = await state.produce(producer, seq, msgs)
+        except RequestError as exc:
+            await self._reply_error(conn, request, exc.code, str(exc))
+            return
+        await conn.send({"id": request.get("id"), "ok": True, "end": end})
+
+    async def _fetch(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
+        try:
+            state = self._primary_for(request)
+            reply = await state.fetch(str(request.get("server")), int(request.get("epoch", -1)),
+                                      int(request.get("offset", -1)), FETCH_WAIT)
+        except RequestError as exc:
+            await self._reply_error(conn, request, exc.code, str(exc))
+            return
+        except (TypeError, ValueError):
+            await self._reply_error(conn, request, "bad_request", "bad fetch")
+            return
+        reply["id"] = request.get("id")
+        await conn.send(reply)
+
+    async def _subscribe(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
+        try:
+            state = self._primary_for(request)
+            offset = int(request.get("offset", 0))
+            await conn.send({"id": request.get("id"), "ok": True, "epoch": state.epoch})
+            while True:
+                records = await state.deliverable(offset)
+                await conn.send({"op": "msgs", "id": request.get("id"), "start": offset,
+                                 "records": records})
+                offset += len(records)
+        except RequestError as exc:
+            await self._reply_error(conn, request, exc.code, str(exc))
+
+
+async def _quietly(handler: Any, conn: protocol.Connection, request: dict[str, Any]) -> None:
+    """Run one request handler; a client that went away is not the server's problem."""
+    try:
+        await handler(conn, request)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+async def _cancel_after(waiting: Any, scope: trio.CancelScope) -> None:
+    await waiting
+    scope.cancel()
+
+
+def describe(server: BrokerServer) -> str:
+    return json.dumps(server.status())
