@@ -260,7 +260,7 @@ class Producer:
                                                 "producer": self.producer_id, "seq": seq,
                                                 "msgs": payloads})
             except (OSError, protocol.PeerClosed, trio.BrokenResourceError,
-                    trio.TooSlowError) as exc:
+                    trio.ClosedResourceError, trio.TooSlowError) as exc:
                 self.retries += 1
                 log.info("producer.retry", topic=topic, error=type(exc).__name__)
                 stale = epoch if not isinstance(exc, trio.TooSlowError) else None
@@ -381,7 +381,7 @@ class Subscriber:
                                                       bytes(payload)))
                         offset += 1
             except (protocol.PeerClosed, protocol.ProtocolError, OSError,
-                    trio.BrokenResourceError):
+                    trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             finally:
                 await conn.aclose()
