@@ -40,19 +40,22 @@ class LocalCluster:
     servers: dict[str, BrokerServer] = attrs.field(factory=dict)
     scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
 
-    async def _run(self, component: Any, scope: trio.CancelScope,
+    async def _run(self, component: Any, scope: trio.CancelScope, hosts: str | None = None,
                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         with scope:
-            async with Session(self.hosts, chroot=self.chroot,
+            async with Session(hosts or self.hosts, chroot=self.chroot,
                                session_timeout=self.session_timeout) as session:
                 task_status.started()
                 await component.run(session)
 
-    async def start_server(self, name: str, session: Session, **kwargs: Any) -> BrokerServer:
+    async def start_server(self, name: str, session: Session, *, hosts: str | None = None,
+                           **kwargs: Any) -> BrokerServer:
+        """Start server ``name`` (its own session on ``hosts``, default the cluster's) and
+        return once it is a member of ``nodes/``."""
         server = BrokerServer(name=name, data_dir=self.data_dir, **kwargs)
         self.servers[name] = server
         self.scopes[name] = trio.CancelScope()
-        await self.nursery.start(self._run, server, self.scopes[name])
+        await self.nursery.start(self._run, server, self.scopes[name], hosts)
         await wait_exists(session, f"{BrokerPaths().nodes}/{name}")
         return server
 

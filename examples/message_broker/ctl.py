@@ -51,6 +51,19 @@ async def create_topics(session: Session, names: Sequence[str], *, mode: str = "
     return sorted(created)
 
 
+async def request_shutdown(session: Session, servers: Sequence[str] = (),
+                           paths: BrokerPaths | None = None) -> None:
+    """Create (or set) the ``shutdown`` znode: the named servers (default: all) hand their
+    primaries to their in-sync backups, drain and exit."""
+    paths = paths or BrokerPaths()
+    await session.ensure_path(paths.base)
+    doc = dumps({"servers": list(servers)} if servers else {})
+    try:
+        await session.create(paths.shutdown, doc)
+    except errors.NodeExistsError:
+        await session.set(paths.shutdown, doc)
+
+
 async def wait_placed(session: Session, names: Sequence[str],
                       paths: BrokerPaths | None = None) -> None:
     """Return once every topic in ``names`` has a serving primary (watches, no polling)."""
@@ -170,12 +183,7 @@ def _cmd(args: argparse.Namespace) -> int:
             await session.delete(paths.migration_prohibited, missing_ok=True)
             return "migration allowed"
         if args.command == "shutdown":
-            await session.ensure_path(paths.base)
-            doc = dumps({"servers": args.servers} if args.servers else {})
-            try:
-                await session.create(paths.shutdown, doc)
-            except errors.NodeExistsError:
-                await session.set(paths.shutdown, doc)
+            await request_shutdown(session, args.servers, paths)
             return f"shutdown requested for {', '.join(args.servers) or 'every server'}"
         if args.command == "clear-shutdown":
             await session.delete(paths.shutdown, missing_ok=True)

@@ -59,6 +59,7 @@ class PrimaryTopic:
     synced: set[str] = attrs.field(factory=set)
     closed: bool = False
     handing_over: bool = False
+    closed_at: float | None = None
     deposed: trio.Event = attrs.field(factory=trio.Event)
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _isr_lock: trio.Lock = attrs.field(factory=trio.Lock)
@@ -75,6 +76,8 @@ class PrimaryTopic:
 
     def close(self) -> None:
         """End the term: from now on nothing is acknowledged or delivered."""
+        if not self.closed:
+            self.closed_at = trio.current_time()
         self.closed = True
         self._wake()
 

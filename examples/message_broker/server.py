@@ -72,6 +72,11 @@ class BrokerServer(Worker):
                  address: str = "", data_dir: str | os.PathLike[str] | None = None,
                  port: int | None = None, fsync: str | None = None) -> None:
         super().__init__(app, name=name, address=address)
+        #: the address published to clients and backups (default: where we listen)
+        self.advertise = address or os.environ.get("BROKER_ADVERTISE", "")
+        self.listen_address = ""
+        #: every primary term served: (topic, epoch, started, ended) in trio time
+        self.terms: list[list[Any]] = []
         self.paths = BrokerPaths(self.app)
         root = Path(data_dir or os.environ.get("BROKER_DATA_DIR") or "out/broker")
         self.data_dir = root / self.name
@@ -116,7 +121,8 @@ class BrokerServer(Worker):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
         port = listeners[0].socket.getsockname()[1]
-        self.address = f"127.0.0.1:{port}"
+        self.listen_address = f"127.0.0.1:{port}"
+        self.address = self.advertise or self.listen_address
         group = Group(session, self.paths.nodes)
         async with group.join(self.name, dumps(self.status())) as member:
             log.info("broker.serving", server=self.name, address=self.address)
@@ -265,6 +271,8 @@ class BrokerServer(Worker):
                              self.paths.isr(topic), Isr.decode(data), isr_stat.version)
         state.handing_over = self.stopping
         self.primaries[topic] = state
+        term: list[Any] = [topic, epoch, trio.current_time(), None]
+        self.terms.append(term)
         log.info("broker.primary", topic=topic, server=self.name, epoch=epoch,
                  end=topic_log.end, mode=settings.mode)
         try:
@@ -275,12 +283,17 @@ class BrokerServer(Worker):
                     nursery.start_soon(_cancel_after, state.deposed.wait(),
                                        nursery.cancel_scope)
         except errors.SessionInterrupted as exc:
-            log.warning("broker.primary_lost", topic=topic, server=self.name, reason=exc.reason)
-            await session.wait_connected()
+            interrupted = exc.reason
+        else:
+            interrupted = None
         finally:
-            state.close()
+            state.close()  # first of all: nothing more is acknowledged in this term
+            term[3] = state.closed_at
             self.primaries.pop(topic, None)
-        log.info("broker.primary_ended", topic=topic, server=self.name, epoch=epoch)
+        log.info("broker.primary_ended", topic=topic, server=self.name, epoch=epoch,
+                 reason=interrupted or "node gone")
+        if interrupted:
+            await session.wait_connected()
 
     async def _be_backup(self, session: Session, topic: str, topic_log: TopicLog,
                          primary: dict[str, Any], epoch: int, fired: trio.Event) -> None:

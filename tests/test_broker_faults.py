@@ -1,0 +1,193 @@
+"""Message broker faults in one process against the real ZooKeeper: bad input, a crashed
+backup, a primary frozen behind proxies (ZooKeeper link and client links), graceful shutdown."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import msgpack
+import pytest
+import trio
+
+from examples.message_broker import protocol
+from examples.message_broker.client import BrokerError, Producer
+from examples.message_broker.cluster import LocalCluster, wait_server_gone
+from examples.message_broker.ctl import create_topics, request_shutdown, wait_placed
+from examples.message_broker.layout import BrokerPaths, loads
+from framework import Session
+from framework.testing import TcpProxy
+from framework.zkserver.launcher import free_ports
+from tests.test_broker_failover import Load, check_delivery, wait_full_isr
+
+PATHS = BrokerPaths()
+
+
+async def primary_of(session: Session, topic: str) -> dict[str, str]:
+    return loads((await session.get(PATHS.primary(topic)))[0])
+
+
+async def placement_of(session: Session, topic: str) -> list[str]:
+    return loads((await session.get(PATHS.placement(topic)))[0])["replicas"]
+
+
+async def raw(address: str, data: bytes) -> list[dict[str, object]]:
+    """Send raw bytes, then read frames until the server closes the connection."""
+    conn = await protocol.connect(address)
+    await conn.stream.send_all(data)
+    await conn.stream.send_eof()  # type: ignore[attr-defined]  # half-close: we are done
+    frames = []
+    try:
+        while True:
+            frames.append(await conn.read())
+    except (protocol.PeerClosed, trio.BrokenResourceError):
+        pass
+    await conn.aclose()
+    return frames
+
+
+async def start(nursery: trio.Nursery, session: Session, zk_hosts: str, chroot: str,
+                tmp_path: Path, servers: int = 3, timeout: float = 4.0) -> LocalCluster:
+    cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=timeout)
+    for i in range(1, servers + 1):
+        await cluster.start_server(f"s{i}", session)
+    await cluster.start_controller("c1")
+    return cluster
+
+
+async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await start(nursery, session, zk_hosts, chroot, tmp_path, servers=2)
+            await create_topics(session, ["a"])
+            await wait_placed(session, ["a"])
+            await wait_full_isr(session, ["a"], {"s1", "s2"})
+            address = (await primary_of(session, "a"))["address"]
+            body = msgpack.packb({"op": "produce", "id": 1}, use_bin_type=True)
+            # wrong protocol version
+            frames = await raw(address, struct.pack(">BI", 9, len(body)) + body)
+            assert [f["error"] for f in frames] == ["bad_version"]
+            # frame larger than the maximum
+            frames = await raw(address, struct.pack(">BI", 1, protocol.MAX_FRAME + 1))
+            assert [f["error"] for f in frames] == ["too_large"]
+            # malformed body (0xc1 is never valid msgpack) and a body that is not a map
+            frames = await raw(address, struct.pack(">BI", 1, 3) + b"\xc1\xc1\xc1")
+            assert [f["error"] for f in frames] == ["bad_frame"]
+            frames = await raw(address, struct.pack(">BI", 1, 3) + msgpack.packb([1, 2]))
+            assert [f["error"] for f in frames] == ["bad_frame"]
+            # truncated frame: the server just drops that connection
+            assert await raw(address, struct.pack(">BI", 1, 100) + b"x" * 10) == []
+            # request errors keep the connection open: unknown topic, oversized message
+            conn = await protocol.connect(address)
+            await conn.send({"op": "produce", "id": 1, "topic": "zzz", "producer": "p",
+                             "seq": 0, "msgs": [b"x"]})
+            assert (await conn.read())["error"] == "unknown_topic"
+            await conn.send({"op": "produce", "id": 2, "topic": "a", "producer": "p",
+                             "seq": 0, "msgs": [b"x" * (protocol.MAX_MESSAGE + 1)]})
+            assert (await conn.read())["error"] == "too_large"
+            await conn.send({"op": "nonsense", "id": 3})
+            assert (await conn.read())["error"] == "bad_request"
+            await conn.send({"op": "produce", "id": 4, "topic": "a", "producer": "p",
+                             "seq": 0, "msgs": [b"fine"]})
+            assert (await conn.read()) == {"id": 4, "ok": True, "end": 1}
+            await conn.aclose()
+            async with Producer(session) as producer:
+                with pytest.raises(BrokerError, match="exceeds the maximum"):
+                    await producer.send("a", b"x" * (protocol.MAX_MESSAGE + 1))
+                await producer.send("a", b"still serving")
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", ["refuse", "one_copy"])
+async def test_backup_crash_primary_goes_on_and_a_new_backup_catches_up(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path, mode: str
+) -> None:
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = await start(nursery, session, zk_hosts, chroot, tmp_path)
+            await create_topics(session, ["x"], mode=mode)
+            await wait_placed(session, ["x"])
+            await wait_full_isr(session, ["x"], {"s1", "s2", "s3"})
+            primary = (await primary_of(session, "x"))["server"]
+            backup = next(s for s in await placement_of(session, "x") if s != primary)
+            load = Load(["x"])
+            async with Producer(session) as producer, trio.open_nursery() as sending:
+                sending.start_soon(load.run, producer, "x")
+                await load.until(100)
+                cluster.crash(backup)
+                await wait_server_gone(session, backup)
+                await load.until(load.total + 100)
+                live = {"s1", "s2", "s3"} - {backup}
+                await wait_full_isr(session, ["x"], live)
+                await load.until(load.total + 100)
+                sending.cancel_scope.cancel()
+            assert (await primary_of(session, "x"))["server"] == primary  # it went on
+            await check_delivery(session, load, "checker")
+            nursery.cancel_scope.cancel()
+
+
+async def test_frozen_primary_never_acks_after_the_backup_took_over(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    port = free_ports(1)[0]
+    with TcpProxy(zk_hosts) as zk_link, TcpProxy(("127.0.0.1", port)) as client_link, \
+            trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=2.0)
+            s1 = await cluster.start_server("s1", session, hosts=zk_link.address, port=port,
+                                            address=client_link.address)
+            s2 = await cluster.start_server("s2", session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["f"])
+            await wait_placed(session, ["f"])
+            await wait_full_isr(session, ["f"], {"s1", "s2"})
+            assert (await primary_of(session, "f"))["server"] == "s1"
+            await cluster.start_server("s3", session)
+            load = Load(["f"])
+            async with Producer(session, ack_timeout=1.0) as producer, \
+                    trio.open_nursery() as sending:
+                sending.start_soon(load.run, producer, "f")
+                await load.until(100)
+                zk_link.freeze()
+                client_link.freeze()
+                await load.until(load.total + 100)  # s2 took over and acknowledges
+                assert (await primary_of(session, "f"))["server"] == "s2"
+                client_link.unfreeze()
+                zk_link.unfreeze()
+                await wait_full_isr(session, ["f"], {"s1", "s2", "s3"})
+                sending.cancel_scope.cancel()
+            await check_delivery(session, load, "checker")
+            old = [t for t in s1.terms if t[0] == "f"]
+            new = [t for t in s2.terms if t[0] == "f"]
+            assert old and new and old[0][3] is not None
+            assert old[0][3] <= new[0][2]  # the deposed term ended before the new one began
+            assert new[0][1] > old[0][1]  # a newer epoch
+            nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_hands_primaries_over_and_loses_nothing(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    topics = ["a", "b", "c", "d"]
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = await start(nursery, session, zk_hosts, chroot, tmp_path)
+            await create_topics(session, topics)
+            await wait_placed(session, topics)
+            await wait_full_isr(session, topics, {"s1", "s2", "s3"})
+            load = Load(topics)
+            async with Producer(session) as producer, trio.open_nursery() as sending:
+                for topic in topics:
+                    sending.start_soon(load.run, producer, topic)
+                await load.until(200)
+                assert cluster.servers["s1"].primaries  # it has something to hand over
+                await request_shutdown(session, ["s1"])
+                await wait_server_gone(session, "s1")
+                await load.until(load.total + 200)
+                await wait_full_isr(session, topics, {"s2", "s3"})
+                sending.cancel_scope.cancel()
+            assert not cluster.servers["s1"].primaries
+            await check_delivery(session, load, "checker")
+            nursery.cancel_scope.cancel()
