@@ -1,0 +1,324 @@
+"""``make demo-broker``: the YMB-style broker end to end, with kill -9 of a primary server and
+of the active controller.
+
+1. starts an embedded ZooKeeper (or uses ``$FRAMEWORK_ZK_HOSTS``, in a fresh chroot);
+2. starts 3 broker servers and 2 controllers as separate processes (``framework run``);
+3. creates 100 topics and waits until each has a primary and an in-sync backup;
+4. runs 4 producers and 4 durable subscribers (tasks of this process, each with its own
+   ZooKeeper session and its own TCP links);
+5. kill -9s the server that is primary for the most topics and measures, per topic it led,
+   the time until the next primary serves (its backup, after the dead session expires);
+6. kill -9s the active controller, starts a replacement server, and waits until the standby
+   controller has placed every topic on two in-sync live servers again;
+7. stops the producers, waits for the subscribers to receive everything, and checks:
+   acknowledged-but-never-received = 0 and per-topic order violations = 0 (duplicates are
+   reported: delivery is at-least-once).  Exit status 0 only if every check holds
+   (1 otherwise, 2 for a user mistake, 130 when interrupted).
+
+Output in ``./out/broker-demo/``: ``logs/`` (each process's JSON log), ``data/`` (segment
+files) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from examples.message_broker.client import Producer, Subscriber
+from examples.message_broker.cluster import ROOT, ProcessCluster, primaries, wait_server_gone
+from examples.message_broker.ctl import create_topics, wait_placed
+from examples.message_broker.layout import BrokerPaths, Isr, loads
+from framework import FrameworkError, ZooKeeperEnsemble, configure_logging
+from framework.zk import Session, wait_exists, watch_data
+
+PATHS = BrokerPaths()
+SESSION_TIMEOUT = 2.0
+
+
+class Tally:
+    """What producers had acknowledged and subscribers received."""
+
+    def __init__(self) -> None:
+        self.acked: set[tuple[str, str, int]] = set()
+        self.received: set[tuple[str, str, int]] = set()
+        self.deliveries = 0
+        self.duplicates = 0
+        self.order_violations = 0
+        self.latencies: list[float] = []
+        self._last: dict[tuple[str, str], int] = {}
+        self._seen_ids: set[str] = set()
+        self.changed = trio.Event()
+
+    def on_ack(self, key: tuple[str, str, int]) -> None:
+        self.acked.add(key)
+        self._poke()
+
+    def on_message(self, msg_id: str, key: tuple[str, str, int], sent_at: float) -> None:
+        self.deliveries += 1
+        if msg_id in self._seen_ids or key in self.received:
+            self.duplicates += 1
+            return
+        self._seen_ids.add(msg_id)
+        self.received.add(key)
+        self.latencies.append(time.time() - sent_at)
+        topic, producer, n = key
+        last = self._last.get((topic, producer), -1)
+        if n < last:
+            self.order_violations += 1
+        self._last[(topic, producer)] = max(last, n)
+        self._poke()
+
+    def _poke(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_acked(self, count: int) -> None:
+        while len(self.acked) < count:
+            await self.changed.wait()
+
+    async def wait_all_received(self) -> None:
+        while not self.acked <= self.received:
+            await self.changed.wait()
+
+
+async def produce(hosts: str, chroot: str, name: str, topics: list[str], tally: Tally,
+                  stop: trio.Event) -> int:
+    async with Session(hosts, chroot=chroot, session_timeout=4.0) as session, \
+            Producer(session, producer_id=name) as producer:
+
+        async def one(topic: str) -> None:
+            n = 0
+            while not stop.is_set():
+                payload = json.dumps([name, n, time.time()]).encode() + b" " * 200
+                await producer.send(topic, payload)
+                tally.on_ack((topic, name, n))
+                n += 1
+
+        async with trio.open_nursery() as nursery:
+            for topic in topics:
+                nursery.start_soon(one, topic)
+        return producer.retries
+
+
+async def subscribe(hosts: str, chroot: str, name: str, topics: list[str], tally: Tally,
+                    done: trio.Event) -> None:
+    async with Session(hosts, chroot=chroot, session_timeout=4.0) as session, \
+            Subscriber(session, name, topics) as sub:
+        with trio.CancelScope() as scope:
+            async def stopper() -> None:
+                await done.wait()
+                scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stopper)
+                async for msg in sub:
+                    producer, n, sent_at = json.loads(msg.payload.rstrip(b" "))
+                    tally.on_message(msg.id, (msg.topic, producer, n), sent_at)
+                    sub.ack(msg)
+
+
+async def wait_full_isr(session: Session, topics: list[str], live: set[str]) -> None:
+    async def one(topic: str) -> None:
+        async for snap in watch_data(session, PATHS.isr(topic)):
+            in_sync = set(Isr.decode(snap.data).in_sync)
+            if len(in_sync) == 2 and in_sync <= live:
+                return
+
+    async with trio.open_nursery() as nursery:
+        for topic in topics:
+            nursery.start_soon(one, topic)
+
+
+async def epochs(session: Session, topics: list[str]) -> dict[str, int]:
+    """The current primary epoch (czxid of the primary znode) of each topic."""
+    old: dict[str, int] = {}
+    for topic in topics:
+        stat = await session.exists(PATHS.primary(topic))
+        if stat is not None:
+            old[topic] = stat.czxid
+    return old
+
+
+async def failover_times(session: Session, old: dict[str, int],
+                         killed_at: float) -> list[float]:
+    """Per topic: seconds from the kill until a primary znode of a newer epoch exists."""
+    topics = list(old)
+    times: list[float] = []
+
+    async def one(topic: str) -> None:
+        async for snap in watch_data(session, PATHS.primary(topic)):
+            if snap.exists and snap.stat is not None and snap.stat.czxid != old.get(topic):
+                times.append(time.monotonic() - killed_at)
+                return
+
+    async with trio.open_nursery() as nursery:
+        for topic in topics:
+            nursery.start_soon(one, topic)
+    return times
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
+                   seconds: float) -> dict[str, Any]:
+    topics = [f"topic-{i:03d}" for i in range(topics_count)]
+    cluster = ProcessCluster(hosts, chroot, out / "data", out / "logs",
+                             session_timeout=SESSION_TIMEOUT)
+    summary: dict[str, Any] = {"topics": topics_count}
+    tally = Tally()
+    try:
+        async with Session(hosts, chroot=chroot, session_timeout=4.0) as session:
+            with trio.fail_after(60):
+                for name in ("s1", "s2", "s3"):
+                    cluster.spawn("server", name)
+                cluster.spawn("controller", "c1")
+                for name in ("s1", "s2", "s3"):
+                    await cluster.wait_joined(session, name)
+                await wait_exists(session, PATHS.app.rendezvous)
+                cluster.spawn("controller", "c2")
+                say("3 servers and 2 controllers up; creating topics")
+                await create_topics(session, topics)
+                await wait_placed(session, topics)
+                await wait_full_isr(session, topics, {"s1", "s2", "s3"})
+                say(f"{topics_count} topics placed, each with an in-sync backup")
+            stop, done = trio.Event(), trio.Event()
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(subscribe, hosts, chroot, f"sub{i}", topics[i::4],
+                                       tally, done)
+                retries: list[int] = []
+
+                async def producer_task(i: int) -> None:
+                    retries.append(await produce(hosts, chroot, f"p{i}", topics, tally, stop))
+
+                for i in range(4):
+                    nursery.start_soon(producer_task, i)
+                started = time.monotonic()
+                with trio.fail_after(30):
+                    await tally.wait_acked(3000)
+                say(f"load running: {len(tally.acked)} acknowledged, "
+                    f"{len(tally.received)} received")
+                placed = await primaries(session, topics)
+                victim, led = Counter(placed.values()).most_common(1)[0]
+                victim_topics = [t for t, s in placed.items() if s == victim]
+                say(f"kill -9 {victim} (primary for {led} topics)")
+                old = await epochs(session, victim_topics)
+                killed_at = time.monotonic()
+                cluster.kill9(victim)
+                with trio.fail_after(30):
+                    times = sorted(await failover_times(session, old, killed_at))
+                summary["failover_s"] = {"p50": round(statistics.median(times), 3),
+                                         "max": round(max(times), 3), "topics": len(times)}
+                say(f"{len(times)} topics failed over: p50 {summary['failover_s']['p50']} s, "
+                    f"max {summary['failover_s']['max']} s")
+                live = {"s1", "s2", "s3"} - {victim}
+                with trio.fail_after(30):
+                    await wait_server_gone(session, victim)
+                    await tally.wait_acked(len(tally.acked) + 2000)
+                leader = loads((await session.get(PATHS.app.rendezvous))[0])["name"]
+                say(f"kill -9 the active controller {leader}; replacement server s4 joins")
+                ctl_killed = time.monotonic()
+                cluster.kill9(leader)
+                cluster.spawn("server", "s4")
+                live |= {"s4"}
+                with trio.fail_after(40):
+                    async for snap in watch_data(session, PATHS.app.rendezvous):
+                        if snap.exists and loads(snap.data).get("name") != leader:
+                            break
+                    summary["controller_failover_s"] = round(time.monotonic() - ctl_killed, 3)
+                    say(f"standby controller took over after "
+                        f"{summary['controller_failover_s']} s")
+                    await cluster.wait_joined(session, "s4")
+                    await wait_full_isr(session, topics, live)
+                say("every topic has two in-sync live replicas again")
+                remaining = seconds - (time.monotonic() - started)
+                if remaining > 0:
+                    await trio.sleep(remaining)  # a bounded run: keep the load going
+                stop.set()
+                say("producers stopped; waiting for subscribers to receive everything")
+                with trio.move_on_after(30):
+                    while len(retries) < 4:
+                        await tally.changed.wait()
+                    await tally.wait_all_received()
+                done.set()
+            status = loads((await session.get(f"{PATHS.nodes}/s4"))[0])
+            summary["s4_load"] = status.get("load")
+        lat = sorted(tally.latencies)
+        lost = tally.acked - tally.received
+        summary.update({
+            "acknowledged": len(tally.acked),
+            "received": len(tally.received),
+            "acknowledged_never_received": len(lost),
+            "order_violations": tally.order_violations,
+            "duplicates_delivered": tally.duplicates,
+            "producer_retries": sum(retries),
+            "latency_ms": {"p50": round(lat[len(lat) // 2] * 1000, 1),
+                           "p99": round(lat[int(len(lat) * 0.99)] * 1000, 1)} if lat else None,
+            "killed_server": victim,
+            "killed_controller": leader,
+        })
+        summary["ok"] = (len(lost) == 0 and tally.order_violations == 0
+                         and len(tally.acked) > 0)
+        return summary
+    finally:
+        cluster.stop_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="demo-broker", description=__doc__.split("\n")[0])
+    parser.add_argument("--topics", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=25.0,
+                        help="minimum length of the load phase")
+    parser.add_argument("--out", default=str(ROOT / "out" / "broker-demo"))
+    args = parser.parse_args(argv)
+    if args.topics < 4:
+        print("demo-broker: error: --topics must be at least 4", file=sys.stderr)
+        return 2
+    configure_logging(level="warning")
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    chroot = f"/demo-broker-{uuid.uuid4().hex[:8]}"
+
+    def go(hosts: str) -> dict[str, Any]:
+        return trio.run(run_demo, hosts, chroot, out, args.topics, args.seconds)
+
+    try:
+        import os
+
+        hosts = os.environ.get("FRAMEWORK_ZK_HOSTS")
+        if hosts:
+            summary = go(hosts)
+        else:
+            with ZooKeeperEnsemble(1) as zk:
+                summary = go(zk.connect_string)
+    except KeyboardInterrupt:
+        return 130
+    except FrameworkError as exc:
+        print(f"demo-broker: error: {exc}", file=sys.stderr)
+        return 2
+    except trio.TooSlowError:
+        print(f"demo-broker: FAILED: a phase did not finish in time (logs in {out}/logs)",
+              file=sys.stderr)
+        return 1
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    print("demo-broker:", "OK - every acknowledged message was received, in order"
+          if summary["ok"] else "FAILED - see above", flush=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
