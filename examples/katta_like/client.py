@@ -1,0 +1,222 @@
+"""``SearchClient``: scatter-gather search routed by the nodes' deployment records.
+
+Guarantees:
+
+* The deployment (which node serves which shard, at which address) is read from ZooKeeper
+  through watches and cached: a query costs no ZooKeeper round trip.
+* Every shard's query goes to one serving replica (rotating); when that replica fails,
+  answers 404/503 or is slower than ``shard_timeout``, the next replica is tried.  A shard is
+  reported *missing* only when no replica answered.
+* A result is never silently partial: :attr:`SearchResult.partial` is true and
+  :attr:`SearchResult.missing` names the shards when any shard could not be answered.
+* An alias is resolved once per query, so a query sees one index version, never a mix, even
+  while the alias is switched.
+* Scores are tantivy's per-shard BM25 (the shard's own term statistics).  The shards are a
+  hash partition of one corpus, so statistics are close; the demo measures the ranking
+  overlap against one index over the whole corpus (see docs/katta_like.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, shard_name
+from examples.katta_like.store import check_query
+from framework import errors, get_logger
+from framework.errors import FrameworkError
+from framework.runtime import App
+from framework.zk import Session, watch_children, watch_data
+
+log = get_logger("examples.katta_like.client")
+
+
+class UnknownIndex(FrameworkError):
+    """No such index or alias."""
+
+
+@attrs.frozen
+class Hit:
+    score: float
+    url: str
+    title: str
+    shard: int
+
+
+@attrs.frozen
+class SearchResult:
+    index: str
+    hits: list[Hit]
+    count: int
+    answered: list[int]
+    missing: list[int]
+    retries: int
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self) | {"partial": self.partial}
+
+
+@attrs.define
+class _IndexView:
+    record: IndexRecord | None = None
+    replicas: dict[int, dict[str, str]] = attrs.Factory(dict)  # shard -> node -> address
+    ready: trio.Event = attrs.Factory(trio.Event)
+    loaded: set[int] = attrs.Factory(set)
+
+
+class SearchClient:
+    """Use as ``async with SearchClient.open(session) as client: await client.search(q)``."""
+
+    def __init__(self, session: Session, nursery: trio.Nursery, http: httpx.AsyncClient, *,
+                 app: str = APP_NAME, shard_timeout: float = 1.0) -> None:
+        self.session = session
+        self.paths = KattaPaths(App(app))
+        self.shard_timeout = shard_timeout
+        self._nursery = nursery
+        self._http = http
+        self._views: dict[str, _IndexView] = {}
+        self._aliases: dict[str, str | None] = {}
+        self._alias_ready: dict[str, trio.Event] = {}
+        self._rng = random.Random()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, session: Session, *, app: str = APP_NAME,
+                   shard_timeout: float = 1.0) -> AsyncIterator[SearchClient]:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(limits=limits, timeout=shard_timeout) as http:
+            async with trio.open_nursery() as nursery:
+                yield cls(session, nursery, http, app=app, shard_timeout=shard_timeout)
+                nursery.cancel_scope.cancel()
+
+    # ------------------------------------------------------------ the cached view
+
+    async def resolve(self, name: str) -> str:
+        """The index an alias points to (or ``name`` itself when it is an index)."""
+        if name not in self._alias_ready:
+            self._alias_ready[name] = trio.Event()
+            self._nursery.start_soon(self._watch_alias, name)
+        await self._alias_ready[name].wait()
+        return self._aliases.get(name) or name
+
+    async def _watch_alias(self, name: str) -> None:
+        async for snap in watch_data(self.session, self.paths.alias(name)):
+            target = None
+            if snap.data:
+                try:
+                    target = json.loads(snap.data)["index"]
+                except (ValueError, KeyError, TypeError):
+                    target = None
+            self._aliases[name] = target
+            self._alias_ready[name].set()
+
+    async def view(self, index: str) -> _IndexView:
+        view = self._views.get(index)
+        if view is None:
+            view = self._views[index] = _IndexView()
+            self._nursery.start_soon(self._watch_index, index, view)
+        await view.ready.wait()
+        if view.record is None:
+            raise UnknownIndex(f"no index or alias named {index!r} "
+                               "(see `katta status` for the indexes)")
+        return view
+
+    async def _watch_index(self, index: str, view: _IndexView) -> None:
+        async with trio.open_nursery() as nursery:
+            started: set[int] = set()
+            async for snap in watch_data(self.session, self.paths.index(index)):
+                view.record = IndexRecord.decode(snap.data) if snap.data else None
+                if view.record is None:
+                    view.ready.set()
+                    continue
+                for shard in range(view.record.shards):
+                    if shard not in started:
+                        started.add(shard)
+                        nursery.start_soon(self._watch_shard, index, shard, view)
+                if not view.record.shards:
+                    view.ready.set()
+
+    async def _watch_shard(self, index: str, shard: int, view: _IndexView) -> None:
+        base = self.paths.deployed(index, shard)
+        async for snap in watch_children(self.session, base):
+            replicas: dict[str, str] = {}
+            for node in snap.children:
+                try:
+                    replicas[node] = json.loads((await self.session.get(f"{base}/{node}"))[0])[
+                        "address"]
+                except (errors.NoNodeError, ValueError, KeyError):
+                    continue
+            view.replicas[shard] = replicas
+            view.loaded.add(shard)
+            if view.record is not None and len(view.loaded) >= view.record.shards:
+                view.ready.set()
+
+    async def deployment(self, index: str) -> dict[int, dict[str, str]]:
+        """Shard -> serving node -> address, as currently cached."""
+        return dict((await self.view(await self.resolve(index))).replicas)
+
+    # ------------------------------------------------------------ search
+
+    async def search(self, query: str, *, index: str = "docs", top: int = 10) -> SearchResult:
+        """Search every shard of ``index`` (or the index an alias names) and merge the top K."""
+        check_query(query)
+        if not 1 <= top <= 10_000:
+            raise FrameworkError(f"--top must be 1..10000, not {top}")
+        name = await self.resolve(index)
+        view = await self.view(name)
+        assert view.record is not None
+        answers: dict[int, dict[str, Any]] = {}
+        retries = [0]
+        errors_seen: list[str] = []
+
+        async def one(shard: int) -> None:
+            replicas = list(view.replicas.get(shard, {}).items())
+            self._rng.shuffle(replicas)
+            for attempt, (node, address) in enumerate(replicas):
+                if attempt:
+                    retries[0] += 1
+                try:
+                    with trio.fail_after(self.shard_timeout):
+                        response = await self._http.post(
+                            f"http://{address}/search",
+                            json={"index": name, "shard": shard, "query": query, "top": top})
+                except (httpx.HTTPError, trio.TooSlowError) as exc:
+                    log.debug("katta.replica_failed", node=node, shard=shard, error=repr(exc))
+                    continue
+                if response.status_code == 200:
+                    answers[shard] = response.json()
+                    return
+                if response.status_code == 400:
+                    errors_seen.append(response.json().get("error", "bad request"))
+                    return
+                log.debug("katta.replica_refused", node=node, shard=shard,
+                          status=response.status_code)
+
+        async with trio.open_nursery() as nursery:
+            for shard in range(view.record.shards):
+                nursery.start_soon(one, shard)
+        if errors_seen:
+            raise FrameworkError(errors_seen[0])
+        merged = heapq.nlargest(top, (
+            Hit(score, url, title, shard)
+            for shard, answer in answers.items() for score, url, title in answer["hits"]),
+            key=lambda h: (h.score, h.url))
+        missing = sorted(set(range(view.record.shards)) - set(answers))
+        return SearchResult(name, merged, sum(a["count"] for a in answers.values()),
+                            sorted(answers), missing, retries[0])
+
+
+def describe_shard(shard: int) -> str:
+    return shard_name(shard)

@@ -1,0 +1,346 @@
+"""``katta``: operate a Katta-like deployment (``python -m examples.katta_like.ctl``).
+
+Commands: ``index`` (add an index, built as a job), ``search``, ``status [--json]``,
+``alias`` (point an alias at an index: one atomic set), ``remove``.  Every user mistake ends
+in one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from examples.katta_like.corpus import CorpusSpec
+from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, shard_name
+from framework import errors
+from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
+from framework.errors import FrameworkError
+from framework.runtime import App
+from framework.runtime.app import check_name
+from framework.zk import Session, watch_children, watch_data
+
+# ------------------------------------------------------------------ operations (library)
+
+
+async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) -> None:
+    """Create the index record (state ``building``); the master builds and deploys it."""
+    check_name("index name", record.name)
+    paths = KattaPaths(App(app))
+    await session.ensure_path(paths.indexes)
+    try:
+        await session.create(paths.index(record.name), record.encode())
+    except errors.NodeExistsError:
+        raise FrameworkError(f"index {record.name!r} already exists "
+                             "(remove it first, or deploy a new version under another name "
+                             "and switch an alias)") from None
+
+
+async def read_index(session: Session, name: str, app: str = APP_NAME) -> IndexRecord:
+    try:
+        return IndexRecord.decode((await session.get(KattaPaths(App(app)).index(name)))[0])
+    except errors.NoNodeError:
+        raise FrameworkError(f"no index named {name!r}") from None
+
+
+async def set_alias(session: Session, alias: str, index: str, app: str = APP_NAME) -> None:
+    """Point ``alias`` at ``index`` with one write (clients switch atomically per query)."""
+    check_name("alias", alias)
+    await read_index(session, index, app)
+    path = KattaPaths(App(app)).alias(alias)
+    data = json.dumps({"index": index}).encode()
+    try:
+        await session.create(path, data, makepath=True)
+    except errors.NodeExistsError:
+        await session.set(path, data)
+
+
+async def remove_index(session: Session, name: str, *, purge: bool = False,
+                       app: str = APP_NAME) -> None:
+    """Ask the master to undeploy and delete ``name`` (``purge``: its store files too)."""
+    paths = KattaPaths(App(app))
+    for alias in await _children(session, paths.aliases):
+        try:
+            if json.loads((await session.get(paths.alias(alias)))[0]).get("index") == name:
+                raise FrameworkError(f"alias {alias!r} points at {name!r}: switch it first")
+        except errors.NoNodeError:
+            continue
+    while True:
+        try:
+            data, stat = await session.get(paths.index(name))
+        except errors.NoNodeError:
+            raise FrameworkError(f"no index named {name!r}") from None
+        record = IndexRecord.decode(data).evolve(state="removing", purge=purge)
+        try:
+            await session.set(paths.index(name), record.encode(), version=stat.version)
+            return
+        except errors.BadVersionError:
+            continue
+
+
+async def wait_state(session: Session, name: str, states: Sequence[str],
+                     app: str = APP_NAME) -> IndexRecord | None:
+    """Wait (watch) until the index is in one of ``states``; ``None`` if it is gone."""
+    async for snap in watch_data(session, KattaPaths(App(app)).index(name)):
+        if snap.data is None:
+            if "gone" in states:
+                return None
+            continue
+        record = IndexRecord.decode(snap.data)
+        if record.state in states:
+            return record
+    raise AssertionError("unreachable")
+
+
+async def wait_replicated(session: Session, name: str, replicas: int,
+                          app: str = APP_NAME, *, exclude: set[str] = frozenset()) -> None:
+    """Wait (watches) until every shard of ``name`` has ``replicas`` serving records from
+    nodes not in ``exclude``."""
+    record = await read_index(session, name, app)
+    paths = KattaPaths(App(app))
+    done = [0]
+    finished = trio.Event()
+
+    async def shard(n: int) -> None:
+        counted = False
+        async for snap in watch_children(session, paths.deployed(name, n)):
+            ok = len(set(snap.children) - exclude) >= replicas
+            if ok != counted:
+                counted = ok
+                done[0] += 1 if ok else -1
+                if done[0] == record.shards:
+                    finished.set()
+
+    async with trio.open_nursery() as nursery:
+        for n in range(record.shards):
+            nursery.start_soon(shard, n)
+        await finished.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def _children(session: Session, path: str) -> list[str]:
+    try:
+        return sorted(await session.children(path))
+    except errors.NoNodeError:
+        return []
+
+
+async def gather_status(session: Session, app: str = APP_NAME) -> dict[str, Any]:
+    """Indexes, shards, replicas (planned and serving), nodes, under-replicated shards."""
+    the_app = App(app)
+    paths = KattaPaths(the_app)
+    nodes: dict[str, Any] = {}
+    for name in await _children(session, the_app.workers):
+        try:
+            doc = json.loads((await session.get(f"{the_app.workers}/{name}"))[0])
+        except (errors.NoNodeError, ValueError):
+            continue
+        nodes[name] = {"address": doc.get("address"), "state": doc.get("state"),
+                       "serving": doc.get("health", {}).get("serving", 0)}
+    indexes: dict[str, Any] = {}
+    under: list[str] = []
+    for name in await _children(session, paths.indexes):
+        try:
+            record = IndexRecord.decode((await session.get(paths.index(name)))[0])
+        except (errors.NoNodeError, ValueError, KeyError, TypeError):
+            continue
+        shards = {}
+        for n in range(record.shards):
+            sname = shard_name(n)
+            try:
+                planned = json.loads((await session.get(f"{paths.plan(name)}/{sname}"))[0])
+            except errors.NoNodeError:
+                planned = []
+            serving = await _children(session, paths.deployed(name, n))
+            shards[sname] = {"planned": planned, "serving": serving}
+            if record.state in ("deploying", "deployed") and len(serving) < record.replication:
+                under.append(f"{name}/{sname}")
+        indexes[name] = {"state": record.state, "error": record.error,
+                         "shards": record.shards, "replication": record.replication,
+                         "errors": await _children(session, paths.errors(name)),
+                         "placement": shards}
+    aliases = {}
+    for alias in await _children(session, paths.aliases):
+        try:
+            aliases[alias] = json.loads((await session.get(paths.alias(alias)))[0])["index"]
+        except (errors.NoNodeError, ValueError, KeyError):
+            continue
+    leader = None
+    masters = await _children(session, the_app.masters)
+    if masters:
+        first = min(masters, key=lambda m: m.rsplit("-", 1)[-1])
+        try:
+            leader = json.loads((await session.get(f"{the_app.masters}/{first}"))[0]).get("name")
+        except (errors.NoNodeError, ValueError):
+            leader = None
+    return {"app": app, "leader": leader, "masters": len(masters), "nodes": nodes,
+            "indexes": indexes, "aliases": aliases, "under_replicated": under}
+
+
+def render_status(status: dict[str, Any]) -> str:
+    lines = [f"leader: {status['leader'] or '(none)'}   masters: {status['masters']}",
+             f"nodes ({len(status['nodes'])}):"]
+    for name, node in sorted(status["nodes"].items()):
+        lines.append(f"  {name:24} {node['address'] or '-':22} {node['state']:9} "
+                     f"serving {node['serving']}")
+    for name, index in sorted(status["indexes"].items()):
+        lines.append(f"index {name}: {index['state']} {index['shards']} shards x "
+                     f"{index['replication']} {index['error']}".rstrip())
+        for sname, shard in index["placement"].items():
+            lines.append(f"  shard {sname}: serving {','.join(shard['serving']) or '-'}"
+                         f"   planned {','.join(shard['planned']) or '-'}")
+        if index["errors"]:
+            lines.append(f"  errors: {', '.join(index['errors'])}")
+    for alias, target in sorted(status["aliases"].items()):
+        lines.append(f"alias {alias} -> {target}")
+    lines.append("under-replicated: " + (", ".join(status["under_replicated"]) or "none"))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _session_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zk", help="ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)")
+    parser.add_argument("--chroot", help="ZooKeeper chroot")
+    parser.add_argument("--app", default=APP_NAME, help="application name (default katta)")
+    add_deadline_argument(parser)
+
+
+def _run(args: argparse.Namespace, work: Any) -> Any:
+    return one_shot(zk_hosts_from(args.zk), work, chroot=args.chroot, deadline=args.timeout)
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    if args.warc:
+        corpus = CorpusSpec("warc", warc_dir=args.warc)
+    else:
+        corpus = CorpusSpec("generated", docs=args.docs, seed=args.seed)
+    record = IndexRecord(check_name("index name", args.name), args.shards, args.replication,
+                         os.path.abspath(args.store), corpus)
+
+    async def work(session: Session) -> IndexRecord | None:
+        await add_index(session, record, args.app)
+        if args.wait:
+            return await wait_state(session, record.name, ("deployed", "error"), args.app)
+        return None
+
+    done = _run(args, work)
+    if done is not None and done.state == "error":
+        raise FrameworkError(f"index {record.name!r} failed: {done.error}")
+    print(f"index {record.name!r}: {done.state if done else 'submitted'}")
+    return 0
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from examples.katta_like.client import SearchClient
+
+    async def work(session: Session) -> Any:
+        async with SearchClient.open(session, app=args.app,
+                                     shard_timeout=args.shard_timeout) as client:
+            return await client.search(args.query, index=args.index, top=args.top)
+
+    result = _run(args, work)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        for rank, hit in enumerate(result.hits, 1):
+            print(f"{rank:3}. {hit.score:7.3f}  {hit.url}  {hit.title}")
+        print(f"{result.count} hits in index {result.index}; shards answered "
+              f"{len(result.answered)}/{len(result.answered) + len(result.missing)}")
+    if result.partial:
+        print(f"PARTIAL RESULT: no live replica answered for shards "
+              f"{', '.join(map(str, result.missing))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    status = _run(args, lambda s: gather_status(s, args.app))
+    print(json.dumps(status, indent=2) if args.json else render_status(status))
+    return 0
+
+
+def _cmd_alias(args: argparse.Namespace) -> int:
+    _run(args, lambda s: set_alias(s, args.alias, args.index, args.app))
+    print(f"alias {args.alias} -> {args.index}")
+    return 0
+
+
+def _cmd_remove(args: argparse.Namespace) -> int:
+    async def work(session: Session) -> None:
+        await remove_index(session, args.name, purge=args.purge, app=args.app)
+        if args.wait:
+            await wait_state(session, args.name, ("gone",), args.app)
+
+    _run(args, work)
+    print(f"index {args.name!r}: {'removed' if args.wait else 'removing'}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="katta", description="Katta-like distributed search.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    index = sub.add_parser("index", help="add an index (built as a job, then deployed)")
+    index.add_argument("name")
+    index.add_argument("--shards", type=_positive_int, default=8)
+    index.add_argument("--replication", type=_positive_int, default=2)
+    index.add_argument("--store", default=os.environ.get("KATTA_STORE", "out/katta/store"))
+    index.add_argument("--warc", help="index these WARC files (the crawler's out/warc)")
+    index.add_argument("--docs", type=_positive_int, default=2000, help="generated corpus size")
+    index.add_argument("--seed", type=int, default=11)
+    index.add_argument("--wait", action="store_true", help="wait until deployed")
+    _session_args(index)
+    index.set_defaults(func=_cmd_index)
+    search = sub.add_parser("search", help="search an index or alias")
+    search.add_argument("query")
+    search.add_argument("--index", default="docs")
+    search.add_argument("--top", type=_positive_int, default=10)
+    search.add_argument("--shard-timeout", type=float, default=1.0)
+    search.add_argument("--json", action="store_true")
+    _session_args(search)
+    search.set_defaults(func=_cmd_search)
+    status = sub.add_parser("status", help="indexes, shards, replicas, nodes")
+    status.add_argument("--json", action="store_true")
+    _session_args(status)
+    status.set_defaults(func=_cmd_status)
+    alias = sub.add_parser("alias", help="point ALIAS at INDEX (atomic switch)")
+    alias.add_argument("alias")
+    alias.add_argument("index")
+    _session_args(alias)
+    alias.set_defaults(func=_cmd_alias)
+    remove = sub.add_parser("remove", help="undeploy and delete an index")
+    remove.add_argument("name")
+    remove.add_argument("--purge", action="store_true", help="delete its store files too")
+    remove.add_argument("--wait", action="store_true")
+    _session_args(remove)
+    remove.set_defaults(func=_cmd_remove)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return run_command("katta", args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""``SearchNode``: builds shards (pull mode) and serves its assigned shards over HTTP/JSON.
+
+Run it with ``python -m framework run examples.katta_like.node:SearchNode --app katta``.
+Settings come from the environment: ``KATTA_STORE`` (the shard store, default
+``out/katta/store``) and ``KATTA_DATA`` (this node's local disk, default
+``out/katta/nodes/<name>``).
+
+Guarantees:
+
+* It serves exactly the shards the master assigned to it (``katta/nodes/<me>/``), and only
+  while its ZooKeeper session is trusted: when the session is SUSPENDED past its trust
+  deadline or LOST, every shard is dropped at once - the HTTP endpoint answers 503 for it and
+  the deployment record is withdrawn (or goes with the session) - so clients use another
+  replica.  Once reconnected it follows its assignments again.
+* A shard is announced as serving (ephemeral ``deployed/<shard>/<me>``) only after it was
+  copied to local disk, verified against its manifest checksum and opened.  A corrupt shard
+  is reported under ``errors/`` and never served.
+* Dropping a shard (unassigned, index removed) withdraws the record first, then closes the
+  searcher, then deletes the local files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from examples.katta_like.corpus import documents, shard_of
+from examples.katta_like.layout import (
+    APP_NAME,
+    IndexRecord,
+    KattaPaths,
+    parse_assignment,
+    shard_name,
+)
+from examples.katta_like.store import CorruptShard, ShardSearcher, ShardStore, fetch_shard
+from framework import Worker, errors, get_logger
+from framework.runtime import Task
+from framework.zk import Session, watch_children
+
+log = get_logger("examples.katta_like.node")
+
+
+def default_store() -> Path:
+    return Path(os.environ.get("KATTA_STORE", "out/katta/store"))
+
+
+class SearchNode(Worker):
+    """A Katta search node (see the module docstring for its guarantees)."""
+
+    app_name = APP_NAME
+    concurrency = 1
+    status_interval = 0.5
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paths = KattaPaths(self.app)
+        self.store = ShardStore(default_store())
+        self.data_dir = Path(os.environ.get("KATTA_DATA") or f"out/katta/nodes/{self.name}")
+        self.served: dict[tuple[str, int], ShardSearcher] = {}
+        self.queries = 0
+
+    # ------------------------------------------------------------ index build (pull mode)
+
+    async def handle(self, task: Task) -> Any:
+        """Build one shard: ``{"index", "shard", "shards", "store", "corpus"}``."""
+        payload = task.payload
+        record = IndexRecord.decode(json.dumps(payload["record"]).encode())
+        shard = int(payload["shard"])
+        store = ShardStore(record.store)
+
+        def build() -> dict[str, Any]:
+            docs = (d for d in documents(record.corpus)
+                    if shard_of(d.url, record.shards) == shard)
+            manifest = store.build_shard(record.name, shard, docs)
+            return {"docs": manifest.docs, "checksum": manifest.checksum}
+
+        result = await trio.to_thread.run_sync(build)
+        log.info("shard.built", index=record.name, shard=shard, **result)
+        return result
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "serving": len(self.served), "queries": self.queries}
+
+    # ------------------------------------------------------------ runtime
+
+    async def run(self, session: Session) -> None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        self.address = f"127.0.0.1:{sock.getsockname()[1]}"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = HypercornConfig()
+        config.bind = [f"fd://{sock.detach()}"]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("examples.katta_like.node.hypercorn")
+        config.graceful_timeout = 0.2
+        config.keep_alive_timeout = 60.0
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: hypercorn_serve(
+                self.asgi, config, shutdown_trigger=trio.sleep_forever,  # type: ignore[arg-type]
+                task_status=task_status))
+            log.info("node.http", node=self.name, address=self.address)
+            nursery.start_soon(self._follow_plan, session)
+            await super().run(session)
+            nursery.cancel_scope.cancel()
+
+    async def _follow_plan(self, session: Session) -> None:
+        mine = self.paths.node(self.name)
+        await session.ensure_path(mine)
+        while True:
+            await session.wait_connected()
+            try:
+                async with session.guard(suspended_grace=self.suspended_grace):
+                    async with trio.open_nursery() as nursery:
+                        scopes: dict[str, trio.CancelScope] = {}
+                        async for snap in watch_children(session, mine):
+                            wanted = set(snap.children)
+                            for name in set(scopes) - wanted:
+                                scopes.pop(name).cancel()
+                            for name in sorted(wanted - set(scopes)):
+                                scopes[name] = await nursery.start(self._serve, session, name)
+            except errors.SessionInterrupted as exc:
+                log.warning("node.shards_dropped", node=self.name, reason=exc.reason,
+                            shards=len(self.served))
+                self.served.clear()
+                self.status_changed()
+
+    async def _serve(self, session: Session, assignment: str,
+                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            index, shard = parse_assignment(assignment)
+            try:
+                record = IndexRecord.decode((await session.get(self.paths.index(index)))[0])
+            except errors.NoNodeError:
+                return
+            store = ShardStore(record.store)
+            try:
+                local = await trio.to_thread.run_sync(fetch_shard, store, index, shard,
+                                                      self.data_dir)
+                searcher = await trio.to_thread.run_sync(ShardSearcher, local)
+            except (CorruptShard, OSError, ValueError) as exc:
+                log.error("shard.corrupt", node=self.name, index=index, shard=shard,
+                          error=str(exc))
+                await _put(session, f"{self.paths.errors(index)}/{shard_name(shard)}~{self.name}",
+                           json.dumps({"node": self.name, "error": str(exc)[:2000]}).encode())
+                return
+            deployed = f"{self.paths.deployed(index, shard)}/{self.name}"
+            self.served[(index, shard)] = searcher
+            try:
+                await _announce(session, deployed, json.dumps(
+                    {"address": self.address, "docs": searcher.searcher.num_docs}).encode())
+                self.status_changed()
+                log.info("shard.serving", node=self.name, index=index, shard=shard)
+                await trio.sleep_forever()
+            finally:
+                self.served.pop((index, shard), None)
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    try:
+                        await session.delete(deployed, missing_ok=True)
+                    except errors.ZooKeeperError:
+                        pass  # ephemeral: goes with the session
+                shutil.rmtree(local, ignore_errors=True)
+                self.status_changed()
+                log.info("shard.dropped", node=self.name, index=index, shard=shard)
+
+    # ------------------------------------------------------------ HTTP/JSON
+
+    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """``POST /search`` ``{"index", "shard", "query", "top"}`` -> ``{"count", "hits"}``;
+        ``POST /df`` ``{"index", "shard", "terms": [[field, term]...]}`` -> document
+        frequencies.  404: this node does not serve the shard (now)."""
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        status, answer = self._answer(scope["path"], body)
+        data = json.dumps(answer).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    def _answer(self, path: str, body: bytes) -> tuple[int, Any]:
+        try:
+            request = json.loads(body or b"{}")
+            key = (str(request["index"]), int(request["shard"]))
+        except (ValueError, KeyError, TypeError):
+            return 400, {"error": "bad request"}
+        searcher = self.served.get(key)
+        if searcher is None:
+            return 404, {"error": f"not serving {key[0]}/{key[1]}", "node": self.name}
+        try:
+            if path == "/search":
+                self.queries += 1
+                return 200, searcher.search(str(request["query"]), int(request.get("top", 10)))
+            if path == "/df":
+                return 200, searcher.doc_freqs([tuple(t) for t in request["terms"]])
+        except ValueError as exc:
+            return 400, {"error": f"bad query: {exc}"}
+        return 404, {"error": f"no such endpoint {path}"}
+
+
+async def _announce(session: Session, path: str, data: bytes) -> None:
+    """Create our ephemeral record; replace a leftover of our own previous session."""
+    while True:
+        try:
+            await session.create(path, data, ephemeral=True, makepath=True)
+            return
+        except errors.NodeExistsError:
+            stat = await session.exists(path)
+            if stat is not None and stat.ephemeralOwner == session.session_id:
+                return
+            if stat is not None:
+                await session.delete(path, version=stat.version, missing_ok=True)
+
+
+async def _put(session: Session, path: str, data: bytes) -> None:
+    try:
+        await session.create(path, data, makepath=True)
+    except errors.NodeExistsError:
+        await session.set(path, data)

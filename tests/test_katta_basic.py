@@ -1,0 +1,147 @@
+"""Katta-like search, in one process against the real ZooKeeper: build, deploy, search,
+lifecycle (alias switch, remove), corrupt shard, clear errors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from examples.katta_like.client import SearchClient, UnknownIndex
+from examples.katta_like.corpus import CorpusSpec, documents, sample_queries
+from examples.katta_like.ctl import (
+    add_index,
+    gather_status,
+    remove_index,
+    set_alias,
+    wait_replicated,
+    wait_state,
+)
+from examples.katta_like.layout import IndexRecord
+from examples.katta_like.master import KattaMaster
+from examples.katta_like.node import SearchNode
+from examples.katta_like.store import MANIFEST, ShardSearcher, ShardStore
+from framework import Session
+from framework.errors import ConfigurationError, FrameworkError
+
+TIMEOUT = 30
+
+
+@contextlib.asynccontextmanager
+async def cluster(zk_hosts: str, chroot: str, tmp: Path, nodes: int
+                  ) -> AsyncIterator[trio.Nursery]:
+    """A master and ``nodes`` search nodes, each with its own session, in this process."""
+    async with trio.open_nursery() as nursery:
+
+        async def run(component: object) -> None:
+            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+                await component.run(s)  # type: ignore[attr-defined]
+
+        master = KattaMaster(name="m1")
+        master.stable_for = 0.2
+        master.node_grace = 0.2
+        nursery.start_soon(run, master)
+        for n in range(nodes):
+            node = SearchNode(name=f"n{n}")
+            node.data_dir = tmp / f"node{n}"
+            nursery.start_soon(run, node)
+        yield nursery
+        nursery.cancel_scope.cancel()
+
+
+def record(name: str, tmp: Path, *, docs: int = 300, shards: int = 4, replication: int = 2,
+           seed: int = 11) -> IndexRecord:
+    return IndexRecord(name, shards, replication, str(tmp / "store"),
+                       CorpusSpec(docs=docs, seed=seed))
+
+
+def single_index(spec: CorpusSpec, tmp: Path) -> ShardSearcher:
+    store = ShardStore(tmp / "single")
+    store.build_shard("all", 0, documents(spec))
+    return ShardSearcher(store.shard_path("all", 0))
+
+
+async def test_build_deploy_search_lifecycle(zk_hosts: str, chroot: str, session: Session,
+                                            tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with cluster(zk_hosts, chroot, tmp_path, nodes=3):
+            v1 = record("docs-v1", tmp_path)
+            await add_index(session, v1)
+            done = await wait_state(session, "docs-v1", ("deployed", "error"))
+            assert done is not None and done.state == "deployed", done
+            await wait_replicated(session, "docs-v1", 2)
+            await set_alias(session, "docs", "docs-v1")
+            single = single_index(v1.corpus, tmp_path)
+            async with SearchClient.open(session) as client:
+                for query in sample_queries(v1.corpus, 10):
+                    result = await client.search(query, index="docs", top=10)
+                    assert not result.partial
+                    assert result.count == single.search(query, 10)["count"]
+                # lifecycle: a new version beside the old, then an atomic alias switch
+                v2 = record("docs-v2", tmp_path, docs=200, seed=12)
+                await add_index(session, v2)
+                await wait_state(session, "docs-v2", ("deployed",))
+                await wait_replicated(session, "docs-v2", 2)
+                await set_alias(session, "docs", "docs-v2")
+                query = sample_queries(v2.corpus, 1)[0]
+                single2 = single_index(v2.corpus, tmp_path / "v2")
+                # the client's alias watch catches up: wait on what it resolves, no sleeps
+                while await client.resolve("docs") != "docs-v2":
+                    await trio.lowlevel.checkpoint()
+                result = await client.search(query, index="docs")
+                assert result.index == "docs-v2"
+                assert result.count == single2.search(query, 10)["count"]
+                # remove the old version: nodes drop its shards and local files
+                with pytest.raises(FrameworkError, match="alias 'docs' points at"):
+                    await remove_index(session, "docs-v2")
+                await remove_index(session, "docs-v1", purge=True)
+                assert await wait_state(session, "docs-v1", ("gone",)) is None
+                assert not (tmp_path / "store" / "docs-v1").exists()
+                status = await gather_status(session)
+                assert set(status["indexes"]) == {"docs-v2"}
+                assert not status["under_replicated"]
+                for n in range(3):
+                    assert not (tmp_path / f"node{n}" / "docs-v1").exists() or not any(
+                        (tmp_path / f"node{n}" / "docs-v1").iterdir())
+                with pytest.raises(UnknownIndex, match="no index or alias named 'nope'"):
+                    await client.search("x", index="nope")
+                with pytest.raises(FrameworkError, match="bad query syntax"):
+                    await client.search("foo AND (", index="docs")
+
+
+async def test_corrupt_shard_is_never_served(zk_hosts: str, chroot: str, session: Session,
+                                             tmp_path: Path) -> None:
+    spec = record("bad", tmp_path, shards=2, replication=1)
+    store = ShardStore(spec.store)
+    # publish the shards ourselves, then corrupt shard 1 in the store
+    from examples.katta_like.corpus import shard_of
+    for shard in range(2):
+        store.build_shard("bad", shard, (d for d in documents(spec.corpus)
+                                         if shard_of(d.url, 2) == shard))
+    manifest = json.loads((store.shard_path("bad", 1) / MANIFEST).read_text())
+    victim = store.shard_path("bad", 1) / sorted(manifest["files"])[0]
+    victim.write_bytes(victim.read_bytes() + b"garbage")
+    with trio.fail_after(TIMEOUT):
+        async with cluster(zk_hosts, chroot, tmp_path, nodes=2):
+            await add_index(session, spec)
+            done = await wait_state(session, "bad", ("error",))
+            assert done is not None and "corrupt shards: 00001" in done.error
+            status = await gather_status(session)
+            assert status["indexes"]["bad"]["placement"]["00001"]["serving"] == []
+            assert len(status["indexes"]["bad"]["errors"]) == 2  # both nodes refused it
+            async with SearchClient.open(session) as client:
+                result = await client.search(sample_queries(spec.corpus, 1)[0], index="bad")
+                assert result.partial and result.missing == [1] and result.answered == [0]
+
+
+def test_bad_settings_are_clear() -> None:
+    with pytest.raises(ConfigurationError, match=r"shards must be 1\.\.1000"):
+        IndexRecord("x", 0, 1, "/tmp", CorpusSpec())
+    with pytest.raises(ConfigurationError, match="replication must be"):
+        IndexRecord("x", 1, 0, "/tmp", CorpusSpec())
+    with pytest.raises(ConfigurationError, match="no WARC directory"):
+        CorpusSpec("warc", warc_dir="/nonexistent")
