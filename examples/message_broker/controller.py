@@ -41,13 +41,16 @@ BATCH = 40
 
 
 def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[str], *,
-                   voluntary: bool) -> dict[str, list[str]]:
+                   voluntary: bool, isr: dict[str, Isr] | None = None) -> dict[str, list[str]]:
     """The new placement: every topic on ``REPLICAS`` distinct live servers when possible.
 
     Sticky: a live replica is never removed for a repair.  New replicas go to the least
-    loaded live server (ties by name).  With ``voluntary``, a backup (second replica) on a
-    server holding more than one replica above the average moves to the least loaded one.
+    loaded live server (ties by name).  With ``voluntary``, a topic whose backup sits on a
+    server holding more than one replica above the least loaded one gets a *third* replica
+    there (make before break); a topic with three replicas drops the extra old backup only
+    once ``isr[topic]`` shows the newest replica in sync, never the current primary.
     """
+    isr = isr or {}
     load = {s: 0 for s in live}
     plan: dict[str, list[str]] = {}
     for topic in topics:
@@ -57,6 +60,16 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
             load[s] += 1
     for topic in sorted(topics):
         replicas = plan[topic]
+        if len(replicas) > REPLICAS:  # a move in progress: finish it once the new one is in
+            record = isr.get(topic)
+            newest = replicas[-1]
+            if record is not None and newest in record.in_sync:
+                drop = next((s for s in replicas[:-1]
+                             if s != record.leader and s not in (newest,)), None)
+                if drop is not None:
+                    replicas.remove(drop)
+                    load[drop] -= 1
+            continue
         while len(replicas) < REPLICAS:
             candidates = [s for s in sorted(load, key=lambda s: (load[s], s)) if s not in replicas]
             if not candidates:
@@ -66,13 +79,16 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     if voluntary and live:
         for topic in sorted(topics):
             replicas = plan[topic]
-            if len(replicas) < REPLICAS:
+            if len(replicas) != REPLICAS:
                 continue
-            backup = replicas[-1]
+            leader = isr[topic].leader if topic in isr else replicas[0]
+            movable = [s for s in replicas if s != leader]
+            if not movable:
+                continue
             lightest = min(sorted(load), key=lambda s: load[s])
-            if lightest not in replicas and load[backup] - load[lightest] > 1:
-                replicas[-1] = lightest
-                load[backup] -= 1
+            if lightest not in replicas and load[movable[0]] - load[lightest] > 1:
+                replicas.append(lightest)  # make before break
+                load[movable[0]] -= 1  # counted as gone: it leaves once the new one is in
                 load[lightest] += 1
     return plan
 
@@ -91,7 +107,8 @@ class BrokerController(Master):
         log.info("controller.leading", controller=self.name, token=ctx.term.token)
         placement = await self._read_placement(session, paths)
         changes_send, changes = trio.open_memory_channel[str](100)
-        state: dict[str, Any] = {"live": None, "topics": None, "prohibited": False}
+        state: dict[str, Any] = {"live": None, "topics": None, "prohibited": False,
+                                 "isr": {}, "watching": set()}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_nodes, session, paths, state, changes_send)
             nursery.start_soon(self._watch_topics, session, paths, state, changes_send)
@@ -107,6 +124,11 @@ class BrokerController(Master):
                 if state["live"] is None or state["topics"] is None:
                     continue
                 await self._reconcile(ctx, paths, state, placement)
+                for topic, replicas in placement.items():
+                    if len(replicas) > REPLICAS and topic not in state["watching"]:
+                        state["watching"].add(topic)
+                        nursery.start_soon(self._watch_move, session, paths, topic, state,
+                                           placement, changes_send)
 
     async def _read_placement(self, session: Session, paths: BrokerPaths) -> dict[str, list[str]]:
         placement: dict[str, list[str]] = {}
@@ -117,6 +139,20 @@ class BrokerController(Master):
                 continue
             placement[topic] = list(loads(data).get("replicas", []))
         return placement
+
+    async def _watch_move(self, session: Session, paths: BrokerPaths, topic: str,
+                          state: dict[str, Any], placement: dict[str, list[str]],
+                          send: trio.MemorySendChannel[str]) -> None:
+        """While ``topic`` has an extra replica (a move), follow its in-sync set."""
+        try:
+            async for snap in watch_data(session, paths.isr(topic)):
+                if len(placement.get(topic, [])) <= REPLICAS:
+                    return
+                state["isr"][topic] = Isr.decode(snap.data)
+                await send.send("isr")
+        finally:
+            state["watching"].discard(topic)
+            state["isr"].pop(topic, None)
 
     async def _watch_nodes(self, session: Session, paths: BrokerPaths, state: dict[str, Any],
                            send: trio.MemorySendChannel[str]) -> None:
@@ -143,7 +179,8 @@ class BrokerController(Master):
     async def _reconcile(self, ctx: MasterContext, paths: BrokerPaths, state: dict[str, Any],
                          placement: dict[str, list[str]]) -> None:
         topics = sorted(state["topics"])
-        plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"])
+        plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"],
+                              isr=state["isr"])
         changed = [t for t in topics if plan[t] != placement.get(t)]
         known_dirs: set[str] = set(await ctx.session.children(paths.assign))
         for start in range(0, len(changed), BATCH):

@@ -60,6 +60,7 @@ class PrimaryTopic:
     closed: bool = False
     handing_over: bool = False
     closed_at: float | None = None
+    isr_dirty: bool = False
     deposed: trio.Event = attrs.field(factory=trio.Event)
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _isr_lock: trio.Lock = attrs.field(factory=trio.Lock)
@@ -86,33 +87,35 @@ class PrimaryTopic:
             raise RequestError("not_primary", f"this server is no longer primary for {self.name}")
 
     def _advance(self) -> None:
-        if self.synced:
+        """Move ``hw`` to what every counted backup holds (never while the in-sync set is
+        being rewritten, nor while ZooKeeper's copy of it may miss a server we dropped)."""
+        if self.synced and not self.isr_dirty and not self._isr_lock.locked():
             new = min(self.followers.get(s, 0) for s in self.synced)
             if new > self.hw:
                 self.hw = min(new, self.log.end)
                 self._wake()
 
-    async def _write_isr(self, in_sync: tuple[str, ...]) -> None:
-        """Conditionally replace the in-sync set (fails if a takeover happened meanwhile)."""
-        async with self._isr_lock:
-            self._check_open()
-            if self.isr.in_sync == in_sync:
-                return
-            new = Isr(in_sync, self.server, self.isr.term)
-            try:
-                stat = await self.session.set(self.isr_path, new.encode(),
-                                              version=self.isr_version)
-            except errors.BadVersionError:
-                self.deposed.set()
-                self.close()
-                raise RequestError("not_primary", "a newer primary took over") from None
-            except errors.ZooKeeperError as exc:
-                raise RequestError("no_in_sync_backup",
-                                   f"cannot record the in-sync set: {exc}") from None
-            self._check_open()
-            self.isr, self.isr_version = new, stat.version
-            log.info("broker.isr_changed", topic=self.name, in_sync=list(in_sync),
-                     epoch=self.epoch)
+    async def _set_isr(self, in_sync: tuple[str, ...]) -> None:
+        """Conditionally replace the in-sync set (caller holds the lock).  A takeover
+        meanwhile makes it fail: this term is closed and ``not_primary`` raised."""
+        self._check_open()
+        if self.isr.in_sync == in_sync and not self.isr_dirty:
+            return
+        new = Isr(in_sync, self.server, self.isr.term)
+        try:
+            stat = await self.session.set(self.isr_path, new.encode(), version=self.isr_version)
+        except errors.BadVersionError:
+            self.deposed.set()
+            self.close()
+            raise RequestError("not_primary", "a newer primary took over") from None
+        except errors.ZooKeeperError as exc:
+            self.isr_dirty = True
+            raise RequestError("no_in_sync_backup",
+                               f"cannot record the in-sync set: {exc}") from None
+        self._check_open()
+        self.isr, self.isr_version, self.isr_dirty = new, stat.version, False
+        log.info("broker.isr_changed", topic=self.name, in_sync=list(in_sync),
+                 epoch=self.epoch)
 
     # ------------------------------------------------------------ produce
 
@@ -121,16 +124,20 @@ class PrimaryTopic:
         self._check_open()
         if self.handing_over:
             raise RequestError("not_primary", f"primary for {self.name} is handing over")
-        if not self.synced:
-            if self.mode == "refuse":
-                raise RequestError("no_in_sync_backup",
-                                   f"topic {self.name} has no in-sync backup (mode refuse)")
-            await self._write_isr((self.server,))
-        self.log.append(self.log.new_records(producer, seq, payloads))
-        target = self.log.end
-        if not self.synced and self.isr.in_sync == (self.server,):
-            self.hw = max(self.hw, target)  # one_copy: the primary alone, recorded in ZK
-            self._wake()
+        async with self._isr_lock:
+            self._check_open()
+            if not self.synced:
+                if self.mode == "refuse":
+                    raise RequestError("no_in_sync_backup",
+                                       f"topic {self.name} has no in-sync backup (mode refuse)")
+                # one_copy: ZooKeeper must say "only the primary" before a one-copy ack
+                await self._set_isr((self.server,))
+                self.log.append(self.log.new_records(producer, seq, payloads))
+                self.hw = max(self.hw, self.log.end)
+                self._wake()
+                return self.hw
+            self.log.append(self.log.new_records(producer, seq, payloads))
+            target = self.log.end
         while True:
             self._check_open()
             if self.hw >= target:
@@ -141,7 +148,10 @@ class PrimaryTopic:
 
     async def fetch(self, follower: str, epoch: int, offset: int,
                     wait: float) -> dict[str, Any]:
-        """A backup pulls from ``offset`` (which also acknowledges everything before it)."""
+        """A backup pulls from ``offset`` (which also acknowledges everything before it).
+
+        A backup counts as in sync once it holds everything acknowledged (``offset >= hw``)
+        and ZooKeeper's in-sync set names it; ``hw`` stands still meanwhile."""
         self._check_open()
         if epoch != self.epoch:
             if epoch > self.epoch:
@@ -152,15 +162,16 @@ class PrimaryTopic:
             raise RequestError("stale_epoch", f"epoch {epoch} is not {self.epoch}")
         if offset > self.log.end:
             raise RequestError("bad_request", f"offset {offset} beyond log end {self.log.end}")
-        self.followers[follower] = offset
-        if follower not in self.synced and offset == self.log.end:
-            # caught up: record it in ZooKeeper before it counts (a takeover needs it)
-            in_sync = (self.server, follower)
-            await self._write_isr(in_sync)
-            if self.log.end == offset:
-                self.synced = {follower}
-                log.info("broker.backup_in_sync", topic=self.name, backup=follower,
-                         offset=offset)
+        self.followers[follower] = max(offset, self.followers.get(follower, 0))
+        if (follower not in self.synced and offset >= self.hw) or self.isr_dirty:
+            async with self._isr_lock:
+                if follower not in self.synced and self.followers.get(follower, -1) >= self.hw:
+                    await self._set_isr((self.server, *sorted(self.synced | {follower})))
+                    self.synced.add(follower)
+                    log.info("broker.backup_in_sync", topic=self.name, backup=follower,
+                             offset=offset)
+                elif self.isr_dirty:
+                    await self._set_isr((self.server, *sorted(self.synced)))
         self._advance()
         with trio.move_on_after(wait):
             await self.log.wait_beyond(offset)
@@ -168,13 +179,22 @@ class PrimaryTopic:
         records = self.log.read(offset, 2000)
         return {"start": offset, "records": records, "end": self.log.end, "epoch": self.epoch}
 
-    def follower_gone(self, follower: str) -> None:
-        """The backup's link closed: it no longer advances the high watermark."""
+    async def follower_gone(self, follower: str) -> None:
+        """The backup's link closed: drop it from the in-sync set (in ZooKeeper first: the
+        watermark does not move without it until that write succeeded)."""
         self.followers.pop(follower, None)
-        if follower in self.synced:
+        if follower not in self.synced or self.closed:
+            return
+        log.warning("broker.backup_lost", topic=self.name, backup=follower)
+        async with self._isr_lock:
             self.synced.discard(follower)
-            log.warning("broker.backup_lost", topic=self.name, backup=follower)
+            self.isr_dirty = True
             self._wake()
+            try:
+                await self._set_isr((self.server, *sorted(self.synced)))
+            except RequestError:
+                pass
+        self._advance()
 
     def lag(self) -> int | None:
         if not self.synced:

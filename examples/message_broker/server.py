@@ -374,10 +374,11 @@ class BrokerServer(Worker):
         except (protocol.PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
-            for topic, server in followers:
-                state = self.primaries.get(topic)
-                if state is not None:
-                    state.follower_gone(server)
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                for topic, server in followers:
+                    state = self.primaries.get(topic)
+                    if state is not None:
+                        await state.follower_gone(server)
             await conn.aclose()
 
     def _primary_for(self, request: dict[str, Any]) -> PrimaryTopic:
