@@ -1,0 +1,56 @@
+"""Property test of replicated placement: random join/leave sequences."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from examples.katta_like.placement import plan_replicas
+
+NODES = [f"n{i}" for i in range(7)]
+
+events = st.lists(st.tuples(st.sampled_from(("join", "leave")), st.sampled_from(NODES)),
+                  min_size=1, max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=events, shards=st.integers(1, 12), replication=st.integers(1, 3),
+       max_moves=st.integers(1, 3))
+def test_placement_invariants(events: list[tuple[str, str]], shards: int, replication: int,
+                              max_moves: int) -> None:
+    names = [f"{s:05d}" for s in range(shards)]
+    live: set[str] = {"n0"}
+    plan: dict[str, list[str]] = {}
+    serving: dict[str, set[str]] = {}
+
+    def step() -> None:
+        nonlocal plan, serving
+        before = {s: set(plan.get(s, ())) & serving.get(s, set()) & live for s in names}
+        plan = plan_replicas(names, sorted(live), plan, serving, replication,
+                             max_moves=max_moves)
+        for shard, nodes in plan.items():
+            assert len(set(nodes)) == len(nodes), "replicas on distinct nodes"
+            assert set(nodes) <= live, "only live nodes"
+            assert len(nodes) <= replication + 1, "never more than R+1"
+            assert len(nodes) >= min(replication, len(live)), "never fewer than live allows"
+            # a move never lowers the serving count: what served and is still planned
+            still = set(nodes) & before[shard]
+            assert len(still) >= min(len(before[shard]), replication)
+        # the nodes serve what they are assigned by the next step
+        serving = {s: set(n) for s, n in plan.items()}
+
+    for kind, node in events:
+        if kind == "join":
+            live.add(node)
+        elif len(live) > 1:
+            live.discard(node)
+            serving = {s: n - {node} for s, n in serving.items()}
+        step()
+    for _ in range(4 * shards * replication + 4):  # a stable live set converges
+        step()
+    load = {n: 0 for n in live}
+    for nodes in plan.values():
+        assert len(nodes) == min(replication, len(live))
+        for n in nodes:
+            load[n] += 1
+    assert max(load.values()) - min(load.values()) <= 1, load
