@@ -108,3 +108,42 @@ def test_ctl_user_mistakes_are_one_line(zk_hosts: str, chroot: str,
     assert ctl.main([*base, "status", "--json"]) == 0
     out = capsys.readouterr().out
     assert '"migration_prohibited": true' in out and '"mode": "one_copy"' in out
+
+
+async def test_subscriber_resumes_from_its_committed_position(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["r"])
+            await wait_placed(session, ["r"])
+            async with Producer(session) as producer:
+                for i in range(100):
+                    await producer.send("r", str(i).encode())
+            first: list[int] = []
+            with trio.CancelScope() as crash:
+                async with Subscriber(session, "durable", ["r"], commit_interval=3600) as sub:
+                    async for msg in sub:
+                        first.append(int(msg.payload))
+                        sub.ack(msg)
+                        if len(first) == 40:
+                            await sub.commit()  # a batched commit: one write for 40 acks
+                        if len(first) == 60:
+                            crash.cancel()  # acked 60, committed 40
+                            break
+            committed = await session.get("/apps/broker/topics/r/subscribers/durable")
+            assert b'"offset":40' in committed[0] or b'"offset":60' in committed[0]
+            second: list[int] = []
+            async with Subscriber(session, "durable", ["r"]) as sub:
+                async for msg in sub:
+                    second.append(int(msg.payload))
+                    sub.ack(msg)
+                    if second[-1] == 99:
+                        break
+            assert second[0] in (40, 60) and second == list(range(second[0], 100))
+            assert set(first) | set(second) == set(range(100))
+            nursery.cancel_scope.cancel()
