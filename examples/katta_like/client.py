@@ -11,15 +11,19 @@ Guarantees:
   :attr:`SearchResult.missing` names the shards when any shard could not be answered.
 * An alias is resolved once per query, so a query sees one index version, never a mix, even
   while the alias is switched.
-* Scores are tantivy's per-shard BM25 (the shard's own term statistics).  The shards are a
-  hash partition of one corpus, so statistics are close; the demo measures the ranking
-  overlap against one index over the whole corpus (see docs/katta_like.md).
+* Scores are comparable across shards (``scoring="global"``, the default), the way Katta
+  did it: a first round asks every shard for its term statistics (documents, field lengths,
+  document frequencies of the query's terms), the sums go with the query, and each shard
+  re-scores its best candidates with them (:class:`GlobalStats`).  The statistics of a
+  query are cached per index version (versions never change), so a repeated query costs
+  one round.  ``scoring="local"`` keeps each shard's own BM25 (one round, scores drift).
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import math
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,13 +34,18 @@ import httpx
 import trio
 
 from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, shard_name
-from examples.katta_like.store import check_query
+from examples.katta_like.store import GlobalStats, check_query
 from framework import errors, get_logger
 from framework.errors import FrameworkError
 from framework.runtime import App
 from framework.zk import Session, watch_children, watch_data
 
 log = get_logger("examples.katta_like.client")
+
+#: Seconds a replica that failed is tried last.
+SUSPECT_FOR = 5.0
+#: Global statistics kept per (index, query): an index version never changes.
+STATS_CACHE = 4096
 
 
 class UnknownIndex(FrameworkError):
@@ -80,7 +89,14 @@ class SearchClient:
     """Use as ``async with SearchClient.open(session) as client: await client.search(q)``."""
 
     def __init__(self, session: Session, nursery: trio.Nursery, http: httpx.AsyncClient, *,
-                 app: str = APP_NAME, shard_timeout: float = 1.0) -> None:
+                 app: str = APP_NAME, shard_timeout: float = 1.0,
+                 scoring: str = "global") -> None:
+        if scoring not in ("global", "local"):
+            raise FrameworkError(f"scoring must be 'global' or 'local', not {scoring!r}")
+        if not shard_timeout > 0:
+            raise FrameworkError(f"shard timeout must be positive, not {shard_timeout!r}")
+        self.scoring = scoring
+        self._stats: dict[tuple[str, str], GlobalStats] = {}
         self.session = session
         self.paths = KattaPaths(App(app))
         self.shard_timeout = shard_timeout
@@ -90,15 +106,17 @@ class SearchClient:
         self._aliases: dict[str, str | None] = {}
         self._alias_ready: dict[str, trio.Event] = {}
         self._rng = random.Random()
+        self._suspect: dict[str, float] = {}
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, session: Session, *, app: str = APP_NAME,
-                   shard_timeout: float = 1.0) -> AsyncIterator[SearchClient]:
+    async def open(cls, session: Session, *, app: str = APP_NAME, shard_timeout: float = 1.0,
+                   scoring: str = "global") -> AsyncIterator[SearchClient]:
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         async with httpx.AsyncClient(limits=limits, timeout=shard_timeout) as http:
             async with trio.open_nursery() as nursery:
-                yield cls(session, nursery, http, app=app, shard_timeout=shard_timeout)
+                yield cls(session, nursery, http, app=app, shard_timeout=shard_timeout,
+                          scoring=scoring)
                 nursery.cancel_scope.cancel()
 
     # ------------------------------------------------------------ the cached view
@@ -177,36 +195,26 @@ class SearchClient:
         name = await self.resolve(index)
         view = await self.view(name)
         assert view.record is not None
-        answers: dict[int, dict[str, Any]] = {}
         retries = [0]
         errors_seen: list[str] = []
-
-        async def one(shard: int) -> None:
-            replicas = list(view.replicas.get(shard, {}).items())
-            self._rng.shuffle(replicas)
-            for attempt, (node, address) in enumerate(replicas):
-                if attempt:
-                    retries[0] += 1
-                try:
-                    with trio.fail_after(self.shard_timeout):
-                        response = await self._http.post(
-                            f"http://{address}/search",
-                            json={"index": name, "shard": shard, "query": query, "top": top})
-                except (httpx.HTTPError, trio.TooSlowError) as exc:
-                    log.debug("katta.replica_failed", node=node, shard=shard, error=repr(exc))
-                    continue
-                if response.status_code == 200:
-                    answers[shard] = response.json()
-                    return
-                if response.status_code == 400:
-                    errors_seen.append(response.json().get("error", "bad request"))
-                    return
-                log.debug("katta.replica_refused", node=node, shard=shard,
-                          status=response.status_code)
-
-        async with trio.open_nursery() as nursery:
-            for shard in range(view.record.shards):
-                nursery.start_soon(one, shard)
+        stats: GlobalStats | None = None
+        if self.scoring == "global":
+            key = (name, query)
+            stats = self._stats.get(key)
+            if stats is None:
+                parts = await self._scatter(view, name, "/stats", {"query": query},
+                                            retries, errors_seen)
+                if errors_seen:
+                    raise FrameworkError(errors_seen[0])
+                stats = GlobalStats.merge(list(parts.values()))
+                if len(parts) == view.record.shards:  # an index version never changes
+                    if len(self._stats) >= STATS_CACHE:
+                        self._stats.pop(next(iter(self._stats)))
+                    self._stats[key] = stats
+        body: dict[str, Any] = {"query": query, "top": top}
+        if stats is not None:
+            body["stats"] = stats.to_json()
+        answers = await self._scatter(view, name, "/search", body, retries, errors_seen)
         if errors_seen:
             raise FrameworkError(errors_seen[0])
         merged = heapq.nlargest(top, (
@@ -216,6 +224,48 @@ class SearchClient:
         missing = sorted(set(range(view.record.shards)) - set(answers))
         return SearchResult(name, merged, sum(a["count"] for a in answers.values()),
                             sorted(answers), missing, retries[0])
+
+    async def _scatter(self, view: _IndexView, name: str, endpoint: str,
+                       body: dict[str, Any], retries: list[int], errors_seen: list[str]
+                       ) -> dict[int, dict[str, Any]]:
+        """Send ``body`` to one serving replica of every shard (next replica on failure)."""
+        assert view.record is not None
+        answers: dict[int, dict[str, Any]] = {}
+
+        async def one(shard: int) -> None:
+            replicas = list(view.replicas.get(shard, {}).items())
+            self._rng.shuffle(replicas)
+            # replicas that failed recently go last (a killed node's records stay until its
+            # session expires); suspicion ends after SUSPECT_FOR seconds or a success
+            now = trio.current_time()
+            replicas.sort(key=lambda r: self._suspect.get(r[0], -math.inf) > now - SUSPECT_FOR)
+            for attempt, (node, address) in enumerate(replicas):
+                if attempt:
+                    retries[0] += 1
+                try:
+                    with trio.fail_after(self.shard_timeout):
+                        response = await self._http.post(
+                            f"http://{address}{endpoint}",
+                            json={"index": name, "shard": shard, **body})
+                except (httpx.HTTPError, trio.TooSlowError) as exc:
+                    log.debug("katta.replica_failed", node=node, shard=shard, error=repr(exc))
+                    self._suspect[node] = trio.current_time()
+                    continue
+                if response.status_code == 200:
+                    answers[shard] = response.json()
+                    self._suspect.pop(node, None)
+                    return
+                if response.status_code == 400:
+                    errors_seen.append(response.json().get("error", "bad request"))
+                    return
+                log.debug("katta.replica_refused", node=node, shard=shard,
+                          status=response.status_code)
+                self._suspect[node] = trio.current_time()
+
+        async with trio.open_nursery() as nursery:
+            for shard in range(view.record.shards):
+                nursery.start_soon(one, shard)
+        return answers
 
 
 def describe_shard(shard: int) -> str:

@@ -126,7 +126,8 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                         f"replicas in {summary['build_and_deploy_s']}s; alias docs -> docs-v1")
                 stats = LoadStats()
                 stop = trio.Event()
-                async with SearchClient.open(session, shard_timeout=1.0) as client, \
+                async with SearchClient.open(session, shard_timeout=1.0,
+                                             scoring=args.scoring) as client, \
                         trio.open_nursery() as nursery:
                     nursery.start_soon(run_load, client, queries, expected, stats, stop)
                     await bounded("first queries", 20, _until(lambda: stats.sent >= 50))
@@ -167,7 +168,9 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "queries_sent": stats.sent, "answered": stats.answered, "failed": stats.failed,
         "partial": stats.partial, "hit_count_mismatches": stats.wrong_counts,
         "replica_retries": stats.retries,
+        "scoring": args.scoring,
         "ranking_overlap_at_10": round(stats.overlap, 4),
+        "top10_correct_with_ties": round(stats.correct, 4),
         "latency_p50_ms": round(stats.percentile(0.5) * 1000, 2),
         "latency_p99_ms": round(stats.percentile(0.99) * 1000, 2),
         "under_replicated_at_end": status["under_replicated"],
@@ -179,6 +182,8 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "no partial result": stats.partial == 0,
         "hit counts equal the single index": stats.wrong_counts == 0 and stats.answered > 0,
         "every query answered": stats.answered == stats.sent,
+        "merged top 10 correct vs one index (global scoring)":
+            args.scoring != "global" or stats.correct >= 0.999,
         "fully replicated at the end": not status["under_replicated"],
     }
     summary["checks"] = checks
@@ -199,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--session-timeout", type=float, default=4.0)
+    parser.add_argument("--scoring", choices=("global", "local"), default="global",
+                        help="global term statistics (Katta's way) or each shard's own")
     parser.add_argument("--generated", action="store_true",
                         help="use the generated corpus even when out/warc exists")
     args = parser.parse_args(argv)

@@ -16,16 +16,40 @@ from framework import get_logger
 log = get_logger("examples.katta_like.load")
 
 
+@attrs.frozen
+class Expected:
+    """What one tantivy index over the whole corpus answers to a query."""
+
+    count: int
+    urls: list[str]  # its top K
+    kth_score: float  # the K-th best score (ties at the cut make several top Ks correct)
+    scores: dict[str, float]  # url -> score, for the best 10 * K
+
+    def overlap(self, urls: list[str]) -> float:
+        """Fraction of its top K that ``urls`` (a merged top K) contains."""
+        return len(set(urls) & set(self.urls)) / len(self.urls) if self.urls else 1.0
+
+    def correct(self, urls: list[str]) -> float:
+        """Fraction of ``urls`` that belong in a top K (score at least the K-th, so ties
+        broken another way count as correct)."""
+        if not urls:
+            return 1.0 if not self.urls else 0.0
+        return sum(self.scores.get(u, -1.0) >= self.kth_score - 1e-4 for u in urls) / len(urls)
+
+
 def reference(spec: CorpusSpec, workdir: Path, queries: list[str], top: int
-              ) -> dict[str, tuple[int, list[str]]]:
-    """query -> (hit count, top-k urls) on a single index over the whole corpus."""
+              ) -> dict[str, Expected]:
+    """query -> what a single index over the whole corpus answers."""
     store = ShardStore(workdir / "reference")
     store.build_shard("all", 0, documents(spec))
     searcher = ShardSearcher(store.shard_path("all", 0))
     out = {}
     for q in queries:
-        answer = searcher.search(q, top)
-        out[q] = (answer["count"], [url for _, url, _ in answer["hits"]])
+        answer = searcher.search(q, top * 10)
+        hits = answer["hits"]
+        kth = hits[min(top, len(hits)) - 1][0] if hits else 0.0
+        out[q] = Expected(answer["count"], [u for _, u, _ in hits[:top]], kth,
+                          {u: score for score, u, _ in hits})
     return out
 
 
@@ -38,12 +62,19 @@ class LoadStats:
     wrong_counts: int = 0
     retries: int = 0
     overlap_sum: float = 0.0
+    correct_sum: float = 0.0
     latencies: list[float] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)
 
     @property
     def overlap(self) -> float:
+        """Mean overlap of the merged top K with the single index's top K."""
         return self.overlap_sum / self.answered if self.answered else 0.0
+
+    @property
+    def correct(self) -> float:
+        """Mean fraction of merged hits that belong in the single index's top K (ties)."""
+        return self.correct_sum / self.answered if self.answered else 0.0
 
     def percentile(self, p: float) -> float:
         if not self.latencies:
@@ -53,7 +84,7 @@ class LoadStats:
 
 
 async def run_load(client: SearchClient, queries: list[str],
-                   expected: dict[str, tuple[int, list[str]]], stats: LoadStats,
+                   expected: dict[str, Expected], stats: LoadStats,
                    stop: trio.Event, *, index: str = "docs", top: int = 10,
                    concurrency: int = 2) -> None:
     """Send queries (``concurrency`` at a time) until ``stop`` is set, checking each."""
@@ -79,11 +110,12 @@ async def run_load(client: SearchClient, queries: list[str],
                 log.warning("katta.query_partial", query=query, missing=result.missing)
                 continue
             stats.answered += 1
-            count, urls = expected[query]
-            if result.count != count:
+            want = expected[query]
+            if result.count != want.count:
                 stats.wrong_counts += 1
             got = [h.url for h in result.hits]
-            stats.overlap_sum += (len(set(got) & set(urls)) / len(urls)) if urls else 1.0
+            stats.overlap_sum += want.overlap(got)
+            stats.correct_sum += want.correct(got)
             await trio.lowlevel.checkpoint()
 
     async with trio.open_nursery() as nursery:

@@ -41,7 +41,13 @@ from examples.katta_like.layout import (
     parse_assignment,
     shard_name,
 )
-from examples.katta_like.store import CorruptShard, ShardSearcher, ShardStore, fetch_shard
+from examples.katta_like.store import (
+    CorruptShard,
+    GlobalStats,
+    ShardSearcher,
+    ShardStore,
+    fetch_shard,
+)
 from framework import Worker, errors, get_logger
 from framework.runtime import Task
 from framework.zk import Session, watch_children
@@ -176,9 +182,10 @@ class SearchNode(Worker):
     # ------------------------------------------------------------ HTTP/JSON
 
     async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """``POST /search`` ``{"index", "shard", "query", "top"}`` -> ``{"count", "hits"}``;
-        ``POST /df`` ``{"index", "shard", "terms": [[field, term]...]}`` -> document
-        frequencies.  404: this node does not serve the shard (now)."""
+        """``POST /stats`` ``{"index", "shard", "query"}`` -> the shard's term statistics;
+        ``POST /search`` ``{"index", "shard", "query", "top", "stats"?}`` -> ``{"count",
+        "hits"}`` (scored with the global ``stats`` when given).  404: this node does not
+        serve the shard (now); 400: bad request or query syntax."""
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -214,9 +221,14 @@ class SearchNode(Worker):
         try:
             if path == "/search":
                 self.queries += 1
-                return 200, searcher.search(str(request["query"]), int(request.get("top", 10)))
-            if path == "/df":
-                return 200, searcher.doc_freqs([tuple(t) for t in request["terms"]])
+                stats = request.get("stats")
+                return 200, searcher.search(
+                    str(request["query"]), int(request.get("top", 10)),
+                    GlobalStats(**stats) if stats else None)
+            if path == "/stats":
+                return 200, searcher.stats(str(request["query"]))
+        except (TypeError, KeyError) as exc:
+            return 400, {"error": f"bad request: {exc}"}
         except ValueError as exc:
             return 400, {"error": f"bad query: {exc}"}
         return 404, {"error": f"no such endpoint {path}"}

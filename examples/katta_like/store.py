@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterable
@@ -65,6 +67,46 @@ def check_query(query: str) -> None:
 
 _PARSER = tantivy.Index(schema())  # in RAM, only used to check syntax
 
+#: tantivy's "default" text analyzer (simple tokenizer, tokens over 40 bytes dropped,
+#: lower-cased): used to count field lengths at build time and to find a query's terms.
+ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+            .filter(tantivy.Filter.remove_long(40)).filter(tantivy.Filter.lowercase()).build())
+_FIELD_IDS = {1: "title", 2: "body"}  # schema order: url=0, title=1, body=2
+_OPERATORS = re.compile(r"\b(AND|OR|NOT)\b|\b(url|title|body):")
+
+
+def query_terms(query: str) -> list[tuple[str, str]]:
+    """The ``(field, term)`` pairs a query over the default fields can score (a superset:
+    statistics of a term the query does not use are simply never needed)."""
+    words = ANALYZER.analyze(_OPERATORS.sub(" ", query))
+    return [(f, w) for w in dict.fromkeys(words) for f in DEFAULT_FIELDS]
+
+
+@attrs.frozen
+class GlobalStats:
+    """Term statistics of a whole index (summed over its shards), as Katta gathered them
+    before scoring: total documents, average field lengths, document frequencies."""
+
+    docs: int
+    avgdl: dict[str, float]
+    df: dict[str, int]  # "field:term" -> documents containing it
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def merge(cls, parts: list[dict[str, Any]]) -> GlobalStats:
+        """Sum the ``/stats`` answers of every shard."""
+        docs = sum(int(p["docs"]) for p in parts)
+        tokens: dict[str, int] = {}
+        df: dict[str, int] = {}
+        for p in parts:
+            for f, n in p["tokens"].items():
+                tokens[f] = tokens.get(f, 0) + int(n)
+            for k, n in p["df"].items():
+                df[k] = df.get(k, 0) + int(n)
+        return cls(docs, {f: n / docs if docs else 0.0 for f, n in tokens.items()}, df)
+
 
 @attrs.frozen
 class Manifest:
@@ -73,6 +115,7 @@ class Manifest:
     docs: int
     files: dict[str, str]  # relative name -> sha256
     checksum: str  # sha256 over the sorted (name, sha256) pairs
+    tokens: dict[str, int] = attrs.Factory(dict)  # field -> tokens in the shard (for avgdl)
 
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self), sort_keys=True)
@@ -82,7 +125,7 @@ class Manifest:
         try:
             doc = json.loads((directory / MANIFEST).read_text())
             return cls(doc["index"], int(doc["shard"]), int(doc["docs"]), dict(doc["files"]),
-                       doc["checksum"])
+                       doc["checksum"], dict(doc.get("tokens", {})))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptShard(f"{directory}: unreadable manifest ({exc})") from None
 
@@ -134,9 +177,12 @@ class ShardStore:
             ix = tantivy.Index(schema(), path=str(temp))
             writer = ix.writer(heap_bytes, 1)
             count = 0
+            tokens = {"title": 0, "body": 0}
             for doc in docs:
                 writer.add_document(tantivy.Document(url=doc.url, title=doc.title,
                                                      body=doc.body))
+                tokens["title"] += len(ANALYZER.analyze(doc.title))
+                tokens["body"] += len(ANALYZER.analyze(doc.body))
                 count += 1
             writer.commit()
             writer.wait_merging_threads()
@@ -144,7 +190,7 @@ class ShardStore:
             (temp / ".tantivy-writer.lock").unlink(missing_ok=True)
             (temp / ".tantivy-meta.lock").unlink(missing_ok=True)
             files = _digest_files(temp)
-            manifest = Manifest(index, shard, count, files, _checksum(files))
+            manifest = Manifest(index, shard, count, files, _checksum(files), tokens)
             (temp / MANIFEST).write_text(manifest.to_json())
             _fsync_dir(temp)
             try:
@@ -205,22 +251,69 @@ def fetch_shard(store: ShardStore, index: str, shard: int, local_root: Path) -> 
 class ShardSearcher:
     """An opened shard: answers queries (sync; tantivy searches are sub-millisecond here)."""
 
+    #: With global statistics, this many local candidates per requested hit are re-scored.
+    POOL = 3
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.manifest = Manifest.load(directory)
         self.index = tantivy.Index.open(str(directory))
         self.searcher = self.index.searcher()
 
-    def search(self, query: str, top: int) -> dict[str, Any]:
+    def search(self, query: str, top: int, stats: GlobalStats | None = None) -> dict[str, Any]:
         """``{"count": total hits, "hits": [[score, url, title], ...]}``; ValueError on bad
-        syntax."""
+        syntax.
+
+        Without ``stats`` the scores are this shard's own BM25.  With ``stats`` (the whole
+        index's, see :class:`GlobalStats`) the best ``POOL * top`` local candidates are
+        re-scored with the global document frequencies and field lengths - the score one
+        index over the whole corpus would give (term queries; other clauses keep their
+        local score) - and the best ``top`` of them returned.
+        """
         parsed = self.index.parse_query(query, list(DEFAULT_FIELDS))
-        result = self.searcher.search(parsed, top, count=True)
-        hits = []
+        want = top * self.POOL if stats is not None else top
+        result = self.searcher.search(parsed, want, count=True)
+        scored = []
         for score, address in result.hits:
+            if stats is not None:
+                explanation = json.loads(parsed.explain(self.searcher, address).to_json())
+                score = _rescore(explanation, stats)
+            scored.append((score, address))
+        scored.sort(key=lambda h: -h[0])
+        hits = []
+        for score, address in scored[:top]:
             stored = self.searcher.doc(address).to_dict()
             hits.append([score, stored["url"][0], (stored.get("title") or [""])[0]])
         return {"count": result.count, "hits": hits}
 
-    def doc_freqs(self, terms: list[tuple[str, str]]) -> dict[str, int]:
-        """Document frequency of each ``(field, term)`` in this shard."""
-        return {f"{f}:{t}": self.searcher.doc_freq(f, t) for f, t in terms}
+    def stats(self, query: str) -> dict[str, Any]:
+        """This shard's part of the global statistics for ``query`` (see GlobalStats)."""
+        return {"docs": self.searcher.num_docs, "tokens": self.manifest.tokens,
+                "df": {f"{f}:{t}": self.searcher.doc_freq(f, t) for f, t in query_terms(query)}}
+
+
+def _rescore(node: dict[str, Any], stats: GlobalStats) -> float:
+    """Recompute a tantivy BM25 explanation with global statistics."""
+    description = node.get("description", "")
+    details = node.get("details") or []
+    if description.startswith("TermQuery") and node.get("context"):
+        match = re.search(r'field=(\d+), type=Str, "(.*)"\)', node["context"][0])
+        values = {d["description"]: d for d in details}
+        idf_node = next((d for d in details if d["description"].startswith("idf")), None)
+        tf_node = next((d for d in details if d["description"].startswith("freq /")), None)
+        field = _FIELD_IDS.get(int(match.group(1))) if match else None
+        if match is None or idf_node is None or tf_node is None or field is None:
+            return float(node["value"])
+        n = stats.df.get(f"{field}:{match.group(2)}")
+        if n is None or not stats.docs:
+            return float(node["value"])
+        idf = math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))
+        tf = {d["description"].split(",")[0]: d["value"] for d in tf_node["details"]}
+        avgdl = stats.avgdl.get(field) or tf["avgdl"]
+        freq, k1, b, dl = tf["freq"], tf["k1"], tf["b"], tf["dl"]
+        norm = freq / (freq + k1 * (1 - b + b * dl / avgdl))
+        k1_plus_1 = values.get("(K1+1)", {"value": k1 + 1})["value"]
+        return float(k1_plus_1 * idf * norm)
+    if "sum of" in description and details:
+        return sum(_rescore(d, stats) for d in details)
+    return float(node["value"])
