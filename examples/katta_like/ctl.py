@@ -123,6 +123,45 @@ async def wait_replicated(session: Session, name: str, replicas: int,
         nursery.cancel_scope.cancel()
 
 
+async def wait_balanced(session: Session, name: str, app: str = APP_NAME) -> dict[str, list[str]]:
+    """Wait until the plan of ``name`` is settled: every shard on exactly R nodes, every
+    planned replica serving and nothing else, node loads within one of each other.
+    Read-and-watch of the plan and deployment records (no polling); returns the plan."""
+    record = await read_index(session, name, app)
+    the_app = App(app)
+    paths = KattaPaths(the_app)
+    while True:
+        fired = trio.Event()
+        waker = session.waker(fired)
+        live = set(await session.children(the_app.workers, watch=waker))
+        plan: dict[str, list[str]] = {}
+        serving: dict[str, set[str]] = {}
+        for n in range(record.shards):
+            sname = shard_name(n)
+            try:
+                data, _ = await session.get(f"{paths.plan(name)}/{sname}", watch=waker)
+                plan[sname] = json.loads(data)
+            except errors.NoNodeError:
+                await session.exists(f"{paths.plan(name)}/{sname}", watch=waker)
+                plan[sname] = []
+            try:
+                serving[sname] = set(await session.children(paths.deployed(name, n),
+                                                            watch=waker))
+            except errors.NoNodeError:
+                await session.exists(paths.deployed(name, n), watch=waker)
+                serving[sname] = set()
+        load = {node: 0 for node in live}
+        for nodes in plan.values():
+            for node in nodes:
+                load[node] = load.get(node, 0) + 1
+        want = min(record.replication, len(live))
+        if live and all(len(nodes) == want and set(nodes) == serving[s]
+                        for s, nodes in plan.items()) and (
+                max(load.values()) - min(load.values()) <= 1):
+            return plan
+        await fired.wait()
+
+
 async def _children(session: Session, path: str) -> list[str]:
     try:
         return sorted(await session.children(path))

@@ -1,0 +1,127 @@
+"""Katta-like search under faults, against the real ZooKeeper: kill -9 of a search node
+process under query load, kill -9 of the active master during a rebalance, a node whose
+ZooKeeper connection is frozen (the project's proxy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from examples.katta_like.client import SearchClient
+from examples.katta_like.cluster import Cluster, active_master, wait_new_master
+from examples.katta_like.corpus import CorpusSpec, sample_queries
+from examples.katta_like.ctl import add_index, wait_balanced, wait_replicated, wait_state
+from examples.katta_like.layout import IndexRecord, KattaPaths
+from examples.katta_like.load import LoadStats, reference, run_load
+from examples.katta_like.master import KattaMaster
+from examples.katta_like.node import SearchNode
+from framework import Session
+from framework.runtime import App
+from framework.testing import TcpProxy
+from framework.zk import watch_children
+
+SPEC = CorpusSpec(docs=600, seed=5)
+
+
+async def deploy(session: Session, tmp: Path, shards: int, name: str = "docs") -> None:
+    await add_index(session, IndexRecord(name, shards, 2, str(tmp / "store"), SPEC))
+    record = await wait_state(session, name, ("deployed", "error"))
+    assert record is not None and record.state == "deployed", record
+    await wait_replicated(session, name, 2)
+
+
+def checked(stats: LoadStats) -> None:
+    assert stats.failed == 0, stats.errors
+    assert stats.partial == 0
+    assert stats.wrong_counts == 0
+    assert stats.answered == stats.sent and stats.answered > 0
+
+
+async def test_kill9_node_under_query_load(zk_hosts: str, chroot: str, session: Session,
+                                           tmp_path: Path) -> None:
+    queries = sample_queries(SPEC, 40)
+    expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
+    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
+        cluster.start_master("m1")
+        for n in ("n1", "n2", "n3"):
+            cluster.start_node(n)
+        await deploy(session, tmp_path, shards=4)
+        stats, stop = LoadStats(), trio.Event()
+        async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(run_load, client, queries, expected, stats, stop)
+            cluster.kill9("n2")
+            sent_at_kill = stats.sent
+            await wait_replicated(session, "docs", 2, exclude={"n2"})
+            plan = await wait_balanced(session, "docs")
+            assert all("n2" not in nodes for nodes in plan.values())
+            assert stats.sent > sent_at_kill  # the load ran through the recovery
+            stop.set()
+        checked(stats)
+
+
+async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
+                                                   session: Session, tmp_path: Path) -> None:
+    queries = sample_queries(SPEC, 40)
+    expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
+    paths = KattaPaths(App("katta"))
+    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
+        cluster.start_master("m1")
+        cluster.start_master("m2")
+        cluster.start_node("n1")
+        cluster.start_node("n2")
+        await deploy(session, tmp_path, shards=4)
+        stats, stop = LoadStats(), trio.Event()
+        async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(run_load, client, queries, expected, stats, stop)
+            leader = await active_master(session)
+            await session.ensure_path(paths.node("n3"))
+            cluster.start_node("n3")
+            # the rebalance has begun once n3 is given its first replica: kill -9 then
+            async for snap in watch_children(session, paths.node("n3")):
+                if snap.children:
+                    break
+            cluster.kill9(leader or "m1")
+            successor = await wait_new_master(session, leader)
+            assert successor != leader
+            plan = await wait_balanced(session, "docs")
+            assert sum("n3" in nodes for nodes in plan.values()) >= 2
+            stop.set()
+        checked(stats)
+
+
+async def test_frozen_node_stops_serving_and_is_replaced(
+        zk_hosts: str, chroot: str, session: Session, proxy: TcpProxy, tmp_path: Path) -> None:
+    queries = sample_queries(SPEC, 30)
+    expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
+    frozen = SearchNode(name="nf")
+    frozen.data_dir = tmp_path / "nf"
+
+    async def run(component: object, hosts: str) -> None:
+        async with Session(hosts, chroot=chroot, session_timeout=4.0) as s:
+            await component.run(s)  # type: ignore[attr-defined]
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            master = KattaMaster(name="m1")
+            master.stable_for = master.node_grace = 0.2
+            nursery.start_soon(run, master, zk_hosts)
+            for n in ("n0", "n1"):
+                node = SearchNode(name=n)
+                node.data_dir = tmp_path / n
+                node.store = frozen.store
+                nursery.start_soon(run, node, zk_hosts)
+            nursery.start_soon(run, frozen, proxy.address)
+            await deploy(session, tmp_path, shards=3)
+            assert frozen.served  # 6 replicas over 3 nodes: it serves 2 shards
+            stats, stop = LoadStats(), trio.Event()
+            async with SearchClient.open(session) as client, trio.open_nursery() as load:
+                load.start_soon(run_load, client, queries, expected, stats, stop)
+                proxy.freeze()
+                await wait_replicated(session, "docs", 2, exclude={"nf"})
+                # its session expired on the server, so its guard ended every shard earlier
+                assert not frozen.served
+                stop.set()
+            checked(stats)
+            proxy.unfreeze()
+            nursery.cancel_scope.cancel()
