@@ -29,6 +29,7 @@ import trio
 
 from examples.message_broker import protocol
 from examples.message_broker.layout import BrokerPaths, check_topic, dumps, loads
+from examples.message_broker.watching import wait_watch
 from framework import errors
 from framework.logs import get_logger
 from framework.zk import Session
@@ -86,6 +87,7 @@ class Router:
         session, paths = self.session, self.paths
         while True:
             fired = trio.Event()
+            generation = session.snapshot().generation
             try:
                 data, stat = await session.get(paths.primary(topic), watch=session.waker(fired))
             except errors.NoNodeError:
@@ -93,27 +95,28 @@ class Router:
                     raise UnknownTopicError(topic) from None
                 if await session.exists(paths.primary(topic),
                                         watch=session.waker(fired)) is None:
-                    await fired.wait()
+                    await wait_watch(session, fired, generation)
                 continue
             except (errors.ConnectionLossError, errors.SessionExpiredError):
                 await session.wait_connected()
                 continue
             if stat.czxid == not_epoch:
-                await fired.wait()
+                await wait_watch(session, fired, generation)
                 continue
             address = loads(data).get("address")
             if address:
                 return address, stat.czxid
-            await fired.wait()
+            await wait_watch(session, fired, generation)
 
     async def wait_isr_change(self, topic: str) -> None:
         """Return when the topic's in-sync set changes (a backup caught up)."""
         fired = trio.Event()
+        generation = self.session.snapshot().generation
         try:
             await self.session.get(self.paths.isr(topic), watch=self.session.waker(fired))
         except errors.ZooKeeperError:
             return
-        await fired.wait()
+        await wait_watch(self.session, fired, generation)
 
 
 class _Link:
@@ -178,7 +181,9 @@ class Producer:
         self.session = session
         self.paths = paths or BrokerPaths()
         self.router = Router(session, self.paths)
-        self.producer_id = producer_id or uuid.uuid4().hex[:16]
+        # one id per incarnation: sequence numbers restart at 0 with every Producer, so a
+        # reused id would make the broker drop new messages as retries of old ones
+        self.producer_id = f"{producer_id or 'p'}-{uuid.uuid4().hex[:12]}"
         self.batch_max = batch_max
         self.ack_timeout = ack_timeout
         self.retries = 0

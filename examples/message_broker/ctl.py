@@ -160,7 +160,6 @@ def render(status: dict[str, Any]) -> str:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    configure_logging(level="warning")
     hosts = zk_hosts_from(args.zk)
     paths = BrokerPaths()
 
@@ -233,4 +232,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    configure_logging(level="warning")  # a one-shot command: its own session is noise
     sys.exit(main())

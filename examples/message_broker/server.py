@@ -43,6 +43,7 @@ from examples.message_broker.layout import (
 )
 from examples.message_broker.log import TopicLog
 from examples.message_broker.primary import PrimaryTopic, RequestError
+from examples.message_broker.watching import wait_watch
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Group, Membership
@@ -220,6 +221,7 @@ class BrokerServer(Worker):
         while True:
             fired = trio.Event()
             wake = session.waker(fired)
+            generation = session.snapshot().generation
             try:
                 settings = TopicSettings.decode((await session.get(paths.topic(topic)))[0])
                 stat = await session.exists(paths.primary(topic), watch=wake)
@@ -229,7 +231,7 @@ class BrokerServer(Worker):
                     if self.name in isr.in_sync and not self.stopping:
                         await self._take_over(session, topic, isr, isr_stat.version)
                         continue
-                    await fired.wait()
+                    await wait_watch(session, fired, generation)
                     continue
                 data, stat = await session.get(paths.primary(topic), watch=wake)
             except (errors.ConnectionLossError, errors.SessionExpiredError,
@@ -244,7 +246,7 @@ class BrokerServer(Worker):
                 await self._be_primary(session, topic, topic_log, stat.czxid, settings)
             else:
                 await self._be_backup(session, topic, topic_log, loads(data), stat.czxid,
-                                      fired)
+                                      fired, generation)
 
     async def _take_over(self, session: Session, topic: str, isr: Isr, version: int) -> None:
         new = Isr(isr.in_sync, self.name, isr.term + 1)
@@ -296,10 +298,11 @@ class BrokerServer(Worker):
             await session.wait_connected()
 
     async def _be_backup(self, session: Session, topic: str, topic_log: TopicLog,
-                         primary: dict[str, Any], epoch: int, fired: trio.Event) -> None:
+                         primary: dict[str, Any], epoch: int, fired: trio.Event,
+                         generation: int) -> None:
         address = primary.get("address")
         if not address:
-            await fired.wait()
+            await wait_watch(session, fired, generation)
             return
         topic_log.reset()  # a backup's log is a copy of the primary's, from offset 0
         info: dict[str, Any] = {"primary": primary.get("server"), "epoch": epoch, "lag": None}
@@ -308,7 +311,8 @@ class BrokerServer(Worker):
                  epoch=epoch)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_after, fired.wait(), nursery.cancel_scope)
+                nursery.start_soon(_cancel_after, wait_watch(session, fired, generation),
+                                   nursery.cancel_scope)
                 while True:
                     try:
                         await self._replicate(topic, topic_log, address, epoch, info)
@@ -318,7 +322,7 @@ class BrokerServer(Worker):
                     except RequestError as exc:
                         log.info("broker.replication_refused", topic=topic, code=exc.code)
                         if exc.code == "stale_epoch":
-                            await fired.wait()  # wait for the primary znode to change
+                            await trio.sleep_forever()  # until the primary znode changes
                     await trio.sleep(0.2)  # back off before reconnecting to the same primary
         finally:
             self.backups.pop(topic, None)
