@@ -281,6 +281,9 @@ class Producer:
             if code == "no_in_sync_backup":
                 with trio.move_on_after(self.ack_timeout):
                     await self.router.wait_isr_change(topic)
+            elif code == "shutting_down":  # its backup takes over: wait for the next term
+                with trio.move_on_after(self.ack_timeout):
+                    await self.router.primary(topic, not_epoch=epoch)
             else:
                 # not_primary: that server is starting or has just been deposed; the znode
                 # tells which, so look again after a short back-off

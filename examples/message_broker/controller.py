@@ -123,7 +123,9 @@ class BrokerController(Master):
                             break
                 if state["live"] is None or state["topics"] is None:
                     continue
-                await self._reconcile(ctx, paths, state, placement)
+                for _attempt in range(3):  # a conflict re-reads the placement, then again
+                    if await self._reconcile(ctx, paths, state, placement):
+                        break
                 for topic, replicas in placement.items():
                     if len(replicas) > REPLICAS and topic not in state["watching"]:
                         state["watching"].add(topic)
@@ -177,7 +179,8 @@ class BrokerController(Master):
             await send.send("prohibited")
 
     async def _reconcile(self, ctx: MasterContext, paths: BrokerPaths, state: dict[str, Any],
-                         placement: dict[str, list[str]]) -> None:
+                         placement: dict[str, list[str]]) -> bool:
+        """Drive the written placement towards the plan; False after a conflict."""
         topics = sorted(state["topics"])
         plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"],
                               isr=state["isr"])
@@ -211,7 +214,7 @@ class BrokerController(Master):
                 log.warning("controller.placement_conflict", error=str(exc))
                 placement.clear()
                 placement.update(await self._read_placement(ctx.session, paths))
-                return
+                return False
             for topic in chunk:
                 log.info("controller.placed", topic=topic, replicas=plan[topic],
                          was=placement.get(topic))
@@ -219,3 +222,4 @@ class BrokerController(Master):
         if changed:
             log.info("controller.reconciled", topics=len(topics), changed=len(changed),
                      live=state["live"])
+        return True

@@ -123,7 +123,7 @@ class PrimaryTopic:
         """Append and wait until acknowledged (module doc); returns the log end."""
         self._check_open()
         if self.handing_over:
-            raise RequestError("not_primary", f"primary for {self.name} is handing over")
+            raise RequestError("shutting_down", f"primary for {self.name} is handing over")
         async with self._isr_lock:
             self._check_open()
             if not self.synced:
