@@ -177,7 +177,8 @@ class PrimaryTopic:
             await self.log.wait_beyond(offset)
         self._check_open()
         records = self.log.read(offset, 2000)
-        return {"start": offset, "records": records, "end": self.log.end, "epoch": self.epoch}
+        return {"start": offset, "records": records, "end": self.log.end, "epoch": self.epoch,
+                "in_sync": follower in self.synced}
 
     async def follower_gone(self, follower: str) -> None:
         """The backup's link closed: drop it from the in-sync set (in ZooKeeper first: the

@@ -20,8 +20,10 @@ Requests carry ``op`` and a client-chosen ``id`` echoed in the reply:
   log *and* on the in-sync backup's (or, for a topic in ``one_copy`` mode with no in-sync
   backup, on the primary alone).  Messages whose sequence number the topic already holds are
   not appended again (an idempotent retry).
-* ``fetch`` {topic, epoch, offset, server} -> {ok, start, records, end}: replication (the
-  backup pulls).  Refused with ``stale_epoch`` unless ``epoch`` is the primary's own.
+* ``fetch`` {topic, epoch, offset, server} -> {start, records, end, epoch, in_sync}:
+  replication (the backup pulls; ``offset`` also acknowledges everything before it;
+  ``in_sync`` tells the backup whether the primary counts its copy).  Refused with
+  ``stale_epoch`` unless ``epoch`` is the primary's own.
 * ``subscribe`` {topic, offset} -> a stream of {op: "msgs", start, records} frames with the
   records from ``offset`` up to the high watermark, until an ``error`` frame or the close.
 

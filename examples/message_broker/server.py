@@ -84,6 +84,9 @@ class BrokerServer(Worker):
         self.port = int(port if port is not None else os.environ.get("BROKER_PORT", "0"))
         self.fsync = fsync or os.environ.get("BROKER_FSYNC", "never")
         self.primaries: dict[str, PrimaryTopic] = {}
+        #: topics whose local log holds every acknowledged record (we were primary, or the
+        #: primary counted our copy in sync) - in this process, never from a previous one
+        self.complete: set[str] = set()
         self.backups: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, TopicLog] = {}
         self.stopping = False
@@ -228,7 +231,7 @@ class BrokerServer(Worker):
                 if stat is None:
                     data, isr_stat = await session.get(paths.isr(topic), watch=wake)
                     isr = Isr.decode(data)
-                    if self.name in isr.in_sync and not self.stopping:
+                    if self._may_take_over(topic, isr):
                         await self._take_over(session, topic, isr, isr_stat.version)
                         continue
                     await wait_watch(session, fired, generation)
@@ -247,6 +250,14 @@ class BrokerServer(Worker):
             else:
                 await self._be_backup(session, topic, topic_log, loads(data), stat.czxid,
                                       fired, generation)
+
+    def _may_take_over(self, topic: str, isr: Isr) -> bool:
+        """Only a server named in ``isr`` whose copy *in this process* was counted in sync
+        (or a brand-new topic, term 0): a restarted server reusing a name never takes over
+        with the empty log of its new incarnation."""
+        if self.stopping or self.name not in isr.in_sync:
+            return False
+        return isr.term == 0 or topic in self.complete
 
     async def _take_over(self, session: Session, topic: str, isr: Isr, version: int) -> None:
         new = Isr(isr.in_sync, self.name, isr.term + 1)
@@ -273,6 +284,7 @@ class BrokerServer(Worker):
                              self.paths.isr(topic), Isr.decode(data), isr_stat.version)
         state.handing_over = self.stopping
         self.primaries[topic] = state
+        self.complete.add(topic)
         term: list[Any] = [topic, epoch, trio.current_time(), None]
         self.terms.append(term)
         log.info("broker.primary", topic=topic, server=self.name, epoch=epoch,
@@ -305,6 +317,7 @@ class BrokerServer(Worker):
             await wait_watch(session, fired, generation)
             return
         topic_log.reset()  # a backup's log is a copy of the primary's, from offset 0
+        self.complete.discard(topic)
         info: dict[str, Any] = {"primary": primary.get("server"), "epoch": epoch, "lag": None}
         self.backups[topic] = info
         log.info("broker.backup", topic=topic, server=self.name, primary=info["primary"],
@@ -343,6 +356,8 @@ class BrokerServer(Worker):
                 records = [(p, s, bytes(b)) for p, s, b in reply["records"]]
                 topic_log.append(records)
                 info["lag"] = reply["end"] - topic_log.end
+                if reply.get("in_sync"):
+                    self.complete.add(topic)
         finally:
             await conn.aclose()
 
