@@ -228,43 +228,66 @@ class SearchClient:
     async def _scatter(self, view: _IndexView, name: str, endpoint: str,
                        body: dict[str, Any], retries: list[int], errors_seen: list[str]
                        ) -> dict[int, dict[str, Any]]:
-        """Send ``body`` to one serving replica of every shard (next replica on failure)."""
+        """Send ``body`` for every shard to one serving replica of it, one request per node
+        (Katta's way: a node gets the list of its shards); a shard whose replica failed, was
+        too slow or does not serve it (any more) is sent to its next replica, in rounds,
+        until it answered or no replica is left."""
         assert view.record is not None
         answers: dict[int, dict[str, Any]] = {}
-
-        async def one(shard: int) -> None:
-            replicas = list(view.replicas.get(shard, {}).items())
-            self._rng.shuffle(replicas)
-            # replicas that failed recently go last (a killed node's records stay until its
-            # session expires); suspicion ends after SUSPECT_FOR seconds or a success
+        tried: dict[int, set[str]] = {s: set() for s in range(view.record.shards)}
+        pending = set(tried)
+        first = True
+        while pending and not errors_seen:
             now = trio.current_time()
-            replicas.sort(key=lambda r: self._suspect.get(r[0], -math.inf) > now - SUSPECT_FOR)
-            for attempt, (node, address) in enumerate(replicas):
-                if attempt:
+            batches: dict[str, list[int]] = {}
+            addresses: dict[str, str] = {}
+            for shard in sorted(pending):
+                candidates = [(n, a) for n, a in view.replicas.get(shard, {}).items()
+                              if n not in tried[shard]]
+                if not candidates:
+                    pending.discard(shard)  # no replica left: reported missing
+                    continue
+                self._rng.shuffle(candidates)
+                # healthy first (a killed node's records stay until its session expires),
+                # then nodes already asked in this round (fewer requests)
+                node, address = min(candidates, key=lambda c: (
+                    self._suspect.get(c[0], -math.inf) > now - SUSPECT_FOR,
+                    c[0] not in batches))
+                tried[shard].add(node)
+                batches.setdefault(node, []).append(shard)
+                addresses[node] = address
+                if not first:
                     retries[0] += 1
+            first = False
+
+            async def ask(node: str, address: str, shards: list[int]) -> None:
                 try:
                     with trio.fail_after(self.shard_timeout):
                         response = await self._http.post(
                             f"http://{address}{endpoint}",
-                            json={"index": name, "shard": shard, **body})
+                            json={"index": name, "shards": shards, **body})
                 except (httpx.HTTPError, trio.TooSlowError) as exc:
-                    log.debug("katta.replica_failed", node=node, shard=shard, error=repr(exc))
+                    log.debug("katta.replica_failed", node=node, shards=shards, error=repr(exc))
                     self._suspect[node] = trio.current_time()
-                    continue
-                if response.status_code == 200:
-                    answers[shard] = response.json()
-                    self._suspect.pop(node, None)
                     return
                 if response.status_code == 400:
                     errors_seen.append(response.json().get("error", "bad request"))
                     return
-                log.debug("katta.replica_refused", node=node, shard=shard,
-                          status=response.status_code)
-                self._suspect[node] = trio.current_time()
+                if response.status_code != 200:
+                    self._suspect[node] = trio.current_time()
+                    return
+                for key, answer in response.json()["shards"].items():
+                    if "error" not in answer:
+                        answers[int(key)] = answer
+                        pending.discard(int(key))
+                    else:
+                        log.debug("katta.replica_refused", node=node, shard=key,
+                                  error=answer["error"])
+                self._suspect.pop(node, None)
 
-        async with trio.open_nursery() as nursery:
-            for shard in range(view.record.shards):
-                nursery.start_soon(one, shard)
+            async with trio.open_nursery() as nursery:
+                for node, shards in batches.items():
+                    nursery.start_soon(ask, node, addresses[node], shards)
         return answers
 
 

@@ -182,10 +182,11 @@ class SearchNode(Worker):
     # ------------------------------------------------------------ HTTP/JSON
 
     async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """``POST /stats`` ``{"index", "shard", "query"}`` -> the shard's term statistics;
-        ``POST /search`` ``{"index", "shard", "query", "top", "stats"?}`` -> ``{"count",
-        "hits"}`` (scored with the global ``stats`` when given).  404: this node does not
-        serve the shard (now); 400: bad request or query syntax."""
+        """``POST /stats`` ``{"index", "shards", "query"}`` -> each shard's term statistics;
+        ``POST /search`` ``{"index", "shards", "query", "top", "stats"?}`` -> each shard's
+        ``{"count", "hits"}`` (scored with the global ``stats`` when given), as
+        ``{"shards": {shard: answer}}``; a shard this node does not serve (now) answers
+        ``{"error": ...}``; 400: bad request or query syntax."""
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -212,26 +213,29 @@ class SearchNode(Worker):
     def _answer(self, path: str, body: bytes) -> tuple[int, Any]:
         try:
             request = json.loads(body or b"{}")
-            key = (str(request["index"]), int(request["shard"]))
-        except (ValueError, KeyError, TypeError):
-            return 400, {"error": "bad request"}
-        searcher = self.served.get(key)
-        if searcher is None:
-            return 404, {"error": f"not serving {key[0]}/{key[1]}", "node": self.name}
-        try:
-            if path == "/search":
-                self.queries += 1
-                stats = request.get("stats")
-                return 200, searcher.search(
-                    str(request["query"]), int(request.get("top", 10)),
-                    GlobalStats(**stats) if stats else None)
-            if path == "/stats":
-                return 200, searcher.stats(str(request["query"]))
-        except (TypeError, KeyError) as exc:
+            index = str(request["index"])
+            shards = [int(s) for s in request.get("shards", [])]
+            query = str(request["query"])
+            stats = GlobalStats(**request["stats"]) if request.get("stats") else None
+            top = int(request.get("top", 10))
+        except (ValueError, KeyError, TypeError) as exc:
             return 400, {"error": f"bad request: {exc}"}
+        if path not in ("/search", "/stats"):
+            return 404, {"error": f"no such endpoint {path}"}
+        answers: dict[str, Any] = {}
+        try:
+            for shard in shards:
+                searcher = self.served.get((index, shard))
+                if searcher is None:
+                    answers[str(shard)] = {"error": f"{self.name} does not serve {index}/{shard}"}
+                elif path == "/search":
+                    self.queries += 1
+                    answers[str(shard)] = searcher.search(query, top, stats)
+                else:
+                    answers[str(shard)] = searcher.stats(query)
         except ValueError as exc:
-            return 400, {"error": f"bad query: {exc}"}
-        return 404, {"error": f"no such endpoint {path}"}
+            return 400, {"error": f"bad query syntax: {exc}"}
+        return 200, {"shards": answers}
 
 
 async def _announce(session: Session, path: str, data: bytes) -> None:
