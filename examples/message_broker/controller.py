@@ -56,19 +56,17 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     for topic in topics:
         kept = [s for s in current.get(topic, []) if s in load]
         plan[topic] = kept
+        leaving = _leaving(kept, isr.get(topic))
         for s in kept:
-            load[s] += 1
+            if s != leaving:  # a replica on its way out no longer counts as load
+                load[s] += 1
     for topic in sorted(topics):
         replicas = plan[topic]
         if len(replicas) > REPLICAS:  # a move in progress: finish it once the new one is in
             record = isr.get(topic)
-            newest = replicas[-1]
-            if record is not None and newest in record.in_sync:
-                drop = next((s for s in replicas[:-1]
-                             if s != record.leader and s not in (newest,)), None)
-                if drop is not None:
-                    replicas.remove(drop)
-                    load[drop] -= 1
+            drop = _leaving(replicas, record)
+            if record is not None and replicas[-1] in record.in_sync and drop is not None:
+                replicas.remove(drop)
             continue
         while len(replicas) < REPLICAS:
             candidates = [s for s in sorted(load, key=lambda s: (load[s], s)) if s not in replicas]
@@ -91,6 +89,15 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
                 load[movable[0]] -= 1  # counted as gone: it leaves once the new one is in
                 load[lightest] += 1
     return plan
+
+
+def _leaving(replicas: list[str], record: Isr | None) -> str | None:
+    """During a move (more than ``REPLICAS`` replicas), the one that will leave: the oldest
+    that is neither the primary nor the newest replica."""
+    if len(replicas) <= REPLICAS:
+        return None
+    leader = record.leader if record is not None else replicas[0]
+    return next((s for s in replicas[:-1] if s != leader), None)
 
 
 class BrokerController(Master):

@@ -39,7 +39,7 @@ from examples.message_broker.cluster import ROOT, ProcessCluster, primaries, wai
 from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import BrokerPaths, Isr, loads
 from framework import FrameworkError, ZooKeeperEnsemble, configure_logging
-from framework.zk import Session, wait_exists, watch_data
+from framework.zk import Session, wait_exists, watch_children, watch_data
 
 PATHS = BrokerPaths()
 SESSION_TIMEOUT = 2.0
@@ -139,6 +139,35 @@ async def wait_full_isr(session: Session, topics: list[str], live: set[str]) -> 
             nursery.start_soon(one, topic)
 
 
+async def wait_settled(session: Session, topics: list[str]) -> None:
+    """Return once every topic is placed on exactly two servers, both in sync (any move
+    finished).  Watches the topic's placement and in-sync set, no polling."""
+    async def one(topic: str) -> None:
+        latest: dict[str, Any] = {}
+        changed = trio.Event()
+
+        async def follow(key: str, path: str) -> None:
+            nonlocal changed
+            async for snap in watch_data(session, path):
+                latest[key] = snap.data
+                changed.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow, "placement", PATHS.placement(topic))
+            nursery.start_soon(follow, "isr", PATHS.isr(topic))
+            while True:
+                await changed.wait()
+                changed = trio.Event()
+                replicas = loads(latest.get("placement")).get("replicas", [])
+                in_sync = set(Isr.decode(latest.get("isr")).in_sync)
+                if len(replicas) == 2 and set(replicas) <= in_sync:
+                    nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for topic in topics:
+            nursery.start_soon(one, topic)
+
+
 async def epochs(session: Session, topics: list[str]) -> dict[str, int]:
     """The current primary epoch (czxid of the primary znode) of each topic."""
     old: dict[str, int] = {}
@@ -165,6 +194,14 @@ async def failover_times(session: Session, old: dict[str, int],
         for topic in topics:
             nursery.start_soon(one, topic)
     return times
+
+
+async def count_in_sync(session: Session, topics: list[str], server: str) -> int:
+    count = 0
+    for topic in topics:
+        if server in Isr.decode((await session.get(PATHS.isr(topic)))[0]).in_sync:
+            count += 1
+    return count
 
 
 def say(text: str) -> None:
@@ -242,7 +279,14 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                         f"{summary['controller_failover_s']} s")
                     await cluster.wait_joined(session, "s4")
                     await wait_full_isr(session, topics, live)
-                say("every topic has two in-sync live replicas again")
+                    say("every topic has two in-sync live replicas again")
+                    async for snap in watch_children(session, PATHS.assign_dir("s4")):
+                        if snap.children:  # the new controller gave s4 its first replicas
+                            break
+                    await wait_settled(session, topics)
+                    summary["s4_in_sync_topics"] = await count_in_sync(session, topics, "s4")
+                say(f"moves onto s4 finished (make before break): s4 holds an in-sync copy "
+                    f"of {summary['s4_in_sync_topics']} topics")
                 remaining = seconds - (time.monotonic() - started)
                 if remaining > 0:
                     await trio.sleep(remaining)  # a bounded run: keep the load going
@@ -253,8 +297,6 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                         await tally.changed.wait()
                     await tally.wait_all_received()
                 done.set()
-            status = loads((await session.get(f"{PATHS.nodes}/s4"))[0])
-            summary["s4_load"] = status.get("load")
         lat = sorted(tally.latencies)
         lost = tally.acked - tally.received
         summary.update({
