@@ -85,15 +85,25 @@ class KattaMaster(Master):
             builders: dict[str, trio.CancelScope] = {}
             while True:
                 view.changed = trio.Event()
+                now = trio.current_time()
                 for name, record in list(view.records.items()):
                     if record.state == "building" and name not in builders:
                         builders[name] = await nursery.start(self._build, ctx, paths, record)
                     elif record.state != "building" and name in builders:
                         builders.pop(name).cancel()
                     if record.state in ("deploying", "deployed", "removing"):
-                        await self._place(ctx, paths, view, record)
-                expiries = [t + self.node_grace for n, t in view.lost_at.items()
-                            if n not in view.live]
+                        try:
+                            await self._place(ctx, paths, view, record, now)
+                        except (errors.TransactionFailedError, errors.NoNodeError) as exc:
+                            # the index changed under us (removed, say): its watch kicks
+                            # us again with the new state; a lost fence is LeadershipLost
+                            log.warning("katta.place_failed", index=name, error=str(exc))
+                # a lost node's grace that ended has been acted on: forget it; wake up
+                # when the next one ends (a timer, not polling: nothing else changes then)
+                for node, lost in list(view.lost_at.items()):
+                    if lost + self.node_grace <= now:
+                        del view.lost_at[node]
+                expiries = [t + self.node_grace for t in view.lost_at.values()]
                 with trio.move_on_at(min(expiries, default=math.inf)):
                     await view.changed.wait()
 
@@ -202,9 +212,8 @@ class KattaMaster(Master):
     # ------------------------------------------------------------ placement (push mode)
 
     async def _place(self, ctx: MasterContext, paths: KattaPaths, view: _View,
-                     record: IndexRecord) -> None:
+                     record: IndexRecord, now: float) -> None:
         name = record.name
-        now = trio.current_time()
         grace = {n for n, t in view.lost_at.items() if now < t + self.node_grace}
         live = sorted(view.live | grace)
         shards = [shard_name(s) for s in range(record.shards)]
@@ -224,7 +233,7 @@ class KattaMaster(Master):
             view.plans[name] = target
         if record.state == "removing":
             if not any(serving.get(s) for s in shards):
-                await self._remove(ctx, paths, record)
+                await self._remove(ctx, paths, view, record)
             return
         hopeless = [s for s in shards if not target[s] and excluded.get(s)]
         if hopeless:
@@ -269,7 +278,9 @@ class KattaMaster(Master):
         log.info("katta.plan_written", index=name,
                  moves=sum(len(set(target[s]) ^ set(current.get(s, []))) for s in target))
 
-    async def _remove(self, ctx: MasterContext, paths: KattaPaths, record: IndexRecord) -> None:
+    async def _remove(self, ctx: MasterContext, paths: KattaPaths, view: _View,
+                      record: IndexRecord) -> None:
+        """Delete the index's znodes in one fenced multi (nobody serves it any more)."""
         session = ctx.session
         txn = ctx.term.fenced()
         index = paths.index(record.name)
@@ -284,7 +295,14 @@ class KattaMaster(Master):
         txn.delete(index)
         if record.purge:  # nobody serves it any more; files go before the record does
             await trio.to_thread.run_sync(ShardStore(record.store).remove_index, record.name)
-        await _commit(txn)
+        try:
+            await _commit(txn)
+        except errors.TransactionFailedError as exc:
+            if await session.exists(index) is not None:
+                # something changed under us (a late record): the watches will call again
+                log.warning("katta.remove_retry", index=record.name, error=str(exc))
+                return
+        view.records.pop(record.name, None)  # gone: the index watcher will forget the rest
         log.info("katta.index_removed", index=record.name)
 
 
