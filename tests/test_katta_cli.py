@@ -71,3 +71,29 @@ ShardStore(sys.argv[1]).build_shard("docs", 0, docs())
     # publishing again (a redelivered task) keeps the published shard
     assert store.build_shard("docs", 0, documents(CorpusSpec(docs=10))).docs == 50
     assert json.loads((store.shard_path("docs", 0) / MANIFEST).read_text())["docs"] == 50
+
+
+def test_warc_corpus_from_the_crawler(tmp_path: Path) -> None:
+    """The Fetch Service's WARC output is a corpus: HTML reduced to title and text, one
+    document per URL (a duplicate record from at-least-once crawling is indexed once)."""
+    import datetime as dt
+
+    from examples.fetch_service.fetch import RawResponse
+    from examples.fetch_service.warc import WarcWriter
+    from examples.katta_like.corpus import shard_of
+
+    pages = {f"http://site.test/p{n}": f"<html><title>Page {n}</title><body><p>alpha "
+             f"{'beta ' * n}&amp; gamma</p></body></html>" for n in range(6)}
+    with WarcWriter(tmp_path / "warc") as writer:
+        for url, html in [*pages.items(), ("http://site.test/p1", pages["http://site.test/p1"])]:
+            writer.write(RawResponse(url, 200, "OK", "HTTP/1.1",
+                                     (("Content-Type", "text/html"),), html.encode(),
+                                     dt.datetime.now(dt.UTC)))
+    docs = list(documents(CorpusSpec("warc", warc_dir=str(tmp_path / "warc"))))
+    assert sorted(d.url for d in docs) == sorted(pages)
+    p3 = next(d for d in docs if d.url.endswith("p3"))
+    assert p3.title == "Page 3" and p3.body.startswith("Page 3 alpha beta beta beta & gamma")
+    store = ShardStore(tmp_path / "store")
+    total = sum(store.build_shard("w", s, (d for d in docs if shard_of(d.url, 2) == s)).docs
+                for s in range(2))
+    assert total == len(pages)
