@@ -39,6 +39,7 @@ from examples.katta_like.ctl import (
     add_index,
     gather_status,
     set_alias,
+    wait_balanced,
     wait_replicated,
     wait_state,
 )
@@ -155,10 +156,12 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                     summary["master_failover_s"] = round(time.monotonic() - killed, 2)
                     say(t0, f"{successor} leads after {summary['master_failover_s']}s")
                     await bounded("node-5 serving", 60, wait_serving(session, "node-5"))
-                    await bounded("replication", 60, wait_replicated(
-                        session, "docs-v1", 2, exclude={victim}))
+                    plan = await bounded("rebalance", 60, wait_balanced(session, "docs-v1"))
                     summary["master_kill_to_rebalanced_s"] = round(time.monotonic() - killed, 2)
-                    say(t0, "node-5 serves shards; every shard has 2 serving replicas "
+                    on_new = sum("node-5" in nodes for nodes in plan.values())
+                    summary["replicas_on_new_node"] = on_new
+                    say(t0, f"rebalanced: node-5 serves {on_new} shards, every shard has 2 "
+                            "serving replicas, loads within one "
                             f"({summary['master_kill_to_rebalanced_s']}s after the kill)")
                     await bounded("more queries", 20,
                                   _until(lambda n=stats.sent: stats.sent >= n + 50))
@@ -185,6 +188,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "merged top 10 correct vs one index (global scoring)":
             args.scoring != "global" or stats.correct >= 0.999,
         "fully replicated at the end": not status["under_replicated"],
+        "the new node took a fair share": summary.get("replicas_on_new_node", 0) >= 3,
     }
     summary["checks"] = checks
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
