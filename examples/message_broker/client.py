@@ -13,9 +13,9 @@ twice.  Messages queued while a batch is in flight go out together as the next b
 
 ``Subscriber`` guarantees: at-least-once delivery, in log order per topic, of every
 acknowledged message; ``ack(msg)`` is cumulative per topic; positions are committed to
-ZooKeeper every ``commit_interval`` seconds (and on exit) - one write per topic per interval,
-never per message.  After a crash the subscriber resumes from its last committed position (so
-messages after it are delivered again: dedupe by :attr:`Message.id`).
+ZooKeeper every ``commit_interval`` seconds (and on exit) - one multi per subscriber per
+interval, never a write per message.  After a crash the subscriber resumes from its last
+committed position (so messages after it are delivered again: dedupe by :attr:`Message.id`).
 """
 
 from __future__ import annotations
@@ -344,19 +344,21 @@ class Subscriber:
             self.acked[message.topic] = message.offset + 1
 
     async def commit(self) -> None:
-        """Write acknowledged positions that moved (one ``set`` per such topic)."""
-        async def one(topic: str, offset: int) -> None:
-            try:
-                await self.session.set(self.paths.subscriber(topic, self.name),
-                                       dumps({"offset": offset}))
-                self.committed[topic] = max(self.committed.get(topic, 0), offset)
-            except errors.ZooKeeperError as exc:
-                log.warning("subscriber.commit_failed", topic=topic, error=str(exc))
-
-        async with trio.open_nursery() as nursery:
-            for topic, offset in list(self.acked.items()):
-                if offset > self.committed.get(topic, 0):
-                    nursery.start_soon(one, topic, offset)
+        """Write the acknowledged positions that moved, all topics in one multi (one
+        ZooKeeper write per subscriber per ``commit_interval``, however many messages)."""
+        moved = {t: o for t, o in list(self.acked.items()) if o > self.committed.get(t, 0)}
+        if not moved:
+            return
+        txn = self.session.transaction()
+        for topic, offset in moved.items():
+            txn.set(self.paths.subscriber(topic, self.name), dumps({"offset": offset}))
+        try:
+            await txn.commit()
+        except errors.ZooKeeperError as exc:  # positions are retried at the next interval
+            log.warning("subscriber.commit_failed", subscriber=self.name, error=str(exc))
+            return
+        for topic, offset in moved.items():
+            self.committed[topic] = max(self.committed.get(topic, 0), offset)
 
     async def _committer(self) -> None:
         while True:

@@ -40,6 +40,7 @@ from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import BrokerPaths, Isr, loads
 from framework import FrameworkError, ZooKeeperEnsemble, configure_logging
 from framework.zk import Session, wait_exists, watch_children, watch_data
+from framework.zkserver.launcher import four_letter
 
 PATHS = BrokerPaths()
 SESSION_TIMEOUT = 2.0
@@ -204,6 +205,15 @@ async def count_in_sync(session: Session, topics: list[str], server: str) -> int
     return count
 
 
+def zxid(hosts: str) -> int:
+    """The server's last zxid (every ZooKeeper write - and session event - moves it)."""
+    port = int(hosts.split(",")[0].rsplit(":", 1)[1])
+    for line in four_letter(port, "srvr").splitlines():
+        if line.startswith("Zxid:"):
+            return int(line.split(":")[1].strip(), 16)
+    return 0
+
+
 def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
@@ -243,6 +253,7 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 for i in range(4):
                     nursery.start_soon(producer_task, i)
                 started = time.monotonic()
+                zxid_before, acked_before = zxid(hosts), len(tally.acked)
                 with trio.fail_after(30):
                     await tally.wait_acked(3000)
                 say(f"load running: {len(tally.acked)} acknowledged, "
@@ -291,6 +302,9 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 if remaining > 0:
                     await trio.sleep(remaining)  # a bounded run: keep the load going
                 stop.set()
+                writes = zxid(hosts) - zxid_before
+                summary["zk_writes_per_1000_msgs"] = round(
+                    writes * 1000 / max(len(tally.acked) - acked_before, 1), 1)
                 say("producers stopped; waiting for subscribers to receive everything")
                 with trio.move_on_after(30):
                     while len(retries) < 4:
