@@ -18,7 +18,7 @@ import trio
 
 from examples.katta_like.corpus import CorpusSpec
 from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, shard_name
-from framework import errors
+from framework import configure_logging, errors
 from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
 from framework.errors import FrameworkError
 from framework.runtime import App
@@ -375,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # one-shot commands: their own session's connect/close events are noise
+    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
