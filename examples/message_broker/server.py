@@ -24,7 +24,6 @@ holds the whole log, then leave.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from pathlib import Path
@@ -472,7 +471,3 @@ async def _quietly(handler: Any, conn: protocol.Connection, request: dict[str, A
 async def _cancel_after(waiting: Any, scope: trio.CancelScope) -> None:
     await waiting
     scope.cancel()
-
-
-def describe(server: BrokerServer) -> str:
-    return json.dumps(server.status())
