@@ -127,3 +127,41 @@ async def test_kill9_primary_then_controller_nothing_acked_lost(
             assert sum(dups.values()) == 0  # idempotent producer: retries never duplicate
     finally:
         cluster.stop_all()
+
+
+async def test_kill9_backup_primary_goes_on_and_new_backup_catches_up(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    topics = ["k0", "k1"]
+    cluster = ProcessCluster(zk_hosts, chroot, tmp_path / "data", tmp_path / "logs",
+                             session_timeout=TIMEOUT)
+    paths = BrokerPaths()
+    try:
+        with trio.fail_after(40):
+            for name in ("s1", "s2", "s3"):
+                cluster.spawn("server", name)
+            cluster.spawn("controller", "c1")
+            for name in ("s1", "s2", "s3"):
+                await cluster.wait_joined(session, name)
+            await create_topics(session, topics)
+            await wait_placed(session, topics)
+            await wait_full_isr(session, topics, {"s1", "s2", "s3"})
+            primary = (await primaries(session, ["k0"]))["k0"]
+            replicas = loads((await session.get(paths.placement("k0")))[0])["replicas"]
+            backup = next(s for s in replicas if s != primary)
+            load = Load(topics)
+            async with Producer(session, ack_timeout=3.0) as producer, \
+                    trio.open_nursery() as nursery:
+                for topic in topics:
+                    nursery.start_soon(load.run, producer, topic)
+                await load.until(200)
+                cluster.kill9(backup)
+                await wait_server_gone(session, backup)
+                live = {"s1", "s2", "s3"} - {backup}
+                await wait_full_isr(session, topics, live)  # a new backup caught up
+                await load.until(load.total + 200)
+                nursery.cancel_scope.cancel()
+            assert (await primaries(session, ["k0"]))["k0"] == primary  # it went on
+            await check_delivery(session, load, "checker")
+    finally:
+        cluster.stop_all()
