@@ -2,6 +2,6 @@
 
 import sys
 
-from examples.katta_like.ctl import main
+from examples.katta_like.ctl import cli
 
-sys.exit(main())
+sys.exit(cli())

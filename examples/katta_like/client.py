@@ -62,12 +62,17 @@ class Hit:
 
 @attrs.frozen
 class SearchResult:
+    """A merged answer.  ``count`` sums the answered shards' hit counts; ``missing`` lists
+    the shards no replica answered (then :attr:`partial` is true and ``count`` is short);
+    ``state`` is the index's state when the query ran (``building`` has nothing to serve)."""
+
     index: str
     hits: list[Hit]
     count: int
     answered: list[int]
     missing: list[int]
     retries: int
+    state: str = "deployed"
 
     @property
     def partial(self) -> bool:
@@ -223,7 +228,7 @@ class SearchClient:
             key=lambda h: (h.score, h.url))
         missing = sorted(set(range(view.record.shards)) - set(answers))
         return SearchResult(name, merged, sum(a["count"] for a in answers.values()),
-                            sorted(answers), missing, retries[0])
+                            sorted(answers), missing, retries[0], view.record.state)
 
     async def _scatter(self, view: _IndexView, name: str, endpoint: str,
                        body: dict[str, Any], retries: list[int], errors_seen: list[str]

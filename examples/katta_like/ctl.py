@@ -293,8 +293,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
         print(f"{result.count} hits in index {result.index}; shards answered "
               f"{len(result.answered)}/{len(result.answered) + len(result.missing)}")
     if result.partial:
+        note = "" if result.state == "deployed" else f" (index {result.index} is {result.state})"
         print(f"PARTIAL RESULT: no live replica answered for shards "
-              f"{', '.join(map(str, result.missing))}", file=sys.stderr)
+              f"{', '.join(map(str, result.missing))}{note}", file=sys.stderr)
         return 1
     return 0
 
@@ -375,13 +376,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # one-shot commands: their own session's connect/close events are noise
-    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     return run_command("katta", args.func, args)
 
 
+def cli() -> int:
+    """The program: :func:`main` with logging at warning unless ``FRAMEWORK_LOG_LEVEL`` says
+    otherwise (a one-shot command's own session events are noise).  Logging is configured
+    here, not in :func:`main`, because structlog binds the stream it is configured with."""
+    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
