@@ -97,3 +97,29 @@ def test_warc_corpus_from_the_crawler(tmp_path: Path) -> None:
     total = sum(store.build_shard("w", s, (d for d in docs if shard_of(d.url, 2) == s)).docs
                 for s in range(2))
     assert total == len(pages)
+
+
+def test_global_statistics_give_the_single_index_ranking(tmp_path: Path) -> None:
+    """Scatter-gather with summed statistics ranks like one index over the whole corpus."""
+    from examples.katta_like.corpus import sample_queries, shard_of
+    from examples.katta_like.load import reference
+    from examples.katta_like.store import GlobalStats, ShardSearcher
+
+    spec = CorpusSpec(docs=800, seed=9)
+    docs = list(documents(spec))
+    store = ShardStore(tmp_path / "store")
+    shards = []
+    for s in range(4):
+        store.build_shard("d", s, (d for d in docs if shard_of(d.url, 4) == s))
+        shards.append(ShardSearcher(store.shard_path("d", s)))
+    queries = list(dict.fromkeys(sample_queries(spec, 30)))
+    expected = reference(spec, tmp_path, queries, 10)
+    for query in queries:
+        stats = GlobalStats.merge([sh.stats(query) for sh in shards])
+        answers = [sh.search(query, 10, stats) for sh in shards]
+        merged = sorted((h for a in answers for h in a["hits"]), key=lambda h: -h[0])[:10]
+        want = expected[query]
+        assert sum(a["count"] for a in answers) == want.count
+        assert want.correct([url for _, url, _ in merged]) == 1.0, query
+        if merged:
+            assert abs(merged[0][0] - want.scores[want.urls[0]]) < 1e-4
