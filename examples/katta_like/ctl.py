@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace, work: Any) -> Any:
 
 def _cmd_index(args: argparse.Namespace) -> int:
     if args.warc:
-        corpus = CorpusSpec("warc", warc_dir=args.warc)
+        corpus = CorpusSpec("warc", warc_dir=os.path.abspath(args.warc))
     else:
         corpus = CorpusSpec("generated", docs=args.docs, seed=args.seed)
     record = IndexRecord(check_name("index name", args.name), args.shards, args.replication,
