@@ -188,3 +188,33 @@ async def test_a_burst_of_concurrent_creates_all_complete(session: Session) -> N
     assert len(created) == 500
     assert sorted(await session.children("/burst")) == sorted(c.rsplit("/", 1)[1]
                                                              for c in created)
+
+
+async def test_an_oversized_transaction_is_refused_before_it_costs_the_connection(
+    session: Session,
+) -> None:
+    """Each payload passes alone, but together they exceed what the server takes in one
+    request: the server would drop the connection, interrupting every guarded scope."""
+    await session.create("/tx")
+    generation = session.snapshot().generation
+    with trio.fail_after(20):
+        async with session.guard(suspended_grace=0):
+            with pytest.raises(DataTooLargeError, match="transaction of 2 operations"):
+                await (
+                    session.transaction()
+                    .create("/tx/a", b"a" * 600_000)
+                    .create("/tx/b", b"b" * 600_000)
+                    .commit()
+                )
+            # the refusal cost nothing: the connection stayed up, the guard still holds
+            await session.sync("/tx")
+            assert session.snapshot().generation == generation
+            # and a transaction just inside the limit is really accepted by the server
+            results = await (
+                session.transaction()
+                .create("/tx/a", b"a" * 520_000)
+                .create("/tx/b", b"b" * 520_000)
+                .commit()
+            )
+    assert results == ["/tx/a", "/tx/b"]
+    assert session.snapshot().generation == generation

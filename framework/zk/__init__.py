@@ -1,6 +1,14 @@
 """Layer 1: the trio bridge over kazoo (sessions, requests, watches, protected creates)."""
 
-from framework.zk.paths import MAX_DATA_BYTES, basename, join, parent, validate_data, validate_path
+from framework.zk.paths import (
+    MAX_DATA_BYTES,
+    MAX_REQUEST_BYTES,
+    basename,
+    join,
+    parent,
+    validate_data,
+    validate_path,
+)
 from framework.zk.protected import (
     create_protected,
     delete_guid_nodes,
@@ -22,6 +30,7 @@ from framework.zk.watches import (
 
 __all__ = [
     "MAX_DATA_BYTES",
+    "MAX_REQUEST_BYTES",
     "ChildrenSnapshot",
     "DataSnapshot",
     "Session",

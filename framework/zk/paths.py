@@ -10,6 +10,9 @@ from framework.errors import DataTooLargeError, InvalidPathError
 #: ZooKeeper's default ``jute.maxbuffer`` is 0xfffff bytes for a whole packet; leave room for
 #: the path and the packet header so a payload that passes here is accepted by the server.
 MAX_DATA_BYTES = 0xFFFFF - 8 * 1024
+#: Largest request we send (the server's jute.maxbuffer, 0xFFFFF, less a safety margin):
+#: a multi's operations together must fit, or the server drops the connection.
+MAX_REQUEST_BYTES = 0xFFFFF - 1024
 
 
 def validate_path(path: str, *, allow_root: bool = True) -> str:

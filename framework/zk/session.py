@@ -55,7 +55,7 @@ from framework.zk.bridge import (
 )
 from framework.zk.inflight import InFlightLimit
 from framework.zk.liveness import Liveness
-from framework.zk.paths import validate_data, validate_path
+from framework.zk.paths import MAX_REQUEST_BYTES, validate_data, validate_path
 from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
 
@@ -70,6 +70,11 @@ _KAZOO_STATES = {
     KazooState.LOST: SessionState.LOST,
 }
 
+
+#: Upper bounds of a multi request's framing and of one operation's encoding besides its
+#: path and data (op header, lengths, version, flags, an open ACL).
+_MULTI_HEADER = 64
+_OP_OVERHEAD = 64
 
 #: Seconds a closing session waits for the server to answer its close request.
 CLOSE_GRACE = 1.0
@@ -586,11 +591,27 @@ class Transaction:
     def operations(self) -> Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         return tuple(self._ops)
 
+    def _check_size(self, prefix: int) -> None:
+        """Refuse a request the server would answer by dropping the connection (which would
+        interrupt every guarded scope of the session): ZooKeeper takes at most about 1 MB
+        per request, the sum of all its operations, not only each node's data."""
+        total = _MULTI_HEADER
+        for _name, args, _kwargs in self._ops:
+            data = args[1] if len(args) > 1 and isinstance(args[1], bytes) else b""
+            total += _OP_OVERHEAD + prefix + len(args[0].encode()) + len(data)
+        if total > MAX_REQUEST_BYTES:
+            raise errors.DataTooLargeError(
+                f"transaction of {len(self._ops)} operations is about {total:,} bytes; "
+                f"ZooKeeper accepts at most {MAX_REQUEST_BYTES:,} per request (split it into "
+                "several transactions, or keep large data out of ZooKeeper)"
+            )
+
     async def commit(self) -> list[Any]:
         """Apply every operation atomically; return their results in order."""
         if not self._ops:
             return []
         session = self._session
+        self._check_size(len(session._prefix))
         request = session.client.transaction()
         for name, args, kwargs in self._ops:
             getattr(request, name)(*args, **kwargs)
