@@ -3,6 +3,7 @@ kill -9), a late member that still sees "go", reuse of the path, stale markers."
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import trio
 from framework import Session
 from framework.errors import ConfigurationError, NoNodeError
 from framework.primitives.double_barrier import DoubleBarrier
-from framework.testing import TcpProxy
+from framework.testing import TcpProxy, count_watch_fires, watchers_by_path
+from framework.zkserver import four_letter
 
 HELPERS = Path(__file__).parent / "helpers"
 ROOT = Path(__file__).parent.parent
@@ -193,3 +195,43 @@ async def test_bad_arguments_are_clear(session: Session) -> None:
         DoubleBarrier(session, "/b", 0)
     with pytest.raises(ConfigurationError):
         DoubleBarrier(session, "/b", 2, name="a/b")
+
+
+async def test_no_watch_stays_armed_through_the_body(zk_hosts: str, chroot: str) -> None:
+    """Inside the body nobody watches ``ready`` any more, so leaving costs one notification
+    per member (everyone but the lowest wakes on the lowest's node; the lowest on the
+    highest's), not two (a stale ``ready`` watch firing when the round is cleared)."""
+    count = 20
+    port = int(zk_hosts.rsplit(":", 1)[1])
+    fired = [0] * count
+    all_in = trio.Event()
+    leave = trio.Event()
+    inside = 0
+
+    async def member(s: Session, i: int) -> None:
+        nonlocal inside
+        async with DoubleBarrier(s, "/b", count, f"m{i}").enter():
+            inside += 1
+            if inside == count:
+                all_in.set()
+            await leave.wait()
+
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(Session(zk_hosts, chroot=chroot))
+            for _ in range(count)
+        ]
+        for i, s in enumerate(sessions):
+            count_watch_fires(s, fired, i)
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for i, s in enumerate(sessions):
+                    nursery.start_soon(member, s, i)
+                await all_in.wait()
+                watchers = watchers_by_path(four_letter(port, "wchp"), f"{chroot}/b")
+                assert watchers.get(f"{chroot}/b/ready", set()) == set()
+                before = sum(fired)
+                leave.set()
+            for s in sessions:  # every notification sent has arrived
+                await s.sync("/b")
+        assert sum(fired) - before <= count

@@ -10,7 +10,9 @@ Enter (seed): register a node and watch ``ready``; the participant that sees ``c
 participants says "go" by writing their names into ``ready``.  Unlike the seed (and kazoo),
 ``ready`` is never counted as a participant, and "go" names the round's members: a member
 that looks late (after others already left) still finds itself there and goes, instead of
-waiting for a marker that was already removed.  A participant arriving after "go" is not a
+waiting for a marker that was already removed.  ``ready`` is read without a watch and
+watched only right before waiting, so no watch stays armed through the body: leaving costs
+one notification per member, not two.  A participant arriving after "go" is not a
 member of that round: it waits for the next one, so the path can be reused round after round.
 ``ready`` is never deleted, only rewritten with version checks, so a stale writer can never
 clear the marker of a newer round (a deleted and re-created node would restart at version 0).
@@ -60,6 +62,10 @@ class _Round:
 
     members: frozenset[str]
     version: int
+
+
+def _round_of(data: bytes, version: int) -> _Round:
+    return _Round(frozenset(data.decode().split("\n")) if data else frozenset(), version)
 
 
 def _participants(names: list[str]) -> list[str]:
@@ -136,7 +142,10 @@ class DoubleBarrier:
             while True:
                 fired = trio.Event()
                 try:
-                    round_ = await self._read_ready(fired)
+                    # Read without a watch: a member that finds itself in "go" enters with no
+                    # watch left armed on ``ready`` (it would fire uselessly when the round
+                    # is cleared).  The watch is armed only right before waiting.
+                    round_ = await self._read_ready()
                     if me in round_.members:
                         log.debug("double_barrier.entered", path=self.path, node=me)
                         return me, round_
@@ -161,6 +170,8 @@ class DoubleBarrier:
                         )
                         log.info("double_barrier.go", path=self.path, participants=len(kids))
                         continue
+                    if not await self._ready_unchanged(round_, fired):
+                        continue
                 except (errors.BadVersionError, errors.NodeExistsError):
                     continue
                 except (errors.ConnectionLossError, errors.SessionExpiredError):
@@ -171,18 +182,28 @@ class DoubleBarrier:
             await delete_guid_nodes(session, self.path, guid)
             raise
 
-    async def _read_ready(self, fired: trio.Event) -> _Round:
+    async def _read_ready(self) -> _Round:
         session = self.session
         while True:
             try:
-                data, stat = await session.get(self._ready, watch=session.waker(fired))
-                members = frozenset(data.decode().split("\n")) if data else frozenset()
-                return _Round(members, stat.version)
+                data, stat = await session.get(self._ready)
+                return _round_of(data, stat.version)
             except errors.NoNodeError:
                 try:
                     await session.create(self._ready, makepath=True)
                 except errors.NodeExistsError:
                     pass
+
+    async def _ready_unchanged(self, round_: _Round, fired: trio.Event) -> bool:
+        """Arm a watch on ``ready`` (setting ``fired``); false if ``ready`` changed since
+        ``round_`` was read (then the caller decides again instead of waiting).  In that
+        race the watch stays armed and costs one spare notification later."""
+        session = self.session
+        try:
+            data, stat = await session.get(self._ready, watch=session.waker(fired))
+        except errors.NoNodeError:
+            return False
+        return _round_of(data, stat.version) == round_
 
     async def _clear(self, round_: _Round) -> None:
         """End ``round_`` (only if ``ready`` still holds it)."""
