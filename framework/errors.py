@@ -50,6 +50,10 @@ class NoChildrenForEphemeralsError(ZooKeeperError):
     """Ephemeral nodes cannot have children."""
 
 
+class NoAuthError(ZooKeeperError):
+    """The node's ACL does not give this client the permission the operation needs."""
+
+
 class ConnectionLossError(ZooKeeperError):
     """The connection dropped while a request was in flight.
 

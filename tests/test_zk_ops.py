@@ -9,6 +9,7 @@ from framework import (
     BadVersionError,
     DataTooLargeError,
     InvalidPathError,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -218,3 +219,20 @@ async def test_an_oversized_transaction_is_refused_before_it_costs_the_connectio
             )
     assert results == ["/tx/a", "/tx/b"]
     assert session.snapshot().generation == generation
+
+
+async def test_a_refused_operation_says_what_and_why(zk_hosts: str) -> None:
+    """The server's NoAuth carries no text: the error names the operation, the path and the
+    reason (``/zookeeper/config`` is the server's own node)."""
+    async with Session(zk_hosts) as plain:
+        with pytest.raises(NoAuthError) as info:
+            await plain.set("/zookeeper/config", b"x")
+        message = str(info.value)
+        assert "write '/zookeeper/config'" in message and "ACL" in message
+        assert "super user" in message
+        with pytest.raises(NoAuthError, match="create '/zookeeper/config/x'"):
+            await plain.create("/zookeeper/config/x")
+        with pytest.raises(TransactionFailedError) as failed:
+            await plain.transaction().set("/zookeeper/config", b"y").commit()
+        assert isinstance(failed.value.cause, NoAuthError)
+        assert "write '/zookeeper/config'" in str(failed.value)

@@ -48,6 +48,7 @@ from framework.logs import get_logger
 from framework.zk.bridge import (
     BridgeHandler,
     Completions,
+    describe,
     send_request,
     translate,
     wait_result,
@@ -418,7 +419,11 @@ class Session:
                     raise errors.ConnectionLossError("connection lost while reconnecting") from exc
                 raise translate(exc) from exc
             except kz.KazooException as exc:
-                raise translate(exc) from exc
+                path = getattr(request, "path", None)
+                context = None
+                if isinstance(path, str):
+                    context = describe(type(request).__name__, self._relative(path))
+                raise translate(exc, context) from exc
 
     async def _usable(self) -> None:
         """Wait for a connection before sending (sending nothing is always safe)."""
@@ -617,7 +622,12 @@ class Transaction:
             getattr(request, name)(*args, **kwargs)
         results = await session._call(request.commit_async)
         if any(isinstance(r, Exception) for r in results):
-            raise errors.TransactionFailedError([translate(r) for r in results])
+            raise errors.TransactionFailedError(
+                [
+                    translate(r, describe(name, args[0]))
+                    for r, (name, args, _kwargs) in zip(results, self._ops, strict=True)
+                ]
+            )
         return results
 
 
