@@ -17,6 +17,18 @@ import structlog
 _configured = False
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at write time, not at configuration time: a
+    stream swapped later (pytest's capture, a redirect) is followed, a closed one never
+    kept."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(*, json: bool | None = None, level: str | None = None) -> None:
     """Configure structlog (idempotent; later calls with arguments reconfigure)."""
     global _configured
@@ -42,7 +54,7 @@ def configure_logging(*, json: bool | None = None, level: str | None = None) -> 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     # kazoo logs every reconnect attempt through the standard library; keep only problems.
