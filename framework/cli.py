@@ -130,9 +130,14 @@ ONE_SHOT_DEADLINE = 30.0
 
 
 def add_deadline_argument(parser: argparse.ArgumentParser,
-                          default: float = ONE_SHOT_DEADLINE) -> None:
-    """``--timeout SECONDS``: the overall deadline of a one-shot command."""
-    parser.add_argument("--timeout", type=_positive_seconds, default=default,
+                          default: float = ONE_SHOT_DEADLINE, *, shared: bool = False) -> None:
+    """``--timeout SECONDS``: the overall deadline of a one-shot command.
+
+    ``shared``: for a parent parser shared by a program and its subcommands, so the option
+    may come before or after the command; it is then left unset when not given (fill in
+    ``default`` after parsing)."""
+    parser.add_argument("--timeout", type=_positive_seconds,
+                        default=argparse.SUPPRESS if shared else default,
                         help=f"give up after this many seconds (default {default:g})")
 
 

@@ -147,3 +147,13 @@ async def test_subscriber_resumes_from_its_committed_position(
             assert second[0] in (40, 60) and second == list(range(second[0], 100))
             assert set(first) | set(second) == set(range(100))
             nursery.cancel_scope.cancel()
+
+
+def test_connection_options_go_before_or_after_the_command() -> None:
+    from examples.message_broker import ctl
+
+    for argv in (["status", "--zk", "h:1", "--timeout", "3"],
+                 ["--zk", "h:1", "--timeout", "3", "status"]):
+        args = ctl.parse(argv)
+        assert (args.zk, args.chroot, args.timeout) == ("h:1", None, 3.0)
+    assert ctl.parse(["list"]).timeout == 30.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,13 @@ from examples.message_broker.layout import (
     loads,
 )
 from framework import errors
-from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
+from framework.cli import (
+    ONE_SHOT_DEADLINE,
+    add_deadline_argument,
+    one_shot,
+    run_command,
+    zk_hosts_from,
+)
 from framework.logs import configure_logging
 from framework.zk import Session
 
@@ -203,34 +210,59 @@ def _cmd(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="broker ctl",
+    # The connection options are accepted before or after the command ("broker status --zk
+    # H" and "broker --zk H status"): SUPPRESS keeps the subcommand from resetting what was
+    # given before it, and parse() fills in the defaults of those not given at all.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--zk", default=argparse.SUPPRESS,
+                        help="ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)")
+    common.add_argument("--chroot", default=argparse.SUPPRESS, help="ZooKeeper chroot")
+    add_deadline_argument(common, shared=True)
+    parser = argparse.ArgumentParser(prog="broker ctl", parents=[common],
                                      description="Control the YMB-style message broker.")
-    parser.add_argument("--zk", help="ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)")
-    parser.add_argument("--chroot", help="ZooKeeper chroot")
-    add_deadline_argument(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    create = sub.add_parser("create", help="create topics (the controller places them)")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help)
+
+    create = command("create", "create topics (the controller places them)")
     create.add_argument("topics", nargs="+")
     create.add_argument("--mode", choices=["refuse", "one_copy"], default="refuse",
                         help="without an in-sync backup: refuse writes or ack one copy")
-    sub.add_parser("list", help="list topics")
-    describe = sub.add_parser("describe", help="one topic's placement, in-sync set, primary")
+    command("list", "list topics")
+    describe = command("describe", "one topic's placement, in-sync set, primary")
     describe.add_argument("topic")
-    sub.add_parser("prohibit-migration", help="create migration_prohibited")
-    sub.add_parser("allow-migration", help="delete migration_prohibited")
-    shutdown = sub.add_parser("shutdown", help="servers hand primaries over, drain and exit")
+    command("prohibit-migration", "create migration_prohibited")
+    command("allow-migration", "delete migration_prohibited")
+    shutdown = command("shutdown", "servers hand primaries over, drain and exit")
     shutdown.add_argument("servers", nargs="*", help="only these servers (default: all)")
-    sub.add_parser("clear-shutdown", help="delete the shutdown znode")
-    status = sub.add_parser("status", help="servers, topics, lag, subscribers")
+    command("clear-shutdown", "delete the shutdown znode")
+    status = command("status", "servers, topics, lag, subscribers")
     status.add_argument("--json", action="store_true")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
+    for name, default in (("zk", None), ("chroot", None), ("timeout", ONE_SHOT_DEADLINE)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     return run_command("broker ctl", _cmd, args)
 
 
+def cli() -> int:
+    """The ``broker`` program: ``broker ctl COMMAND`` and ``broker COMMAND`` are the same
+    (so ``broker status`` and ``broker ctl status`` both work).  Logging at warning: a
+    one-shot command's own session events are noise."""
+    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
+    argv = sys.argv[1:]
+    return main(argv[1:] if argv[:1] == ["ctl"] else argv)
+
+
 if __name__ == "__main__":
-    configure_logging(level="warning")  # a one-shot command: its own session is noise
-    sys.exit(main())
+    sys.exit(cli())
