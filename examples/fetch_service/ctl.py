@@ -159,7 +159,7 @@ async def reset_job(session: Session, app: App, *, force: bool = False) -> bool:
             f"the crawl of {app.name!r} is not finished; use --force to reset it anyway"
         )
     for path in (paths.base, app.tasks, app.results, app.running, app.dead, app.failures,
-                 app.config):
+                 app.config, app.done):
         await session.delete_tree(path)
     return True
 

@@ -848,17 +848,32 @@ class WorkQueue:
 
     # ================================================================ inspection
 
-    async def size(self) -> int:
-        """Items in the queue, including those being processed (claimed, not yet acked)."""
+    async def size(self, *, changed: trio.Event | None = None) -> int:
+        """Items in the queue, including those being processed (claimed, not yet acked).
+
+        With ``changed``, watches are left so that the event is set at the next put, ack,
+        release to the dead letters or new bucket (this lists every non-empty bucket:
+        meant for an observer waiting for the queue to drain, not for a hot path)."""
+        session = self.session
+        watch = session.waker(changed) if changed is not None else None
         try:
-            names = await self.session.children(self.items_root)
+            names = await session.children(self.items_root, watch=watch)
         except errors.NoNodeError:
+            if changed is not None and await session.exists(self.items_root, watch=watch):
+                changed.set()  # created meanwhile: look again
             return 0
         counts: list[int] = []
 
         async def count(bucket: str) -> None:
-            stat = await self.session.exists(f"{self.items_root}/{bucket}")
-            counts.append(stat.numChildren if stat else 0)
+            path = f"{self.items_root}/{bucket}"
+            try:
+                if watch is not None:
+                    counts.append(len(await session.children(path, watch=watch)))
+                    return
+                stat = await session.exists(path)
+                counts.append(stat.numChildren if stat else 0)
+            except errors.NoNodeError:
+                counts.append(0)
 
         await gather(*[_bind(count, b) for b in names if is_bucket(b)])
         return sum(counts)

@@ -14,6 +14,7 @@ from ZooKeeper, never from memory::
     shards/         desired long-lived shards (push mode), data = shard spec
     assignments/w/  shards assigned to worker ``w`` by the master (fenced writes)
     config/         ready-znode configuration
+    done            the job is finished: written (fenced) when ``lead`` returns
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class App:
     shards = property(lambda self: f"{self.base}/shards")
     assignments = property(lambda self: f"{self.base}/assignments")
     config = property(lambda self: f"{self.base}/config")
+    done = property(lambda self: f"{self.base}/done")
 
     def result_path(self, key: str) -> str:
         """Where the result record of task (or idempotency) ``key`` lives."""

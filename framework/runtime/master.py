@@ -7,8 +7,10 @@ runs ``lead(ctx)``.  When leadership can no longer be proven (no reply from ZooK
 is cancelled and the process goes back to standing by; every write made through ``ctx`` is
 fenced by the leader's election node, so a deposed master's late write fails on the server.
 
-``lead`` returning means the application's job is finished: the process exits (a standby that
-is elected later runs ``lead`` again and finds the job done in ZooKeeper).  A new master
+``lead`` returning means the application's job is finished: the runtime records it in the
+app's ``done`` node (a fenced write) and the process exits; a standby elected later finds that
+record and exits too, without running ``lead`` again (delete ``done`` to run the job again).
+``lead`` raising or being cancelled records nothing: the next leader runs it.  A new master
 always resumes from ZooKeeper, never from memory.
 """
 
@@ -31,7 +33,7 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.tasks import Task, TaskResult, new_task
-from framework.zk import Session, watch_children
+from framework.zk import Session, cleanup_scope
 
 log = get_logger("framework.runtime.master")
 
@@ -74,12 +76,25 @@ class MasterContext:
     async def wait_idle(self) -> None:
         """Return once the queue is empty and no task is running (watches, no polling).
 
-        Every item leaves the queue only after its ``running/`` marker is gone, so watching
-        ``running/`` and re-checking the queue depth on each change cannot miss the end.
+        A worker removes a task's ``running/`` marker only after the item left the queue (or
+        went back to it), so while something runs, a change of ``running/`` is the moment
+        to look again.  An item can also leave the queue with nothing running: one whose
+        deliveries were used up by consumers that died is dead-lettered by the next consumer
+        without being claimed.  So while nothing runs and items are queued, the queue's
+        buckets are watched as well.
         """
-        async for snap in watch_children(self.session, self.app.running):
-            if not snap.children and await self.queue.size() == 0:
-                return
+        session = self.session
+        while True:
+            changed = trio.Event()
+            try:
+                running = await session.children(self.app.running,
+                                                 watch=session.waker(changed))
+                if not running and await self.queue.size(changed=changed) == 0:
+                    return
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await session.wait_connected()
+                continue
+            await changed.wait()
 
     # ------------------------------------------------------------ configuration
 
@@ -232,6 +247,11 @@ class Master:
         log.info("master.stopped", app=app.name, master=self.name)
 
     async def _lead_term(self, session: Session, term: Term, identity: bytes) -> None:
+        finished = await _job_done(session, self.app)
+        if finished is not None:
+            log.info("master.job_already_done", app=self.app.name, master=self.name,
+                     finished_by=finished.get("master"), at=finished.get("at"))
+            return
         self.terms_led += 1
         started = time.monotonic()
         log.info("master.elected", app=self.app.name, master=self.name, token=term.token)
@@ -247,16 +267,32 @@ class Master:
         )
         try:
             await self.lead(ctx)
+            record = json.dumps({"master": self.name, "at": time.time(),
+                                 "token": term.token}).encode()
+            try:
+                await _commit(term.fenced().create(self.app.done, record))
+            except errors.TransactionFailedError as exc:
+                if not isinstance(exc.cause, errors.NodeExistsError):
+                    raise
             log.info("master.finished", app=self.app.name, master=self.name,
                      seconds=round(time.monotonic() - started, 3))
         finally:
-            with trio.CancelScope(shield=True):
+            with cleanup_scope(session):
                 try:  # withdraw our address, never a successor's
                     stat = await session.exists(self.app.rendezvous)
                     if stat is not None and stat.ephemeralOwner == term.session_id:
                         await session.delete(self.app.rendezvous, version=stat.version)
                 except errors.ZooKeeperError:
                     pass
+
+
+async def _job_done(session: Session, app: App) -> dict[str, Any] | None:
+    """The job-done record of ``app`` (``None`` while the job is not finished)."""
+    try:
+        data, _stat = await session.get(app.done)
+    except errors.NoNodeError:
+        return None
+    return _json(data)
 
 
 async def _commit(txn: Any) -> None:

@@ -38,7 +38,7 @@ from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import QueueItem, WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.tasks import Task, TaskResult, new_task
-from framework.zk import Session, watch_children
+from framework.zk import Session, cleanup_scope, wait_gone, watch_children
 
 log = get_logger("framework.runtime.worker")
 
@@ -251,9 +251,47 @@ class Worker:
                 trouble += 1
                 log.exception("worker.slot_error", worker=self.name, retry=trouble)
 
+    async def _mark_running(self, session: Session, running: str, task: Task,
+                            item: QueueItem, marker: list[str]) -> None:
+        """Create this delivery's ``running/<task id>`` marker; on return ``marker`` holds
+        it.  The marker is also the task id's mutual exclusion: another delivery of the same
+        id (a resubmission, an at-least-once put) waits here until that one's marker is gone,
+        without failing or using up a delivery.  A lost reply is recovered by the delivery
+        token in the marker's data (our own marker is adopted, never waited for)."""
+        delivery = f"{self.name}/{item.name}/{item.attempts}"
+        doc = json.dumps({"worker": self.name, "started": time.time(),
+                          "attempt": task.attempts, "delivery": delivery}).encode()
+        try:
+            while True:
+                try:
+                    await session.create(running, doc, ephemeral=True)
+                    marker.append(running)
+                    return
+                except (errors.ConnectionLossError, errors.NodeExistsError):
+                    pass  # ours, applied with its reply lost, or another delivery's
+                owner = await _marker_owner(session, running)
+                if owner == (delivery, await session.wait_connected()):
+                    marker.append(running)
+                    return
+                if owner is not None:
+                    log.info("task.same_id_running", task=task.id, worker=self.name,
+                             other=owner[0])
+                    await wait_gone(session, running)
+        except BaseException:
+            # interrupted while our create may have been applied: never leave an orphan
+            # marker behind, it would hold up every later delivery of this task id
+            with cleanup_scope(session):
+                try:
+                    owner = await _marker_owner(session, running)
+                    if owner is not None and owner[0] == delivery:
+                        await session.delete(running, missing_ok=True)
+                except errors.ZooKeeperError:
+                    pass  # the session ended: so did its ephemeral marker
+            raise
+
     async def _clear_running(self, session: Session, marker: list[str]) -> None:
         if marker:
-            with trio.CancelScope(shield=True):
+            with cleanup_scope(session):
                 try:
                     await session.delete(marker[0], missing_ok=True)
                 except errors.ZooKeeperError:
@@ -263,10 +301,7 @@ class Worker:
         """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
         task = Task.decode(item.data, item.attempts)
         running = f"{self.app.running}/{task.id}"
-        doc = json.dumps({"worker": self.name, "started": time.time(),
-                          "attempt": task.attempts}).encode()
-        await session.create(running, doc, ephemeral=True)
-        marker.append(running)
+        await self._mark_running(session, running, task, item, marker)
         record = self.app.result_path(task.key)
         try:
             previous = TaskResult.decode((await session.get(record))[0])
@@ -392,6 +427,24 @@ class Worker:
                 self._shards.discard(shard)
                 self._status_dirty.set()
                 log.info("shard.released", worker=self.name, shard=shard)
+
+
+async def _marker_owner(session: Session, path: str) -> tuple[str, int] | None:
+    """The delivery token and owning session of a ``running/`` marker (``None``: none)."""
+    while True:
+        try:
+            await session.sync(path)
+            data, stat = await session.get(path)
+        except errors.NoNodeError:
+            return None
+        except errors.ConnectionLossError:
+            await session.wait_connected()
+            continue
+        try:
+            delivery = str(json.loads(data).get("delivery", ""))
+        except (ValueError, AttributeError):
+            delivery = ""
+        return delivery, stat.ephemeralOwner
 
 
 async def _put(session: Session, path: str, data: bytes) -> None:

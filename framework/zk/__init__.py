@@ -17,6 +17,7 @@ from framework.zk.protected import (
     sequence_of,
     sort_sequential,
 )
+from framework.zk.scopes import cleanup_bound, cleanup_scope
 from framework.zk.session import Session, Stat, Transaction
 from framework.zk.states import SessionState, StateChange
 from framework.zk.watches import (
@@ -29,6 +30,8 @@ from framework.zk.watches import (
 )
 
 __all__ = [
+    "cleanup_bound",
+    "cleanup_scope",
     "MAX_DATA_BYTES",
     "MAX_REQUEST_BYTES",
     "ChildrenSnapshot",

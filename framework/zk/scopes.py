@@ -1,9 +1,38 @@
-"""Helpers for context managers that run their caller's body inside a nursery."""
+"""Scope helpers: bounded clean-up, and context managers that run a body in a nursery."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
+
+import trio
+
+
+class _HasTimeout(Protocol):
+    @property
+    def session_timeout(self) -> float: ...
+
+
+def cleanup_bound(session: _HasTimeout) -> float:
+    """Seconds a shielded clean-up of ``session`` may take: one session timeout and a
+    second.  If ZooKeeper could not be reached for that long, the server has expired the
+    session (or will, the moment it next hears of it), and its ephemeral nodes went with it;
+    a persistent node left behind is a leftover each caller documents."""
+    return max(session.session_timeout, 1.0) + 1.0
+
+
+@contextmanager
+def cleanup_scope(session: _HasTimeout) -> Iterator[trio.CancelScope]:
+    """A clean-up that runs even when its caller is cancelled, but never for longer than
+    :func:`cleanup_bound` (a second Ctrl-C, or ZooKeeper unreachable, cannot hang it).
+
+    Leaving by the deadline is silent: check ``scope.cancelled_caught`` to know.  The one
+    shield-with-deadline of the framework: every shielded clean-up goes through it.
+    """
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + cleanup_bound(session)
+        yield scope
 
 
 @contextmanager

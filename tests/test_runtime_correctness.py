@@ -1,0 +1,179 @@
+"""Runtime and queue correctness (issue #16), each case against the real server.
+
+* ``wait_idle`` ends when the last item is dead-lettered without being claimed;
+* a lost reply to the ``running/`` marker's create does not dead-letter a task that never ran;
+* two items with the same task id: the second waits for the first instead of failing;
+* a new master does not run a finished job again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from framework import Session, WorkQueue
+from framework.errors import ConnectionLossError
+from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
+from framework.testing import expire_session
+from tests.test_runtime import nursery_session
+
+TIMEOUT = 4.0
+
+
+class Echo(Worker):
+    max_attempts = 1
+    backoff_base = 0.01
+    concurrency = 2
+
+    async def handle(self, task: Task) -> Any:
+        await trio.sleep(task.payload.get("sleep", 0))
+        return task.payload.get("n")
+
+
+async def test_wait_idle_ends_when_the_last_item_is_buried_unclaimed(
+    zk_hosts: str, chroot: str
+) -> None:
+    """An item whose previous consumer died holding it has used its last delivery: the next
+    consumer buries it without claiming it, which changes nothing under ``running/``."""
+    app = App("buried")
+    checked = trio.Event()
+
+    class Waiter(Master):
+        async def lead(self, ctx: MasterContext) -> None:
+            size = ctx.queue.size
+
+            async def counting_size(**kw: Any) -> int:
+                depth = await size(**kw)
+                checked.set()  # wait_idle has looked once: the bury happens after this
+                return depth
+
+            ctx.queue.size = counting_size  # type: ignore[method-assign]
+            await ctx.wait_idle()
+
+    async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as doomed:
+        queue = WorkQueue(doomed, app.tasks)
+        await queue.put(Task("t0", {"n": 0}).encode())
+        took = trio.Event()
+
+        async def take_and_hang() -> None:
+            async with queue.take():
+                took.set()
+                await trio.sleep_forever()
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(take_and_hang)
+                await took.wait()
+                await expire_session(doomed)  # the consumer "dies" holding its claim
+                nursery.cancel_scope.cancel()
+
+    worker = Echo(app, name="w")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s:
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(Waiter(app).run, s)
+                    await checked.wait()
+                    nursery.start_soon(worker.run, await nursery_session(nursery, zk_hosts,
+                                                                         chroot))
+                status = await gather_status(s, app)
+            worker.request_stop()
+            nursery.cancel_scope.cancel()
+    assert status.dead_letters == 1 and status.queue_depth == 0
+
+
+class Jobs(Master):
+    def __init__(self, app: App, submit: list[tuple[str, dict[str, Any]]]) -> None:
+        super().__init__(app)
+        self.submit = submit
+        self.results: dict[str, Any] = {}
+        self.leads = 0
+
+    async def lead(self, ctx: MasterContext) -> None:
+        self.leads += 1
+        for task_id, payload in self.submit:
+            await ctx.submit(payload, task_id=task_id)
+        await ctx.wait_idle()
+        self.results = {task_id: await ctx.result(task_id) for task_id, _ in self.submit}
+
+
+async def _run(zk_hosts: str, chroot: str, master: Master, worker: Worker) -> Any:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, await nursery_session(nursery, zk_hosts, chroot))
+            async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s:
+                await master.run(s)
+                status = await gather_status(s, master.app)
+            worker.request_stop()
+            nursery.cancel_scope.cancel()
+    return status
+
+
+async def test_a_lost_reply_to_the_running_marker_does_not_fail_the_task(
+    zk_hosts: str, chroot: str
+) -> None:
+    """The marker's create is applied but its reply lost: the worker finds its own marker
+    and runs the task, instead of failing every later delivery on NodeExists."""
+    app = App("lostmarker")
+
+    class LosesReply(Echo):
+        async def run(self, session: Session) -> None:
+            create = session.create
+            lost = []
+
+            async def create_losing_reply(path: str, *args: Any, **kw: Any) -> str:
+                made = await create(path, *args, **kw)
+                if path.startswith(f"{app.running}/") and not lost:
+                    lost.append(path)
+                    raise ConnectionLossError("reply lost (injected after the create applied)")
+                return made
+
+            session.create = create_losing_reply  # type: ignore[method-assign]
+            await super().run(session)
+
+    master = Jobs(app, [("t0", {"n": 7})])
+    worker = LosesReply(app, name="w")
+    worker.max_attempts = 3
+    status = await _run(zk_hosts, chroot, master, worker)
+    result = master.results["t0"]
+    assert result is not None and result.ok and result.result == 7 and result.attempts == 1
+    assert status.dead_letters == 0
+
+
+async def test_two_items_with_one_task_id_run_once_without_a_false_dead_letter(
+    zk_hosts: str, chroot: str
+) -> None:
+    """Both copies are taken at once (two slots): the second waits for the first to end,
+    then finds its successful result and is acknowledged, never failed or dead-lettered."""
+    app = App("sameid")
+    master = Jobs(app, [("same", {"n": 1, "sleep": 0.5}), ("same", {"n": 2, "sleep": 0.5})])
+    worker = Echo(app, name="w")
+    status = await _run(zk_hosts, chroot, master, worker)
+    assert status.dead_letters == 0 and status.queue_depth == 0
+    assert master.results["same"].ok and master.results["same"].result == 1
+    assert worker.tasks_done == 1 and worker.tasks_failed == 0
+
+
+async def test_a_finished_job_is_not_led_again(zk_hosts: str, chroot: str) -> None:
+    """The leader finishes; the standby, elected when it exits, finds the job-done record
+    and exits too; so does a master started later.  Nothing is submitted twice."""
+    app = App("once")
+    first, standby, late = (Jobs(app, [("t0", {"n": 1})]) for _ in range(3))
+    worker = Echo(app, name="w")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, await nursery_session(nursery, zk_hosts, chroot))
+            async with (
+                Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s1,
+                Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s2,
+            ):
+                async with trio.open_nursery() as masters:
+                    masters.start_soon(first.run, s1)
+                    masters.start_soon(standby.run, s2)
+                await late.run(s1)
+                status = await gather_status(s1, app)
+            worker.request_stop()
+            nursery.cancel_scope.cancel()
+    assert (first.leads + standby.leads, late.leads) == (1, 0)
+    assert worker.tasks_done == 1 and status.results == 1
