@@ -15,7 +15,7 @@ import trio
 from framework import Session, WorkQueue
 from framework.errors import ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
-from framework.testing import expire_session
+from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
 
 TIMEOUT = 4.0
@@ -177,3 +177,30 @@ async def test_a_finished_job_is_not_led_again(zk_hosts: str, chroot: str) -> No
             nursery.cancel_scope.cancel()
     assert (first.leads + standby.leads, late.leads) == (1, 0)
     assert worker.tasks_done == 1 and status.results == 1
+
+
+async def test_a_cancelled_worker_stops_while_zookeeper_is_unreachable(
+    zk_hosts: str, chroot: str, proxy: TcpProxy
+) -> None:
+    """Cancelled mid-task with its connection frozen, the worker's clean-ups (hand the item
+    back, clear its running marker, publish "stopped") each give up after a bound instead
+    of waiting for ZooKeeper for as long as it is unreachable."""
+    app = App("unreachable")
+    started = trio.Event()
+
+    class Stuck(Worker):
+        async def handle(self, task: Task) -> Any:
+            started.set()
+            await trio.sleep_forever()
+
+    worker = Stuck(app, name="w")
+    async with Session(zk_hosts, chroot=chroot) as s:
+        await WorkQueue(s, app.tasks).put(Task("t0").encode())
+    async with Session(proxy.address, chroot=chroot, session_timeout=2.0) as frozen:
+        # bounds: 3 clean-ups of at most session_timeout + 1 s each, and the close
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.run, frozen)
+                await started.wait()
+                proxy.freeze()  # never thawed while the worker stops
+                nursery.cancel_scope.cancel()

@@ -43,6 +43,7 @@ from framework.primitives.lock import release_node
 from framework.zk import (
     Session,
     basename,
+    cleanup_scope,
     create_protected,
     delete_guid_nodes,
     new_guid,
@@ -253,8 +254,7 @@ class DoubleBarrier:
     async def _abandon(self, me: str, round_: _Round) -> None:
         """Leave without waiting (shielded): delete our node, and end the round too if we
         are its last member, so nobody is held up by us."""
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + max(self.session.session_timeout, 1.0)
+        with cleanup_scope(self.session):
             try:
                 kids = _participants(await self.session.children(self.path))
                 if [k for k in kids if k in round_.members] == [me]:

@@ -26,6 +26,7 @@ from framework.zk import (
     Session,
     Transaction,
     basename,
+    cleanup_scope,
     create_protected,
     delete_guid_nodes,
     new_guid,
@@ -250,8 +251,7 @@ class Election:
     async def _withdraw(self, guid: str, node: str | None) -> None:
         """Delete our contender node now (shielded, bounded by the session timeout)."""
         session = self.session
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + max(session.session_timeout, 1.0)
+        with cleanup_scope(session):
             if node is not None:
                 try:
                     await session.delete(node, missing_ok=True)

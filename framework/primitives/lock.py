@@ -29,6 +29,7 @@ from framework.zk import (
     Session,
     Transaction,
     basename,
+    cleanup_scope,
     create_protected,
     delete_guid_nodes,
     new_guid,
@@ -140,8 +141,7 @@ async def acquire_node(
 async def release_node(session: Session, node: str) -> None:
     """Delete our node; shielded, and bounded by the session timeout (by then the node is
     deleted or the session that owned it has expired)."""
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + max(session.session_timeout, 1.0) + 1.0
+    with cleanup_scope(session):
         while True:
             try:
                 await session.delete(node, missing_ok=True)

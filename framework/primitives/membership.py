@@ -22,6 +22,7 @@ from framework.logs import get_logger
 from framework.zk import (
     Session,
     basename,
+    cleanup_scope,
     create_protected,
     delete_guid_nodes,
     new_guid,
@@ -161,8 +162,7 @@ class Group:
 
     async def _leave(self, member: Membership, created: bool) -> None:
         session = self.session
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + max(session.session_timeout, 1.0)
+        with cleanup_scope(session):
             if member.guid is not None:
                 await delete_guid_nodes(session, self.path, member.guid)
             else:

@@ -81,6 +81,8 @@ from framework.zk import (
     MAX_DATA_BYTES,
     Session,
     Transaction,
+    cleanup_bound,
+    cleanup_scope,
     create_protected,
     delete_guid_nodes,
     new_guid,
@@ -234,11 +236,6 @@ class WorkQueue:
                 lambda: self.session.ensure_path(self.claims_root),
             )
             self._ready = True
-
-    def _grace(self) -> float:
-        """How long shielded clean-up may take: by then the session has expired anyway if
-        the server could not be reached."""
-        return max(self.session.session_timeout, 1.0) + 1.0
 
     # ================================================================ producers
 
@@ -677,8 +674,7 @@ class WorkQueue:
         """Undo a claim that may have been made by an interrupted take (shielded, bounded):
         if it exists, delete it and restore the item's delivery count."""
         why: str | None = "absent"
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + self._grace()
+        with cleanup_scope(self.session) as scope:
             try:
                 if await self._holds(claim):
                     why = await self._finish(
@@ -754,8 +750,7 @@ class WorkQueue:
     async def _ack(self, claim: _Claim) -> None:
         """Acknowledge; raise :class:`ClaimLost` unless the ack is proven applied."""
         why: str | None = "unconfirmed"
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + self._grace()
+        with cleanup_scope(self.session) as scope:
             why = await self._finish(claim, functools.partial(self._ack_transaction, claim))
         if scope.cancelled_caught:
             why = "unconfirmed"
@@ -769,7 +764,8 @@ class WorkQueue:
                      "delivered again",
             "unknown": "the session changed while the acknowledgement was in flight: it may "
                        "or may not have been applied (if not, the item is delivered again)",
-            "unconfirmed": f"the acknowledgement was not confirmed within {self._grace():g}s "
+            "unconfirmed": "the acknowledgement was not confirmed within "
+                           f"{cleanup_bound(self.session):g}s "
                            "(ZooKeeper unreachable); unless it was applied, the item is "
                            "delivered again",
         }[why]
@@ -792,8 +788,7 @@ class WorkQueue:
             )
         )
         why: str | None = "unconfirmed"
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + self._grace()
+        with cleanup_scope(self.session):
             try:
                 if bury:
                     await self.session.ensure_path(self.dead_letter)

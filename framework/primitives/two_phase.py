@@ -30,7 +30,7 @@ import trio
 from framework import errors
 from framework.errors import ConfigurationError, TwoPhaseTimeout
 from framework.logs import get_logger
-from framework.zk import Session, validate_path, wait_exists
+from framework.zk import Session, cleanup_scope, validate_path, wait_exists
 
 log = get_logger("framework.primitives.two_phase")
 
@@ -252,7 +252,7 @@ class TwoPhaseSite:
                 log.info("two_phase.rejoined", tx=root, site=self.site, status=status.decode())
             outcome = await tx.outcome(deadline)
         finally:
-            with trio.CancelScope(shield=True):
+            with cleanup_scope(session):
                 try:
                     await session.delete(alive, missing_ok=True)
                 except errors.ZooKeeperError:

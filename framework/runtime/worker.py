@@ -206,8 +206,13 @@ class Worker:
                 else:
                     await self._stop_requested.wait()
                 background.cancel_scope.cancel()
-            with trio.CancelScope(shield=True):
-                await member.update(json.dumps(self.status() | {"state": "stopped"}).encode())
+            with cleanup_scope(session):
+                try:
+                    await member.update(
+                        json.dumps(self.status() | {"state": "stopped"}).encode()
+                    )
+                except errors.ZooKeeperError:
+                    pass  # the group node is ephemeral: it goes with the session
         log.info("worker.stopped", app=app.name, worker=self.name, done=self.tasks_done,
                  failed=self.tasks_failed)
 
@@ -353,7 +358,7 @@ class Worker:
                     attempt=task.attempts, final=final)
         result = TaskResult(task.id, False, self.name, task.attempts, None, error,
                             started_at=started)
-        with trio.CancelScope(shield=True):
+        with cleanup_scope(session):
             try:
                 node = await session.create(f"{self.app.failures}/f-", result.encode(),
                                             sequence=True)

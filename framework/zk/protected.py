@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import uuid
 
-import trio
-
 from framework import errors
+from framework.zk.scopes import cleanup_scope
 from framework.zk.session import Session
 
 
@@ -99,8 +98,7 @@ async def delete_guid_nodes(session: Session, parent: str, guid: str) -> None:
     Shielded from cancellation and bounded in time, so a cancelled acquire never leaks its
     contender node while the session lives (an expired session removes it anyway).
     """
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + max(session.session_timeout, 1.0)
+    with cleanup_scope(session):
         while True:
             try:
                 names = await session.children(parent)
