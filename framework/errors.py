@@ -107,12 +107,22 @@ class SessionInterrupted(FrameworkError):
         super().__init__(f"ZooKeeper session {reason}; guarded work was cancelled")
 
 
-class LeadershipLost(FrameworkError):
-    """A leadership (or ownership) scope ended because it could no longer be proven."""
+class OwnershipLost(FrameworkError):
+    """An ownership scope (a leadership term, a lock holding, a queue claim) ended because
+    it could no longer be proven; its body was cancelled before this was raised.  ``reason``
+    says why (``"node deleted"``, ``"suspended"``, ``"lost"``...)."""
+
+    kind = "ownership"
 
     def __init__(self, reason: str):
         self.reason = reason
-        super().__init__(f"leadership lost: {reason}")
+        super().__init__(f"{self.kind} lost: {reason}")
+
+
+class LeadershipLost(OwnershipLost):
+    """A leadership term ended (or a fenced write was refused: we are no longer leader)."""
+
+    kind = "leadership"
 
 
 class ConcurrentUpdateError(ZooKeeperError):
@@ -120,14 +130,12 @@ class ConcurrentUpdateError(ZooKeeperError):
     writers at once); nothing of ours was committed past the point of conflict."""
 
 
-class LockLost(LeadershipLost):
+class LockLost(OwnershipLost):
     """A lock holding ended because the lock could no longer be proven: its node was deleted,
-    the session was SUSPENDED past its grace or LOST.  The body of the ``async with`` was
-    cancelled before this was raised."""
+    the session was SUSPENDED past its trust deadline or LOST.  The body of the ``async
+    with`` was cancelled before this was raised."""
 
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.args = (f"lock lost: {reason}",)
+    kind = "lock"
 
 
 class LockRevoked(LockLost):
@@ -138,13 +146,11 @@ class LockTimeout(FrameworkError, TimeoutError):
     """A lock was not acquired within the given timeout (no contender node is left behind)."""
 
 
-class ClaimLost(LeadershipLost):
+class ClaimLost(OwnershipLost):
     """A work-queue item's claim could no longer be proven (claim node gone, session SUSPENDED
     or LOST, or the item was handed to another consumer); the item will be delivered again."""
 
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.args = (f"queue claim lost: {reason}",)
+    kind = "queue claim"
 
 
 class PermanentFailure(FrameworkError):

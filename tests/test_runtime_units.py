@@ -92,3 +92,18 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
     monkeypatch.setattr(worker_module.trio, "sleep", record_sleep)
     await worker._slot(None, FailingQueue())  # type: ignore[arg-type]
     assert waits == [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]
+
+
+def test_lost_ownership_has_one_base_and_says_what_was_lost() -> None:
+    """Claims and locks are ownership, not leadership: ``except LeadershipLost`` around a
+    master's term must not swallow a task's lost claim, and one ``except OwnershipLost``
+    catches all three."""
+    from framework import ClaimLost, LeadershipLost, LockLost, OwnershipLost
+
+    for kind, text in ((LeadershipLost, "leadership"), (LockLost, "lock"),
+                       (ClaimLost, "queue claim")):
+        error = kind("suspended")
+        assert isinstance(error, OwnershipLost) and error.reason == "suspended"
+        assert str(error) == f"{text} lost: suspended"
+    assert not issubclass(ClaimLost, LeadershipLost)
+    assert not issubclass(LockLost, LeadershipLost)

@@ -99,9 +99,17 @@ async def test_transaction_commits_atomically(session: Session) -> None:
     assert await session.transaction().commit() == []
 
 
-async def test_sync(session: Session) -> None:
-    await session.create("/s")
-    await session.sync("/s")
+async def test_sync(zk_hosts: str, chroot: str, session: Session) -> None:
+    """After ``sync``, a read sees every write the leader had applied when sync was sent,
+    including another session's; a bad path or a missing node is refused like a read."""
+    async with Session(zk_hosts, chroot=chroot) as writer:
+        for version in range(5):
+            await writer.create(f"/s{version}", str(version).encode())
+            await session.sync(f"/s{version}")
+            assert (await session.get(f"/s{version}"))[0] == str(version).encode()
+    with pytest.raises(InvalidPathError):
+        await session.sync("no-slash")
+    await session.sync("/never-created")  # sync needs no node: it is a barrier, not a read
 
 
 async def test_delete_tree_and_ensure_path(session: Session) -> None:
