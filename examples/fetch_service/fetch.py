@@ -183,12 +183,18 @@ class Fetcher:
     ``gate(host)``, when given, is an async context manager entered around every request to
     ``host`` and held until ``politeness_delay_s`` after it ended: a lock shared with
     fetchers in other processes makes the politeness guarantee hold across all of them.
+
+    ``canonical(url, base)`` replaces :func:`links.canonicalize` for requested URLs, redirect
+    targets and extracted links (it must raise ``InvalidUrlError`` for what cannot be
+    crawled); the partitioned crawl passes w3lib's form.
     """
 
     def __init__(self, config: CrawlConfig, *, client: httpx.AsyncClient | None = None,
-                 gate: HostGate | None = None) -> None:
+                 gate: HostGate | None = None,
+                 canonical: Callable[[str, str | None], str] | None = None) -> None:
         self._config = config
         self._gate = gate
+        self._canonical = canonical or canonicalize
         self._client = client
         self._owns_client = client is None
         self._hosts: dict[str, _Host] = {}
@@ -256,7 +262,7 @@ class Fetcher:
             raise RuntimeError("use the fetcher inside 'async with Fetcher(config) as fetcher'")
         config = self._config
         try:
-            current = canonicalize(url)
+            current = self._canonical(url, None)
         except InvalidUrlError as exc:
             return self._failed(url, "invalid_url", str(exc))
         if not config.allows(current):
@@ -367,15 +373,14 @@ class Fetcher:
 
     # -- results ----------------------------------------------------------------------
 
-    @staticmethod
-    def _redirect_target(response: RawResponse) -> str | None:
+    def _redirect_target(self, response: RawResponse) -> str | None:
         if response.status not in REDIRECT_STATUSES:
             return None
         location = _header(response, "location")
         if not location:
             raise _Failure("bad_redirect", f"{response.status} from {response.url} has no Location")
         try:
-            return canonicalize(location, base=response.url)
+            return self._canonical(location, response.url)
         except InvalidUrlError as exc:
             raise _Failure("bad_redirect", f"{response.url} redirects to {exc}") from None
 
@@ -393,7 +398,7 @@ class Fetcher:
             kind = "http"
             error = f"HTTP {final.status} {final.reason}".rstrip()
         elif 200 <= final.status < 300 and _is_html(final):
-            found = extract_links(_decode(final), final.url)
+            found = extract_links(_decode(final), final.url, canonical=self._canonical)
             links = tuple(link for link in found if self._config.allows(link))
         outcome = self._outcome(chain, responses, timing, kind, error, links)
         log.debug("fetch.done", url=chain[0], status=final.status, error=error)

@@ -19,6 +19,7 @@ Only ``http`` and ``https`` URLs are kept.  :func:`canonicalize` raises
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import SplitResult, quote, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser
@@ -83,13 +84,23 @@ def host_key(url: str) -> str:
     return urlsplit(url).netloc.rpartition("@")[2]
 
 
-def extract_links(html: str | bytes, base_url: str) -> list[str]:
+def extract_links(html: str | bytes, base_url: str, *,
+                  canonical: Callable[[str, str | None], str] | None = None) -> list[str]:
     """Canonical http(s) links of a page, first occurrence order, without duplicates.
 
     Relative links resolve against ``<base href>`` when the page has one, else ``base_url``.
     ``javascript:``, ``mailto:``, ``ftp:``... links and unparseable ones are skipped; a link
     to the page itself (after dropping the fragment) is kept, the caller de-duplicates.
+    ``canonical(url, base)`` replaces :func:`canonicalize` (raising ``ValueError`` to skip).
     """
+    canonical = canonical or canonicalize
+
+    def attempt(value: str, base: str) -> str | None:
+        try:
+            return canonical(value, base)
+        except ValueError:
+            return None
+
     if isinstance(html, bytes):
         html = html.decode("utf-8", errors="replace")
     tree = LexborHTMLParser(html)
@@ -97,7 +108,7 @@ def extract_links(html: str | bytes, base_url: str) -> list[str]:
     base_node = tree.css_first("base[href]")
     if base_node is not None:
         href = (base_node.attributes.get("href") or "").strip()
-        resolved = try_canonicalize(href, base_url) if href else None
+        resolved = attempt(href, base_url) if href else None
         if resolved is not None:
             base = resolved
     seen: set[str] = set()
@@ -108,7 +119,7 @@ def extract_links(html: str | bytes, base_url: str) -> list[str]:
         value = node.attributes.get(attr_of.get(node.tag, "href"))
         if not value:
             continue
-        link = try_canonicalize(value, base)
+        link = attempt(value, base)
         if link is not None and link not in seen:
             seen.add(link)
             links.append(link)

@@ -1,0 +1,328 @@
+"""Serving one partition: fetch its frontier politely, merge its inbox, ship links found for
+other partitions, and checkpoint it, while (and only while) this fetcher owns it.
+
+The runtime calls :meth:`PartitionServer.serve` from ``Worker.serve_shard`` and cancels it
+when the shard is moved away or the worker's session can no longer be trusted.  Steps:
+
+1. take the partition over (a new epoch, see :mod:`.ownership`) and restore the store from
+   the published checkpoint (or start empty);
+2. run, concurrently: fetch slots (one request per host at a time; the fetcher spaces them
+   by ``politeness_delay_s``; robots.txt consulted first), the inbox reader, the outbox
+   shipper, and the checkpointer (every ``checkpoint_interval_s`` while something changed);
+3. when cancelled, publish a last checkpoint (bounded: a deposed owner's is refused).
+
+A page's completion is one store transaction: the URL marked done, its links for this
+partition added to the frontier, its links for other partitions put in the outbox.  What is
+lost by a kill -9 is the work since the last checkpoint: the next owner fetches those pages
+again (duplicate WARC records, counted by the checkers) and re-reads the inbox files not yet
+covered by a checkpoint; no URL is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from examples.fetch_service.config import CrawlConfig
+from examples.fetch_service.fetch import Fetcher, FetchResult
+from examples.fetch_service.scale.hostqueue import HostQueues
+from examples.fetch_service.scale.inbox import (
+    inbox_file_name,
+    list_inbox,
+    read_inbox_file,
+    write_inbox_file,
+)
+from examples.fetch_service.scale.layout import Job, ScalePaths
+from examples.fetch_service.scale.ownership import Ownership, PartitionLost
+from examples.fetch_service.scale.robots import RobotsRules, robots_url
+from examples.fetch_service.scale.store import BLOCKED, DONE, Link, PartitionStore
+from examples.fetch_service.scale.urls import InvalidUrlError, canonical, host_of, partition_of
+from examples.fetch_service.warc import WarcWriter
+from framework import errors
+from framework.logs import get_logger
+from framework.zk import Session
+
+__all__ = ["PartitionContext", "PartitionServer", "PartitionStats"]
+
+log = get_logger("examples.fetch_service.scale.partition")
+
+#: Seconds between two listings of the inbox directory while it has nothing new (a shared
+#: file system offers no change notification).
+INBOX_POLL_S = 0.1
+#: Seconds between two shipments of the outbox (links are batched into one file per
+#: destination partition per shipment).
+SHIP_INTERVAL_S = 0.2
+#: Most links shipped in one round.
+SHIP_BATCH = 20_000
+#: Bound on the last checkpoint when the partition is released.
+FINAL_CHECKPOINT_S = 3.0
+
+
+@attrs.define
+class PartitionStats:
+    """Counters of one fetcher process (all its partitions), for its status."""
+
+    pages: int = 0  # responses stored in WARC
+    bytes: int = 0
+    errors: int = 0
+    blocked: int = 0
+    robots: int = 0  # robots.txt fetched
+    checkpoints: int = 0
+    shipped_files: int = 0
+
+
+@attrs.define
+class PartitionContext:
+    """What the fetcher process gives each partition it serves."""
+
+    session: Session
+    worker: str
+    job: Job
+    paths: ScalePaths
+    fetcher: Fetcher
+    warc: WarcWriter
+    local_dir: Path
+    config: Callable[[], CrawlConfig]
+    stats: PartitionStats
+    on_checkpoint: Callable[[], None] = lambda: None  # e.g. republish the worker's status
+
+
+class PartitionServer:
+    def __init__(self, ctx: PartitionContext, name: str) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.index = ctx.job.names.index(name)
+        self.shared = ctx.job.directory()
+        self.ownership = Ownership(ctx.session, ctx.paths.partition(name), ctx.worker)
+        self.store: PartitionStore | None = None
+        self.queues = HostQueues()
+        self._rules: dict[str, RobotsRules] = {}
+        self._consumed: set[str] = set()
+        self._dirty = True
+        self._outbox = trio.Event()
+        self._ship_seq = 0
+        self._ckpt_seq = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def serve(self) -> None:
+        """Own and crawl the partition until cancelled; raises :class:`PartitionLost` when
+        another fetcher took it over."""
+        record = await self.ownership.take_over()
+        epoch = record.epoch
+        parts = self.shared.parts(self.name)
+        source = parts / record.checkpoint if record.checkpoint else None
+        working = self.ctx.local_dir / f"{self.name}-e{epoch:06d}.sqlite"
+        self.store = store = await trio.to_thread.run_sync(PartitionStore.restore, source,
+                                                           working)
+        try:
+            self._consumed = store.consumed()
+            self._rules = {host: RobotsRules.from_answer(status, body)
+                           for host, (status, body) in store.robots().items()}
+            self.queues = HostQueues(store.pending())
+            counts = store.counts()
+            log.info("partition.serving", partition=self.name, epoch=epoch,
+                     checkpoint=record.checkpoint, pending=counts.pending, done=counts.done,
+                     outbox=counts.outbox)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(max(self.ctx.config().fetch_concurrency, 1)):
+                        nursery.start_soon(self._fetch_slot)
+                    nursery.start_soon(self._read_inbox)
+                    nursery.start_soon(self._ship)
+                    nursery.start_soon(self._checkpoints)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(FINAL_CHECKPOINT_S):
+                    try:
+                        if self._dirty:
+                            await self._checkpoint()
+                    except (PartitionLost, errors.ZooKeeperError) as exc:
+                        log.info("partition.final_checkpoint_skipped", partition=self.name,
+                                 epoch=epoch, reason=str(exc))
+        finally:
+            store.close()
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{working}{suffix}").unlink(missing_ok=True)
+            log.info("partition.released", partition=self.name, epoch=epoch)
+
+    # ------------------------------------------------------------ fetching
+
+    async def _fetch_slot(self) -> None:
+        while True:
+            url, host, depth = await self.queues.take()
+            try:
+                await self._fetch_one(url, host, depth)
+            finally:
+                self.queues.release(host)
+
+    async def _fetch_one(self, url: str, host: str, depth: int) -> None:
+        store, stats = self._store(), self.ctx.stats
+        config = self.ctx.config()
+        depth = store.depth(url) or depth
+        if self.ctx.job.obey_robots:
+            rules = await self._robots(host, url)
+            if not rules.allows(url, config.user_agent):
+                store.complete(url, BLOCKED, (), ())
+                stats.blocked += 1
+                self._dirty = True
+                return
+        result = await self.ctx.fetcher.fetch(url)
+        await self.ctx.warc.store(result)
+        stats.pages += len(result.responses)
+        stats.bytes += sum(len(r.body) for r in result.responses)
+        outcome = result.outcome
+        if not outcome.ok and outcome.error_kind not in ("too_many_redirects", "redirect_loop"):
+            stats.errors += 1
+        own: list[Link] = []
+        others: list[tuple[int, str, int]] = []
+        for link, link_depth in self._links(result, depth, config):
+            link_host = host_of(link)
+            target = partition_of(link_host, self.ctx.job.partitions)
+            if target == self.index:
+                own.append((link, link_host, link_depth))
+            else:
+                others.append((target, link, link_depth))
+        self.queues.add(store.complete(url, DONE, own, others))
+        self._dirty = True
+        if others:
+            self._outbox.set()
+
+    @staticmethod
+    def _links(result: FetchResult, depth: int,
+               config: CrawlConfig) -> list[tuple[str, int]]:
+        """Links to follow: the page's (one level deeper, below ``max_depth``), and the
+        target of a redirect (not followed inline: its host may belong to another
+        partition), at the same depth."""
+        outcome = result.outcome
+        found = [(link, depth + 1) for link in outcome.links] if depth < config.max_depth else []
+        if outcome.error_kind in ("too_many_redirects", "redirect_loop") and result.responses:
+            last = result.responses[-1]
+            location = next((v for k, v in last.headers if k.lower() == "location"), None)
+            if location:
+                try:
+                    target = canonical(location, last.url)
+                except InvalidUrlError:
+                    target = None
+                if target is not None and config.allows(target):
+                    found.append((target, depth))
+        return found
+
+    async def _robots(self, host: str, url: str) -> RobotsRules:
+        rules = self._rules.get(host)
+        if rules is None:
+            scheme = url.partition(":")[0]
+            result = await self.ctx.fetcher.fetch(robots_url(host, scheme))
+            status = result.outcome.status or 0
+            body = ""
+            if 200 <= status < 300 and result.responses:
+                body = result.responses[-1].body.decode("utf-8", errors="replace")
+            self._store().set_robots(host, status, body)
+            rules = self._rules[host] = RobotsRules.from_answer(status, body)
+            self.ctx.stats.robots += 1
+            self._dirty = True
+            log.info("partition.robots", partition=self.name, host=host, status=status)
+        return rules
+
+    # ------------------------------------------------------------ links in and out
+
+    async def _read_inbox(self) -> None:
+        directory = self.shared.inbox(self.name)
+        while True:
+            names = await trio.to_thread.run_sync(list_inbox, directory)
+            fresh = [name for name in names if name not in self._consumed]
+            for name in fresh:
+                raw = await trio.to_thread.run_sync(read_inbox_file, directory / name)
+                links = [(url, host_of(url), depth) for url, depth in raw]
+                self.queues.add(self._store().consume(name, links))
+                self._consumed.add(name)
+                self._dirty = True
+            if not fresh:
+                await trio.sleep(INBOX_POLL_S)
+
+    async def _ship(self) -> None:
+        store = self._store()
+        while True:
+            rows = store.outbox(SHIP_BATCH)
+            if not rows:
+                self._outbox = trio.Event()
+                await self._outbox.wait()
+                continue
+            by_target: dict[int, list[list[Any]]] = {}
+            for _id, target, url, depth in rows:
+                by_target.setdefault(target, []).append([url, depth])
+            for target, links in sorted(by_target.items()):
+                self._ship_seq += 1
+                name = inbox_file_name(self.name, self.ownership.epoch, self._ship_seq)
+                directory = self.shared.inbox(self.ctx.job.names[target])
+                await trio.to_thread.run_sync(write_inbox_file, directory, name, links)
+                self.ctx.stats.shipped_files += 1
+            store.shipped([row[0] for row in rows])
+            self._dirty = True
+            await trio.sleep(SHIP_INTERVAL_S)  # batching period, not synchronisation
+
+    # ------------------------------------------------------------ checkpoints
+
+    async def _checkpoints(self) -> None:
+        interval = self.ctx.job.checkpoint_interval_s
+        while True:
+            if self._dirty:
+                await self._checkpoint()
+            await trio.sleep(interval)  # the checkpoint period, not synchronisation
+
+    async def _checkpoint(self) -> None:
+        """Snapshot the store to the shared directory, publish it (fenced), then delete what
+        it made redundant: older checkpoints and the inbox files it has merged."""
+        store = self._store()
+        epoch = self.ownership.epoch
+        self._ckpt_seq += 1
+        name = f"ckpt-e{epoch:06d}-{self._ckpt_seq:06d}.sqlite"
+        parts = self.shared.parts(self.name)
+        tmp = parts / f".{name}.tmp"
+        counts = store.counts()
+        merged = set(self._consumed)
+        store.checkpoint(tmp)  # synchronous: no step of this partition runs meanwhile
+        self._dirty = False
+        await trio.to_thread.run_sync(_make_durable, tmp, parts / name)
+        status = {"pending": counts.pending, "done": counts.done, "blocked": counts.blocked,
+                  "outbox": counts.outbox, "idle": counts.pending == 0 and counts.outbox == 0,
+                  "at": time.time()}
+        await self.ownership.publish(name, status)
+        self.ctx.stats.checkpoints += 1
+        self.ctx.on_checkpoint()
+        inbox = self.shared.inbox(self.name)
+        await trio.to_thread.run_sync(_delete_redundant, parts, name, inbox, merged)
+        if merged:
+            store.forget_consumed(merged)
+            self._consumed -= merged
+            self._dirty = True  # publish once more: the master waits for emptied inboxes
+
+    def _store(self) -> PartitionStore:
+        assert self.store is not None
+        return self.store
+
+
+def _make_durable(tmp: Path, target: Path) -> None:
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _delete_redundant(parts: Path, current: str, inbox: Path, merged: set[str]) -> None:
+    """Older checkpoints of this partition (never a newer one) and merged inbox files."""
+    for entry in os.listdir(parts):
+        name = entry.removeprefix(".").removesuffix(".tmp")
+        if name.startswith("ckpt-") and name < current:
+            (parts / entry).unlink(missing_ok=True)
+    for name in merged:
+        (inbox / name).unlink(missing_ok=True)

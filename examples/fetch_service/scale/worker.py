@@ -1,0 +1,132 @@
+"""``PartitionFetcher``: a fetcher process of the partitioned crawl (a runtime ``Worker``).
+
+It takes no tasks: the master assigns it partitions (push-mode shards) and it serves each
+one with a :class:`PartitionServer` while it owns it.  One httpx client (the politeness
+state per host lives in it) and one WARC writer are shared by its partitions.  Directories:
+``$FETCH_WARC_DIR`` (default ``out/warc``) for WARC files and ``$FETCH_LOCAL_DIR`` (default
+``out/local/<worker name>``) for the partitions' working stores; both are local disk.  The
+durable state of a partition is in the job's shared directory (see :mod:`.layout`).
+
+A partition whose takeover another fetcher won (:class:`PartitionLost`) is held idle until
+the master moves it; any other error is logged and the partition served again after a
+pause (from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from examples.fetch_service.config import CrawlConfig
+from examples.fetch_service.fetch import Fetcher
+from examples.fetch_service.scale.layout import APP_NAME, Job, ScalePaths, read_job
+from examples.fetch_service.scale.ownership import PartitionLost
+from examples.fetch_service.scale.partition import (
+    PartitionContext,
+    PartitionServer,
+    PartitionStats,
+)
+from examples.fetch_service.scale.urls import canonical
+from examples.fetch_service.warc import WarcWriter
+from framework import errors
+from framework.logs import get_logger
+from framework.runtime import App, Worker
+from framework.zk import wait_exists
+
+__all__ = ["LOCAL_DIR_ENV", "PartitionFetcher"]
+
+log = get_logger("examples.fetch_service.scale.worker")
+
+WARC_DIR_ENV = "FETCH_WARC_DIR"
+LOCAL_DIR_ENV = "FETCH_LOCAL_DIR"
+RETRY_S = 1.0
+
+
+class PartitionFetcher(Worker):
+    app_name = APP_NAME
+    status_interval = 1.0
+
+    def __init__(self, app: App | str | None = None, *, name: str | None = None,
+                 address: str = "", warc_dir: str | os.PathLike[str] | None = None,
+                 local_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(app, name=name, address=address)
+        self.warc_dir = Path(warc_dir or os.environ.get(WARC_DIR_ENV) or "out/warc")
+        self.local_dir = Path(local_dir or os.environ.get(LOCAL_DIR_ENV)
+                              or Path("out/local") / self.name)
+        self.crawl_config = CrawlConfig()
+        self.paths = ScalePaths(self.app)
+        self.stats = PartitionStats()
+        self._configured = trio.Event()
+        self._fetcher: Fetcher | None = None
+        self._warc: WarcWriter | None = None
+        self._job: Job | None = None
+
+    async def run(self, session: Any) -> None:
+        async with Fetcher(_fetch_config(self.crawl_config), canonical=canonical) as fetcher:
+            with WarcWriter(self.warc_dir, prefix="crawl", writer_id=self.name,
+                            max_bytes=self.crawl_config.warc_max_bytes) as warc:
+                self._fetcher, self._warc = fetcher, warc
+                log.info("fetcher.started", worker=self.name, warc_dir=str(self.warc_dir),
+                         local_dir=str(self.local_dir))
+                try:
+                    await super().run(session)
+                finally:
+                    self._fetcher = None
+
+    async def on_config(self, config: Any) -> None:
+        try:
+            crawl_config = CrawlConfig.from_dict(config)
+        except errors.ConfigurationError as exc:
+            log.error("fetcher.bad_config", worker=self.name, error=str(exc))
+            return
+        self.crawl_config = crawl_config
+        if self._fetcher is not None:
+            self._fetcher.config = _fetch_config(crawl_config)
+        if self._warc is not None:
+            self._warc.max_bytes = crawl_config.warc_max_bytes
+        self._configured.set()
+        self.status_changed()
+
+    def health(self) -> dict[str, Any]:
+        stats = self.stats
+        return {"ok": True, "pages": stats.pages, "bytes": stats.bytes, "errors": stats.errors,
+                "blocked": stats.blocked, "checkpoints": stats.checkpoints,
+                "configured": self._configured.is_set(),
+                "config": hashlib.sha1(self.crawl_config.to_json()).hexdigest()[:10],
+                "politeness_delay_s": self.crawl_config.politeness_delay_s}
+
+    async def serve_shard(self, shard: str, spec: bytes) -> None:
+        await self._configured.wait()
+        job = await self._read_job()
+        assert self.session is not None and self._fetcher is not None and self._warc is not None
+        ctx = PartitionContext(self.session, self.name, job, self.paths, self._fetcher,
+                               self._warc, self.local_dir, lambda: self.crawl_config,
+                               self.stats, self.status_changed)
+        while True:
+            try:
+                await PartitionServer(ctx, shard).serve()
+            except PartitionLost as exc:
+                log.warning("partition.lost", worker=self.name, partition=shard, reason=exc.reason)
+                await trio.sleep_forever()  # until the master moves it (this is cancelled)
+            except (errors.FrameworkError, OSError) as exc:
+                log.warning("partition.failed", worker=self.name, partition=shard, error=str(exc))
+            except Exception:
+                log.exception("partition.crashed", worker=self.name, partition=shard)
+            await trio.sleep(RETRY_S)  # back off before serving it again
+
+    async def _read_job(self) -> Job:
+        if self._job is None:
+            assert self.session is not None
+            await wait_exists(self.session, self.paths.job)
+            self._job = await read_job(self.session, self.paths)
+        assert self._job is not None
+        return self._job
+
+
+def _fetch_config(config: CrawlConfig) -> CrawlConfig:
+    """Redirects are not followed inline: a target is a link routed to its host's partition."""
+    return config.evolve(max_redirects=0)
