@@ -77,6 +77,7 @@ class RunOptions:
     timeout: float = 3600.0
     out: Path = Path("out/crawl")
     progress: Callable[[str], None] | None = None
+    zk: str | None = None  # an existing ensemble (default: $FRAMEWORK_ZK_HOSTS or embedded)
 
     def check(self) -> None:
         if self.design not in DESIGNS:
@@ -148,8 +149,8 @@ async def count_znodes(session: Session, path: str) -> int:
 
 
 @asynccontextmanager
-async def _zookeeper() -> AsyncIterator[str]:
-    hosts = os.environ.get("FRAMEWORK_ZK_HOSTS")
+async def _zookeeper(given: str | None) -> AsyncIterator[str]:
+    hosts = given or os.environ.get("FRAMEWORK_ZK_HOSTS")
     if hosts:
         yield hosts
         return
@@ -173,6 +174,8 @@ class _Crawl:
         self.killed: str | None = None
         self.next_fetcher = 1
         self.peak = 0
+        self.pages: dict[str, int] = {}
+        self.live = 0
 
     def say(self, text: str) -> None:
         if self.options.progress is not None:
@@ -227,30 +230,33 @@ class _Crawl:
             return layout.ScalePaths(self.app).report
         return CrawlPaths(self.app).report
 
-    async def watch(self, session: Session, expected: int, started: float,
-                    writes_before: int) -> None:
-        """Progress lines, the peak znode count, and the kill -9 (plus a replacement)."""
-        options = self.options
-        group = Group(session, self.app.workers)
+    async def show_progress(self, session: Session, expected: int, started: float,
+                            writes_before: int) -> None:
+        """A progress line every 2 s, and the peak znode count."""
         last_pages, last_at = 0, started
-        per_worker: dict[str, int] = {}  # a killed fetcher's pages still count
         while True:
             await trio.sleep(2.0)  # the progress period, not synchronisation
-            members = await group.members()
-            for name, data in members.items():
-                try:
-                    per_worker[name] = int(json.loads(data).get("health", {}).get("pages", 0))
-                except (ValueError, AttributeError):
-                    continue
-            pages = sum(per_worker.values())
             znodes, writes = await trio.to_thread.run_sync(_zk_numbers, self.zk)
             self.peak = max(self.peak, znodes)
             now = time.monotonic()
+            pages = sum(self.pages.values())
             rate = (pages - last_pages) / (now - last_at) if now > last_at else 0.0
             last_pages, last_at = pages, now
             self.say(f"{now - started:6.0f}s  pages {pages:>7}/{expected} ({rate:6.0f}/s)  "
                      f"znodes {znodes}  writes/s {(writes - writes_before) / (now - started):.1f}"
-                     f"  fetchers {len(members)}")
+                     f"  fetchers {self.live}")
+
+    async def follow_fetchers(self, session: Session, expected: int) -> None:
+        """Pages per fetcher from their status nodes (a watch); the kill -9 when due."""
+        options = self.options
+        async for members in Group(session, self.app.workers).watch():
+            self.live = len(members)
+            for name, data in members.items():
+                try:
+                    self.pages[name] = int(json.loads(data).get("health", {}).get("pages", 0))
+                except (ValueError, AttributeError):
+                    continue
+            pages = sum(self.pages.values())  # a killed fetcher's pages still count
             if options.kill_at and self.killed is None and pages >= options.kill_at * expected:
                 victim = "fetcher-1"
                 proc = self.procs.procs[victim]
@@ -288,7 +294,7 @@ async def run_crawl(options: RunOptions) -> RunResult:
     for sub in ("warc", "logs", "local", "shared"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    async with _zookeeper() as zk:
+    async with _zookeeper(options.zk) as zk:
         crawl = _Crawl(options, zk)
         try:
             site = await crawl.start_site()
@@ -306,8 +312,9 @@ async def run_crawl(options: RunOptions) -> RunResult:
                           + (f", {options.partitions} partitions" if options.design ==
                              "partitioned" else ""))
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(crawl.watch, session, len(expected), started,
+                    nursery.start_soon(crawl.show_progress, session, len(expected), started,
                                        writes_before)
+                    nursery.start_soon(crawl.follow_fetchers, session, len(expected))
                     with trio.move_on_after(options.timeout) as waited:
                         await session.ensure_path(crawl.report_path().rpartition("/")[0])
                         await wait_exists(session, crawl.report_path())

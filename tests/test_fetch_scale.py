@@ -1,0 +1,183 @@
+"""The partitioned Fetch Service (issue #17), in process: canonical URLs, robots.txt, the
+partition store and its checkpoints, partition ownership with epochs on a real ZooKeeper,
+and a small crawl of the lazy site that must obey robots.txt and fetch each page once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from examples.fetch_service.config import CrawlConfig
+from examples.fetch_service.lazysite import LazySite, LazySpec, serve_lazy_site
+from examples.fetch_service.scale import layout
+from examples.fetch_service.scale.layout import PartitionRecord, ScalePaths
+from examples.fetch_service.scale.master import PartitionMaster
+from examples.fetch_service.scale.ownership import Ownership, PartitionLost
+from examples.fetch_service.scale.robots import RobotsRules
+from examples.fetch_service.scale.store import DONE, PartitionStore
+from examples.fetch_service.scale.urls import InvalidUrlError, canonical, partition_of
+from examples.fetch_service.scale.worker import PartitionFetcher
+from examples.fetch_service.warc import iter_stored
+from framework import Session
+from framework.runtime import App
+
+APP = App(layout.APP_NAME)
+PATHS = ScalePaths(APP)
+
+
+# ---------------------------------------------------------------- canonical URLs (w3lib)
+
+
+@pytest.mark.parametrize("spelling", [
+    "http://127.0.0.1:8001/p/7.html",
+    "HTTP://127.0.0.1:8001/p/7.html#top",
+    "http://127.0.0.1:8001/x/../p/./7.html",
+    "http://127.0.0.1:8001/p/%37.html",
+])
+def test_equivalent_spellings_have_one_canonical_form(spelling: str) -> None:
+    assert canonical(spelling) == "http://127.0.0.1:8001/p/7.html"
+
+
+def test_canonical_rules_beyond_the_path() -> None:
+    assert canonical("https://Example.COM:443") == "https://example.com/"
+    assert canonical("http://h:80/a b?b=2&a=1") == "http://h/a%20b?a=1&b=2"
+    assert canonical("../q.html#x", "http://h:81/a/b/c.html") == "http://h:81/a/q.html"
+
+
+@pytest.mark.parametrize("bad", ["mailto:x@example.org", "ftp://h/f", "/relative", "http://",
+                                 "http://h:99999/"])
+def test_uncrawlable_urls_are_refused_with_a_reason(bad: str) -> None:
+    with pytest.raises(InvalidUrlError, match="invalid URL"):
+        canonical(bad)
+
+
+def test_partition_of_a_host_is_stable_and_in_range() -> None:
+    hosts = [f"127.0.0.1:{port}" for port in range(9000, 9064)]
+    first = [partition_of(h, 8) for h in hosts]
+    assert first == [partition_of(h, 8) for h in hosts]
+    assert set(first) <= set(range(8)) and len(set(first)) > 4
+
+
+# ---------------------------------------------------------------- robots.txt (protego)
+
+
+def test_robots_answers_are_read_as_rfc_9309_says() -> None:
+    rules = RobotsRules.from_answer(200, "User-agent: *\nDisallow: /private/\n")
+    assert not rules.allows("http://h/private/1.html", "bot/1")
+    assert rules.allows("http://h/p/1.html", "bot/1")
+    assert RobotsRules.from_answer(404, "").allows("http://h/private/x", "bot/1")
+    assert not RobotsRules.from_answer(503, "").allows("http://h/p/1.html", "bot/1")
+    assert not RobotsRules.from_answer(0, "").allows("http://h/p/1.html", "bot/1")
+
+
+# ---------------------------------------------------------------- the partition store
+
+
+def test_store_checkpoint_restores_frontier_outbox_and_consumed(tmp_path: Path) -> None:
+    store = PartitionStore(tmp_path / "work.sqlite")
+    assert store.consume("seeds.json", [("http://h/", "h", 0)]) == [("http://h/", "h", 0)]
+    assert store.add([("http://h/", "h", 3)]) == []  # seen: not added twice
+    new = store.complete("http://h/", DONE, [("http://h/a", "h", 1), ("http://h/", "h", 1)],
+                         [(3, "http://g/b", 1)])
+    assert new == [("http://h/a", "h", 1)]
+    store.set_robots("h", 404, "")
+    store.checkpoint(tmp_path / "ckpt.sqlite")
+    store.complete("http://h/a", DONE, [], [])  # after the checkpoint: not in it
+    store.close()
+    restored = PartitionStore.restore(tmp_path / "ckpt.sqlite", tmp_path / "again.sqlite")
+    assert restored.pending() == [("http://h/a", "h", 1)]
+    assert [row[1:] for row in restored.outbox(10)] == [(3, "http://g/b", 1)]
+    assert restored.consumed() == {"seeds.json"}
+    assert restored.robots() == {"h": (404, "")}
+    counts = restored.counts()
+    assert (counts.pending, counts.done, counts.outbox) == (1, 1, 1)
+    restored.close()
+
+
+# ---------------------------------------------------------------- ownership with epochs
+
+
+async def test_a_deposed_owners_publish_is_refused_by_the_server(session: Session) -> None:
+    path = PATHS.partition("p000")
+    await session.create(path, PartitionRecord().to_json(), makepath=True)
+    first = Ownership(session, path, "fetcher-a")
+    second = Ownership(session, path, "fetcher-b")
+    with trio.fail_after(10):
+        assert (await first.take_over()).epoch == 1
+        await first.publish("ckpt-e000001-000001.sqlite", {"idle": False})
+        taken = await second.take_over()
+        # the new owner resumes from the old owner's last published checkpoint
+        assert (taken.epoch, taken.checkpoint) == (2, "ckpt-e000001-000001.sqlite")
+        with pytest.raises(PartitionLost):
+            await first.publish("ckpt-e000001-000002.sqlite", {"idle": True})
+        await second.publish("ckpt-e000002-000001.sqlite", {"idle": True})
+    record = PartitionRecord.from_json((await session.get(path))[0])
+    assert (record.epoch, record.owner, record.checkpoint) == (
+        2, "fetcher-b", "ckpt-e000002-000001.sqlite")
+
+
+async def test_two_simultaneous_takeovers_get_distinct_epochs(session: Session) -> None:
+    path = PATHS.partition("p001")
+    await session.create(path, PartitionRecord().to_json(), makepath=True)
+    owners = [Ownership(session, path, f"fetcher-{i}") for i in range(4)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for owner in owners:
+                nursery.start_soon(owner.take_over)
+    assert sorted(owner.epoch for owner in owners) == [1, 2, 3, 4]
+    last = max(owners, key=lambda o: o.epoch)
+    for owner in owners:
+        if owner is last:
+            await owner.publish("ckpt.sqlite", {})
+        else:
+            with pytest.raises(PartitionLost):
+                await owner.publish("ckpt.sqlite", {})
+
+
+# ---------------------------------------------------------------- a small crawl, in process
+
+
+@pytest.fixture
+async def lazy_site() -> AsyncIterator[LazySite]:
+    async with serve_lazy_site(LazySpec(pages=300, hosts=6, private_every=7,
+                                        gone_every=11)) as site:
+        yield site
+
+
+async def test_small_crawl_obeys_robots_and_fetches_each_page_once(
+        zk_hosts: str, chroot: str, lazy_site: LazySite, tmp_path: Path) -> None:
+    site = lazy_site
+    config = CrawlConfig(politeness_delay_s=0.0, max_depth=1000, allowed_hosts=site.hosts,
+                         request_timeout_s=5.0)
+    fetcher = PartitionFetcher(APP, name="f1", warc_dir=tmp_path / "warc",
+                               local_dir=tmp_path / "local")
+    async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+        await layout.start_job(s, APP, site.seeds, config, shared=tmp_path / "shared",
+                               partitions=4, checkpoint_interval_s=0.2)
+
+        async def serve_fetcher() -> None:
+            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
+                await fetcher.run(own)
+
+        with trio.fail_after(40):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_fetcher)
+                await PartitionMaster(APP, name="m1").run(s)
+                fetcher.request_stop()
+        report: dict[str, Any] = json.loads((await s.get(PATHS.report))[0])
+    expected = site.expected_urls(obey_robots=True)
+    stored = [url for url, _ in iter_stored(tmp_path / "warc")]
+    assert set(stored) == expected and len(stored) == len(expected)
+    assert report["done"] == len(expected)
+    assert report["blocked"] == len(site.private_urls())
+    # the site's own log: each page asked once, robots.txt once per host, no private page
+    robots = [u for u in site.requests if u.endswith("/robots.txt")]
+    assert sorted(robots) == sorted(f"http://{h}/robots.txt" for h in site.hosts)
+    assert not set(site.requests) & site.private_urls()
+    assert set(site.requests) - set(robots) == expected
+    assert set(site.requests.values()) == {1}
