@@ -13,18 +13,21 @@ import pytest
 import trio
 
 from examples.fetch_service.config import CrawlConfig
+from examples.fetch_service.fetch import Fetcher
 from examples.fetch_service.lazysite import LazySite, LazySpec, serve_lazy_site
 from examples.fetch_service.scale import layout
 from examples.fetch_service.scale.layout import PartitionRecord, ScalePaths
 from examples.fetch_service.scale.master import PartitionMaster
 from examples.fetch_service.scale.ownership import Ownership, PartitionLost
+from examples.fetch_service.scale.partition import PartitionContext, PartitionServer, PartitionStats
 from examples.fetch_service.scale.robots import RobotsRules
 from examples.fetch_service.scale.store import DONE, PartitionStore
 from examples.fetch_service.scale.urls import InvalidUrlError, canonical, partition_of
 from examples.fetch_service.scale.worker import PartitionFetcher
-from examples.fetch_service.warc import iter_stored
+from examples.fetch_service.warc import WarcWriter, iter_stored
 from framework import Session
 from framework.runtime import App
+from framework.zk import watch_data
 
 APP = App(layout.APP_NAME)
 PATHS = ScalePaths(APP)
@@ -181,3 +184,39 @@ async def test_small_crawl_obeys_robots_and_fetches_each_page_once(
     assert not set(site.requests) & site.private_urls()
     assert set(site.requests) - set(robots) == expected
     assert set(site.requests.values()) == {1}
+
+
+async def test_a_serving_owner_taken_over_stops_and_its_checkpoint_is_refused(
+        zk_hosts: str, chroot: str, lazy_site: LazySite, tmp_path: Path) -> None:
+    site = lazy_site
+    config = CrawlConfig(politeness_delay_s=0.0, max_depth=1000, allowed_hosts=site.hosts)
+    async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+        job = await layout.start_job(s, APP, site.seeds, config, shared=tmp_path / "shared",
+                                     partitions=1, checkpoint_interval_s=0.05)
+        path = PATHS.partition("p000")
+        await s.create(path, PartitionRecord().to_json())
+        async with Fetcher(config, canonical=canonical) as fetcher:
+            with WarcWriter(tmp_path / "warc") as warc:
+                ctx = PartitionContext(s, "owner", job, PATHS, fetcher, warc, tmp_path / "local",
+                                       lambda: config, PartitionStats())
+                published: list[str] = []
+
+                async def intrude() -> None:
+                    async for snap in watch_data(s, path):
+                        record = PartitionRecord.from_json(snap.data or b"")
+                        if record.epoch == 1 and record.checkpoint:
+                            published.append(record.checkpoint)
+                            break
+                    await Ownership(s, path, "intruder").take_over()
+
+                with trio.fail_after(20):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(intrude)
+                        with pytest.raises(PartitionLost):
+                            await PartitionServer(ctx, "p000").serve()
+        record = PartitionRecord.from_json((await s.get(path))[0])
+    # the intruder owns epoch 2 and resumes from a checkpoint the old owner published
+    # before the takeover; nothing the old owner wrote later was accepted
+    assert (record.epoch, record.owner) == (2, "intruder")
+    assert record.checkpoint is not None and record.checkpoint.startswith("ckpt-e000001-")
+    assert record.checkpoint >= published[0]

@@ -38,7 +38,7 @@ from examples.fetch_service.scale.layout import (
     dumps,
     read_job,
 )
-from framework import errors
+from framework import errors, single_body_error
 from framework.logs import get_logger
 from framework.runtime import Master, MasterContext
 from framework.zk import Session, Stat, wait_exists, watch_data
@@ -64,11 +64,12 @@ class PartitionMaster(Master):
             if await session.exists(paths.partition(name)) is None:
                 await ctx.term.commit(lambda t, n=name: t.create(
                     paths.partition(n), PartitionRecord().to_json()))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_follow_desired, ctx, paths)
-            nursery.start_soon(ctx.run_shards, {name: b"" for name in job.names})
-            records = await _until_finished(session, paths, job)
-            nursery.cancel_scope.cancel()
+        with single_body_error():  # a lost term is raised as itself
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_follow_desired, ctx, paths)
+                nursery.start_soon(ctx.run_shards, {name: b"" for name in job.names})
+                records = await _until_finished(session, paths, job)
+                nursery.cancel_scope.cancel()
         report = _report(job, records, self.name)
         await ctx.term.commit(lambda t: t.create(paths.report, dumps(report)))
         log.info("crawl.finished", job=job.id, pages=report["done"], blocked=report["blocked"])

@@ -44,7 +44,7 @@ from examples.fetch_service.scale.robots import RobotsRules, robots_url
 from examples.fetch_service.scale.store import BLOCKED, DONE, Link, PartitionStore
 from examples.fetch_service.scale.urls import InvalidUrlError, canonical, host_of, partition_of
 from examples.fetch_service.warc import WarcWriter
-from framework import errors
+from framework import errors, single_body_error
 from framework.logs import get_logger
 from framework.zk import Session
 
@@ -131,18 +131,19 @@ class PartitionServer:
                      checkpoint=record.checkpoint, pending=counts.pending, done=counts.done,
                      outbox=counts.outbox)
             try:
-                async with trio.open_nursery() as nursery:
-                    for _ in range(max(self.ctx.config().fetch_concurrency, 1)):
-                        nursery.start_soon(self._fetch_slot)
-                    nursery.start_soon(self._read_inbox)
-                    nursery.start_soon(self._ship)
-                    nursery.start_soon(self._checkpoints)
+                with single_body_error():  # PartitionLost raised as itself
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(max(self.ctx.config().fetch_concurrency, 1)):
+                            nursery.start_soon(self._fetch_slot)
+                        nursery.start_soon(self._read_inbox)
+                        nursery.start_soon(self._ship)
+                        nursery.start_soon(self._checkpoints)
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(FINAL_CHECKPOINT_S):
                     try:
                         if self._dirty:
                             await self._checkpoint()
-                    except (PartitionLost, errors.ZooKeeperError) as exc:
+                    except (PartitionLost, errors.ZooKeeperError, OSError) as exc:
                         log.info("partition.final_checkpoint_skipped", partition=self.name,
                                  epoch=epoch, reason=str(exc))
         finally:
