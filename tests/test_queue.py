@@ -717,3 +717,18 @@ async def test_every_item_delivered_and_acked_exactly_once_despite_crashes(
         assert await WorkQueue(admin, "/q").size() == 0
         await admin.delete_tree("/q")
         await admin.delete_tree("/acks")
+
+
+async def test_a_new_producer_does_not_take_a_half_used_bucket_for_full(
+    session: Session,
+) -> None:
+    """Issue #16.7b: a bucket's cversion counts creates *and* deletes, but its sequence
+    numbers count creates only.  After 5 puts and 5 acks (cversion 10) in a bucket of 8, a
+    new producer must still put into it (as number 5), not open a new bucket."""
+    queue = WorkQueue(session, "/cv", bucket_size=8)
+    await queue.put_many([b"x"] * 5)
+    for _ in range(5):
+        async with queue.take():
+            pass
+    name = await WorkQueue(session, "/cv", bucket_size=8).put(b"y")
+    assert name.startswith("b-0000000000/") and int(name[-10:]) == 5

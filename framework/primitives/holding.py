@@ -13,7 +13,7 @@ The node's data can be watched too (``on_data``): the revocable lock uses it to 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -32,12 +32,14 @@ async def node_scope(
     session_id: int | None,
     error: Callable[[str], BaseException],
     on_data: DataCheck | None = None,
+    keepalive: Callable[[], Awaitable[str | None]] | None = None,
 ) -> AsyncIterator[None]:
     """Run the block while ``path`` exists in session ``session_id`` and that session is
     trusted; otherwise cancel the block and raise ``error(reason)``.
 
-    ``reason`` is ``"node deleted"``, ``"lost"``, ``"suspended"``, or what ``on_data``
-    returned for the node's current data.
+    ``reason`` is ``"node deleted"``, ``"lost"``, ``"suspended"``, what ``on_data``
+    returned for the node's current data, or what ``keepalive`` returned: it runs beside the
+    block (renewing a lease, say) and returns a reason once the holding cannot be kept.
     """
     reason: list[str] = []
 
@@ -56,6 +58,8 @@ async def node_scope(
             nursery.start_soon(
                 _watch_node, session, path, session_id, on_data, end, scope
             )
+            if keepalive is not None:
+                nursery.start_soon(_keep, keepalive, end, scope)
         try:
             yield
         except trio.Cancelled:
@@ -71,6 +75,16 @@ async def node_scope(
         raise body_error
     if reason:
         raise error(reason[0])
+
+
+async def _keep(
+    keepalive: Callable[[], Awaitable[str | None]],
+    end: Callable[[str, trio.CancelScope], None],
+    scope: trio.CancelScope,
+) -> None:
+    why = await keepalive()
+    if why is not None:
+        end(why, scope)
 
 
 def _is_cancelled(exc: BaseException) -> bool:

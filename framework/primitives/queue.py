@@ -46,12 +46,17 @@ move it, or whose producer died first: it stays where it is until it is consumed
 delivered normally).  So once puts have returned, and without consumers racing them, no
 bucket holds more than ``bucket_size`` items.  Priority order holds within the oldest bucket
 that still holds unclaimed work - that is, across the whole queue while it holds fewer than
-``bucket_size`` items.
+``bucket_size`` items.  The bound: an urgent item waits behind at most the unclaimed items of
+the buckets older than its own (fewer than ``bucket_size`` per bucket), whatever their
+priority.
+
+Leases (``lease=``): see :mod:`framework.primitives.queue_lease`.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import random
 import socket
@@ -66,6 +71,7 @@ from framework import errors
 from framework.errors import ClaimLost, ConfigurationError, DataTooLargeError, PermanentFailure
 from framework.logs import get_logger
 from framework.primitives.holding import node_scope
+from framework.primitives.queue_lease import LeaseBreaker, Renewal, lease_token, renew
 from framework.primitives.queue_view import (
     Entry,
     QueueView,
@@ -170,7 +176,10 @@ class WorkQueue:
     ``max_item_bytes`` bounds a payload (:class:`DataTooLargeError` beyond).  With
     ``max_attempts``, an item delivered that many times without success goes to
     ``dead_letter`` (default ``<path>/dead``), readable with :meth:`dead_letters`.  Bad
-    settings raise :class:`ConfigurationError`.
+    settings raise :class:`ConfigurationError`.  With ``lease`` (seconds), a claim must be
+    renewed by its owner's trio loop within that time or it is broken and the item delivered
+    again (a visibility timeout: see :mod:`framework.primitives.queue_lease`); every user
+    of the queue should set the same lease.
 
     SUSPENDED: waiting consumers keep waiting and re-read after reconnection; a consumer
     holding an item has its body cancelled after the session's ``suspended_grace`` and
@@ -192,6 +201,7 @@ class WorkQueue:
         max_item_bytes: int = 64 * 1024,
         max_attempts: int | None = None,
         dead_letter: str | None = None,
+        lease: float | None = None,
     ) -> None:
         if not isinstance(session, Session):
             raise ConfigurationError(
@@ -212,8 +222,14 @@ class WorkQueue:
                     f"dead_letter {dead_letter!r} must not be the queue's path or lie in its "
                     "items/, claims/ or puts/"
                 )
+        if lease is not None and (
+            isinstance(lease, bool) or not isinstance(lease, (int, float))
+            or not 0 < lease < math.inf
+        ):
+            raise ConfigurationError(f"lease must be a positive number of seconds: {lease!r}")
         self.session = session
         self.path = path
+        self.lease = float(lease) if lease is not None else None
         self.bucket_size = bucket_size
         self.max_item_bytes = max_item_bytes
         self.max_attempts = max_attempts
@@ -226,6 +242,8 @@ class WorkQueue:
         self._view: QueueView | None = None
         self._claiming: set[str] = set()
         self._contended = False  # the last claim lost a race to another consumer
+        self._breaker = LeaseBreaker(session, self.claims_root)
+        self._renewals: dict[str, Renewal] = {}
         self._bucket: str | None = None  # where this producer puts
         self._bucket_hint = -1  # highest sequence number known taken in it
 
@@ -477,10 +495,15 @@ class WorkQueue:
         return self._bucket
 
     async def _adopt(self, bucket: str) -> None:
-        """Write to ``bucket`` from now on; its child version is its next sequence number."""
+        """Write to ``bucket`` from now on, knowing a lower bound of the highest sequence
+        number used in it.  The server numbers children by creates only, while ``cversion``
+        counts creates and deletes: so creates >= max(children, cversion / 2).  A lower
+        bound never closes a bucket early; an item numbered past the capacity is moved
+        (see ``_settle``), and the first put tells the exact number."""
         stat = await self.session.exists(f"{self.items_root}/{bucket}")
         self._bucket = bucket
-        self._bucket_hint = stat.cversion - 1 if stat is not None else -1
+        created = max(stat.numChildren, (stat.cversion + 1) // 2) if stat is not None else 0
+        self._bucket_hint = created - 1
 
     async def _advance(self, full: str) -> None:
         """``full`` is closed: write to the newest bucket after it, opening one if none."""
@@ -556,23 +579,46 @@ class WorkQueue:
     # ================================================================ consumers
 
     @asynccontextmanager
-    async def take(self) -> AsyncIterator[QueueItem]:
-        """Wait for an item, claim it and run the block with it (see the module doc)."""
+    async def take(self, *, renew_for: float | None = None) -> AsyncIterator[QueueItem]:
+        """Wait for an item, claim it and run the block with it (see the module doc).
+
+        With a ``lease``, the claim is renewed while the block runs, for at most
+        ``renew_for`` seconds (default: as long as it runs); a claim not renewed for a whole
+        lease is broken by an idle consumer, the block is cancelled with :class:`ClaimLost`
+        and the item is delivered again (:mod:`framework.primitives.queue_lease`)."""
         await self._setup()
         claim = await self._claim()
         entry = claim.entry
         item = QueueItem(entry.key, claim.data, entry.priority, claim.version)
+        keepalive = None
+        if self.lease is not None:
+            renewal = self._renewals[entry.key] = Renewal()
+            if renew_for is not None:
+                renewal.until = trio.current_time() + renew_for
+            keepalive = functools.partial(
+                renew, self.session, claim.claim_path, claim.token, self.lease, renewal
+            )
         started = False
         try:
             async with node_scope(
-                self.session, claim.claim_path, session_id=claim.session_id, error=ClaimLost
+                self.session, claim.claim_path, session_id=claim.session_id, error=ClaimLost,
+                keepalive=keepalive,
             ):
                 started = True
                 yield item
         except BaseException as exc:
+            self._renewals.pop(entry.key, None)
             await self._fail(claim, exc, started=started)
             raise
+        self._renewals.pop(entry.key, None)
         await self._ack(claim)
+
+    def renew_for(self, item: QueueItem, seconds: float) -> None:
+        """Renew the lease of ``item`` (held by this queue object) for at most ``seconds``
+        more: a holder that cannot stop a stuck handler still lets the item go."""
+        renewal = self._renewals.get(item.name)
+        if renewal is not None:
+            renewal.until = trio.current_time() + seconds
 
     def _get_view(self) -> QueueView:
         if self._view is None:
@@ -594,7 +640,13 @@ class WorkQueue:
             try:
                 entries = await view.candidates(self._claiming)
                 if not entries:
-                    await changed.wait()
+                    # nothing to take: the moment to break leases that ran out (if any
+                    # can run out, wake up when the next one could)
+                    expiry = math.inf
+                    if self.lease is not None:
+                        expiry = await self._breaker.check(await view.claims())
+                    with trio.move_on_at(expiry):
+                        await changed.wait()
                     continue
                 # after a contended take, start at a random item near the head right away
                 index = _spread(entries, -1) if self._contended else 0
@@ -636,7 +688,7 @@ class WorkQueue:
         session_id = await session.wait_connected()
         claim = _Claim(
             entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
-            session_id, f"{self._owner}:{uuid.uuid4().hex[:16]}".encode(),
+            session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
         )
         txn = session.transaction()
         txn.create(claim.claim_path, claim.token, ephemeral=True)

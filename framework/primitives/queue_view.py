@@ -230,6 +230,16 @@ class QueueView:
                     break
             return window
 
+    async def claims(self) -> frozenset[str]:
+        """The names of the current claims, from a watched list."""
+        async with self._lock:
+            if self._claims is not None:
+                return self._claims
+            fresh: dict[str, Any] = {}
+            await self._read_claims(fresh)
+            claims: frozenset[str] = fresh["claims"]
+            return claims
+
     async def _read_buckets(self, fresh: dict[str, Any]) -> None:
         stamp = self._stamp(("buckets",))
         names = await self.session.children(self.items_root, watch=self._watch("buckets"))

@@ -30,6 +30,7 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
+import attrs
 import trio
 
 from framework import errors
@@ -65,7 +66,10 @@ class Worker:
     (then the task is dead-lettered), ``backoff_base``/``backoff_max`` (seconds held before
     a failed task is released for retry, doubling per attempt), ``time_limit`` (seconds per
     task unless the task sets its own), ``drain_timeout``, ``status_interval``,
-    ``suspended_grace``.
+    ``suspended_grace``, ``lease`` (seconds: a task's claim must be renewed by this worker's
+    trio loop within it, and is renewed only until the task's time limit and retry backoff
+    are over; a worker stuck past that, or whose event loop is blocked, loses the task to
+    another worker, and its late acknowledgement is refused by the server).
     """
 
     app_name: str | None = None
@@ -77,6 +81,7 @@ class Worker:
     drain_timeout: float = 30.0
     status_interval: float = 1.0
     suspended_grace: float | None = None  # None: until the session's trust deadline
+    lease: float | None = 30.0  # a task's claim is renewed within this (None: no lease)
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -98,6 +103,7 @@ class Worker:
         self._waiting: set[trio.CancelScope] = set()
         self._stop_requested = trio.Event()
         self._status_dirty = trio.Event()
+        self._markers: dict[str, _Marker] = {}  # running/ path -> this worker's marker
 
     # ------------------------------------------------------------ for subclasses
 
@@ -136,10 +142,19 @@ class Worker:
     async def report_progress(self, task: Task, done: float, total: float | None = None,
                               message: str = "") -> None:
         """Publish progress of a running task (shown by ``framework status``)."""
-        doc = {"worker": self.name, "done": done, "total": total, "message": message,
-               "at": time.time()}
         assert self.session is not None
-        await self.session.set(f"{self.app.running}/{task.id}", json.dumps(doc).encode())
+        marker = self._markers.get(f"{self.app.running}/{task.id}")
+        if marker is None:
+            raise errors.ConfigurationError(
+                f"report_progress() for task {task.id!r}, which this worker is not running"
+            )
+        progress = {"done": done, "total": total, "message": message, "at": time.time()}
+        try:
+            stat = await self.session.set(marker.path, marker.encode(progress),
+                                          version=marker.version)
+        except (errors.BadVersionError, errors.NoNodeError):
+            return  # the marker is no longer ours: this delivery lost its claim
+        marker.version = stat.version
 
     async def submit(self, payload: Any, *, task_id: str | None = None,
                      idempotency_key: str | None = None, time_limit: float | None = None,
@@ -190,7 +205,7 @@ class Worker:
             await session.ensure_path(path)
         group = Group(session, app.workers)
         queue = WorkQueue(session, app.tasks, max_attempts=self.max_attempts,
-                          dead_letter=app.dead)
+                          dead_letter=app.dead, lease=self.lease)
         async with group.join(self.name, json.dumps(self.status()).encode()) as member:
             log.info("worker.joined", app=app.name, worker=self.name)
             async with trio.open_nursery() as background:
@@ -229,7 +244,7 @@ class Worker:
                 # a persistent problem (e.g. the app's znodes deleted under us) must not
                 # turn into a busy loop: back off, exponentially, up to backoff_max
                 await trio.sleep(min(self.backoff_base * 2 ** (trouble - 1), self.backoff_max))
-            marker: list[str] = []
+            marker: list[_Marker] = []
             try:
                 with trio.CancelScope() as slot:
                     # request_stop cancels only slots still waiting for an item
@@ -238,7 +253,7 @@ class Worker:
                         async with queue.take() as item:
                             self._waiting.discard(slot)
                             # an exception leaving this block hands the item back
-                            await self._handle_item(session, item, marker)
+                            await self._handle_item(session, queue, item, marker)
                         # the running/ marker outlives the ack or release, so an observer
                         # that sees no marker and an empty queue knows all is done
                     finally:
@@ -257,56 +272,79 @@ class Worker:
                 log.exception("worker.slot_error", worker=self.name, retry=trouble)
 
     async def _mark_running(self, session: Session, running: str, task: Task,
-                            item: QueueItem, marker: list[str]) -> None:
+                            item: QueueItem, marker: list[_Marker]) -> None:
         """Create this delivery's ``running/<task id>`` marker; on return ``marker`` holds
-        it.  The marker is also the task id's mutual exclusion: another delivery of the same
-        id (a resubmission, an at-least-once put) waits here until that one's marker is gone,
-        without failing or using up a delivery.  A lost reply is recovered by the delivery
-        token in the marker's data (our own marker is adopted, never waited for)."""
-        delivery = f"{self.name}/{item.name}/{item.attempts}"
-        doc = json.dumps({"worker": self.name, "started": time.time(),
-                          "attempt": task.attempts, "delivery": delivery}).encode()
+        it.  The marker is also the task id's mutual exclusion: another live delivery of the
+        same id (a resubmission, an at-least-once put) waits here until that one's marker is
+        gone, without failing or using up a delivery.  A lost reply is recovered by the
+        delivery token in the marker's data (our own marker is adopted); the marker of an
+        earlier delivery of this same item is stale (that delivery lost its claim, its
+        handler is stuck) and is taken over."""
+        mine = _Marker(running, f"{self.name}/{item.name}/{item.attempts}",
+                       {"worker": self.name, "started": time.time(), "attempt": task.attempts})
         try:
             while True:
                 try:
-                    await session.create(running, doc, ephemeral=True)
-                    marker.append(running)
+                    await session.create(running, mine.encode(), ephemeral=True)
+                    marker.append(mine)
                     return
                 except (errors.ConnectionLossError, errors.NodeExistsError):
                     pass  # ours, applied with its reply lost, or another delivery's
                 owner = await _marker_owner(session, running)
-                if owner == (delivery, await session.wait_connected()):
-                    marker.append(running)
+                if owner is None:
+                    continue
+                delivery, owner_session, version = owner
+                if (delivery, owner_session) == (mine.delivery,
+                                                 await session.wait_connected()):
+                    mine.version = version
+                    marker.append(mine)
                     return
-                if owner is not None:
-                    log.info("task.same_id_running", task=task.id, worker=self.name,
-                             other=owner[0])
-                    await wait_gone(session, running)
+                if _earlier_delivery_of(delivery, item):
+                    log.warning("task.stale_marker_taken_over", task=task.id,
+                                worker=self.name, other=delivery)
+                    try:
+                        await session.delete(running, version=version)
+                    except (errors.BadVersionError, errors.NoNodeError):
+                        pass
+                    continue
+                log.info("task.same_id_running", task=task.id, worker=self.name,
+                         other=delivery)
+                await wait_gone(session, running)
         except BaseException:
             # interrupted while our create may have been applied: never leave an orphan
             # marker behind, it would hold up every later delivery of this task id
             with cleanup_scope(session):
                 try:
                     owner = await _marker_owner(session, running)
-                    if owner is not None and owner[0] == delivery:
-                        await session.delete(running, missing_ok=True)
+                    if owner is not None and owner[0] == mine.delivery:
+                        await session.delete(running, version=owner[2])
                 except errors.ZooKeeperError:
-                    pass  # the session ended: so did its ephemeral marker
+                    pass  # the session ended (so did its ephemeral marker), or not ours
             raise
 
-    async def _clear_running(self, session: Session, marker: list[str]) -> None:
+    async def _clear_running(self, session: Session, marker: list[_Marker]) -> None:
+        """Delete our marker, and only ours (at the version we last wrote: a delivery that
+        took over a stale marker of ours keeps its own)."""
         if marker:
+            self._markers.pop(marker[0].path, None)
             with cleanup_scope(session):
                 try:
-                    await session.delete(marker[0], missing_ok=True)
+                    await session.delete(marker[0].path, version=marker[0].version)
                 except errors.ZooKeeperError:
-                    pass  # ephemeral: goes with the session anyway
+                    pass  # not ours any more, or the session (and the marker) ended
 
-    async def _handle_item(self, session: Session, item: QueueItem, marker: list[str]) -> None:
+    async def _handle_item(self, session: Session, queue: WorkQueue, item: QueueItem,
+                           marker: list[_Marker]) -> None:
         """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
         task = Task.decode(item.data, item.attempts)
+        limit = task.time_limit or self.time_limit
+        if limit:
+            # past its limit (and the retry backoff) a handler that did not stop is stuck:
+            # stop renewing the claim's lease, so the task goes to another worker
+            queue.renew_for(item, limit + self.backoff_max + 1.0)
         running = f"{self.app.running}/{task.id}"
         await self._mark_running(session, running, task, item, marker)
+        self._markers[running] = marker[0]
         record = self.app.result_path(task.key)
         try:
             previous = TaskResult.decode((await session.get(record))[0])
@@ -320,7 +358,6 @@ class Worker:
         self._status_dirty.set()
         started = time.time()
         try:
-            limit = task.time_limit or self.time_limit
             with trio.fail_after(limit) if limit else nullcontext():
                 value = await self.handle(task)
         except Exception as exc:
@@ -434,8 +471,31 @@ class Worker:
                 log.info("shard.released", worker=self.name, shard=shard)
 
 
-async def _marker_owner(session: Session, path: str) -> tuple[str, int] | None:
-    """The delivery token and owning session of a ``running/`` marker (``None``: none)."""
+@attrs.define
+class _Marker:
+    """This worker's ``running/<task id>`` node: its delivery token
+    (``worker/item name/attempt``) and the version we last wrote."""
+
+    path: str
+    delivery: str
+    doc: dict[str, Any]
+    version: int = 0
+
+    def encode(self, progress: dict[str, Any] | None = None) -> bytes:
+        return json.dumps({**self.doc, **(progress or {}), "delivery": self.delivery}).encode()
+
+
+def _earlier_delivery_of(delivery: str, item: QueueItem) -> bool:
+    """Whether ``delivery`` (a marker's token) is an earlier delivery of ``item``: that
+    delivery's claim has ended, since ours holds the item now."""
+    head, _, attempt = delivery.rpartition("/")
+    _worker, _, name = head.partition("/")
+    return name == item.name and attempt.isdigit() and int(attempt) < item.attempts
+
+
+async def _marker_owner(session: Session, path: str) -> tuple[str, int, int] | None:
+    """The delivery token, owning session and version of a ``running/`` marker (``None``:
+    there is none)."""
     while True:
         try:
             await session.sync(path)
@@ -449,7 +509,7 @@ async def _marker_owner(session: Session, path: str) -> tuple[str, int] | None:
             delivery = str(json.loads(data).get("delivery", ""))
         except (ValueError, AttributeError):
             delivery = ""
-        return delivery, stat.ephemeralOwner
+        return delivery, stat.ephemeralOwner, stat.version
 
 
 async def _put(session: Session, path: str, data: bytes) -> None:

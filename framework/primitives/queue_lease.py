@@ -1,0 +1,148 @@
+"""Claim leases of a work queue: a visibility timeout that a stuck owner cannot outlive.
+
+A claim is an ephemeral node, so it lives as long as its owner's session - and kazoo keeps a
+session alive from its own thread even while the owner's handler is stuck (blocked in a
+thread, or spinning without checkpoints).  A lease bounds that: the claim's data carries its
+lease (``<owner>:<nonce>;lease=<seconds>``) and the owner *renews* it from the trio side, by
+rewriting the claim node at its current version every ``lease / 3`` seconds.  An owner whose
+trio loop is blocked renews nothing; a worker stops renewing once the task's time limit is
+over.
+
+A consumer with nothing to take checks the claims it can see.  It remembers the version at
+which it first saw each leased claim, by its own monotonic clock, and a claim still at that
+version ``lease`` seconds later was not renewed for at least ``lease`` seconds: it deletes it
+*at that version* (so a renewal that got in first wins), and the item is delivered again.
+No clocks are compared across machines, and only idle consumers do this: a busy queue pays
+nothing.  The late owner's ack is refused by the server (it deletes the claim and the item
+at the claimed version, and one or the other has changed), so its result is not counted as
+the delivery's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import trio
+
+from framework import errors
+from framework.logs import get_logger
+from framework.zk import Session
+
+log = get_logger("framework.primitives.queue")
+
+_SUFFIX = b";lease="
+
+
+def lease_token(owner_nonce: str, lease: float | None) -> bytes:
+    """A claim node's data: who claimed it, and the lease it must be renewed within."""
+    token = owner_nonce.encode()
+    return token if lease is None else token + _SUFFIX + f"{lease:g}".encode()
+
+
+def lease_of(data: bytes) -> float | None:
+    """The lease written in a claim's data (``None``: the claim has none)."""
+    _, found, value = data.rpartition(_SUFFIX)
+    if not found:
+        return None
+    try:
+        lease = float(value)
+    except ValueError:
+        return None
+    return lease if lease > 0 and math.isfinite(lease) else None
+
+
+@attrs.define
+class Renewal:
+    """How long a claim's lease is renewed: until trio time ``until`` (may be changed while
+    the claim is held, by :meth:`WorkQueue.renew_for`)."""
+
+    until: float = math.inf
+
+
+async def renew(
+    session: Session, claim_path: str, token: bytes, lease: float, renewal: Renewal
+) -> str | None:
+    """Keep the claim's lease alive until ``renewal.until`` (then let it lapse); return
+    why the claim was lost if it was (broken by another consumer, or re-made by one)."""
+    version = 0
+    interval = lease / 3
+    while True:
+        await trio.sleep(interval)
+        if trio.current_time() >= renewal.until:
+            break
+        try:
+            stat = await session.set(claim_path, token, version=version)
+            version = stat.version
+            continue
+        except (errors.BadVersionError, errors.NoNodeError):
+            return "lease broken: not renewed in time"
+        except errors.ConnectionLossError:
+            pass
+        # the renewal's reply was lost: read back which version our claim is at
+        while True:
+            try:
+                data, stat = await session.get(claim_path)
+            except errors.NoNodeError:
+                return "lease broken: not renewed in time"
+            except errors.ConnectionLossError:
+                await session.wait_connected()
+                continue
+            break
+        if data != token:
+            return "lease broken: the item was claimed again"
+        version = stat.version
+    await trio.sleep_forever()  # past the owner's limit: the lease lapses
+    return None
+
+
+@attrs.define
+class _Seen:
+    version: int
+    at: float  # trio time when this version was first seen
+    lease: float | None
+
+
+class LeaseBreaker:
+    """An idle consumer's view of the claims' leases (see the module doc)."""
+
+    def __init__(self, session: Session, claims_root: str) -> None:
+        self.session = session
+        self.claims_root = claims_root
+        self._seen: dict[str, _Seen] = {}
+
+    async def check(self, claims: frozenset[str]) -> float:
+        """Break every lease seen unrenewed for its whole length; return the trio time at
+        which the next one could expire (``inf``: none can)."""
+        now = trio.current_time()
+        for gone in set(self._seen) - claims:
+            del self._seen[gone]
+        soonest = math.inf
+        for name in claims:
+            seen = self._seen.get(name)
+            if seen is not None and (seen.lease is None or now < seen.at + seen.lease):
+                if seen.lease is not None:
+                    soonest = min(soonest, seen.at + seen.lease)
+                continue
+            try:
+                data, stat = await self.session.get(f"{self.claims_root}/{name}")
+            except errors.NoNodeError:
+                self._seen.pop(name, None)
+                continue
+            if seen is None or stat.version != seen.version:
+                seen = self._seen[name] = _Seen(stat.version, now, lease_of(data))
+                if seen.lease is not None:
+                    soonest = min(soonest, now + seen.lease)
+                continue
+            await self._break(name, seen)
+        return soonest
+
+    async def _break(self, name: str, seen: _Seen) -> None:
+        try:
+            await self.session.delete(f"{self.claims_root}/{name}", version=seen.version)
+        except (errors.BadVersionError, errors.NoNodeError):
+            return  # renewed, acked or released meanwhile
+        finally:
+            self._seen.pop(name, None)
+        log.warning("queue.lease_expired", claim=name, lease=seen.lease,
+                    note="not renewed in time: the item is delivered again")

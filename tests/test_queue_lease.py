@@ -1,0 +1,161 @@
+"""Claim leases (issue #16.4): a claim whose owner is alive but stuck is not held forever."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import trio
+
+from framework import Session
+from framework.errors import ClaimLost, ConfigurationError
+from framework.primitives.queue import WorkQueue
+from framework.primitives.queue_lease import lease_of, lease_token
+from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
+from tests.test_runtime import nursery_session
+
+LEASE = 1.0
+
+
+async def test_a_stuck_owner_loses_its_claim_and_its_late_ack_is_refused(
+    zk_hosts: str, chroot: str
+) -> None:
+    """A's handler is stuck in a thread (cancellation cannot reach it) and A stops renewing
+    after ``renew_for``; its session stays alive.  B, idle, breaks the lease once it saw the
+    claim unrenewed for a whole lease, takes the item and acks it.  When A's thread returns,
+    its block ends with ClaimLost: its ack never reached the server."""
+    unblock = threading.Event()
+    outcome: dict[str, Any] = {}
+    async with (
+        Session(zk_hosts, chroot=chroot) as a,
+        Session(zk_hosts, chroot=chroot) as b,
+    ):
+        await WorkQueue(a, "/q").put(b"job")
+        a_took = trio.Event()
+
+        async def stuck_owner() -> None:
+            try:
+                async with WorkQueue(a, "/q", lease=LEASE).take(renew_for=0.2) as item:
+                    outcome["a"] = item.attempts
+                    a_took.set()
+                    await trio.to_thread.run_sync(unblock.wait)  # not cancellable
+            except ClaimLost as exc:
+                outcome["a_error"] = str(exc)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stuck_owner)
+                await a_took.wait()
+                async with WorkQueue(b, "/q", lease=LEASE).take() as item:
+                    outcome["b"] = (item.data, item.attempts)
+                unblock.set()
+        assert a.session_id is not None  # A's session lived through all of it
+        assert await WorkQueue(b, "/q").size() == 0
+    assert outcome["a"] == 1 and outcome["b"] == (b"job", 2)
+    assert "lease" in outcome["a_error"] or "node deleted" in outcome["a_error"]
+
+
+async def test_a_renewed_claim_is_never_broken(zk_hosts: str, chroot: str) -> None:
+    """A holds its item for several leases while renewing; B waits idle beside it all that
+    time and never gets the item; A's ack succeeds."""
+    async with (
+        Session(zk_hosts, chroot=chroot) as a,
+        Session(zk_hosts, chroot=chroot) as b,
+    ):
+        queue_a = WorkQueue(a, "/q", lease=0.5)
+        await queue_a.put(b"job")
+        got: list[bytes] = []
+
+        async def idle_consumer() -> None:
+            async with WorkQueue(b, "/q", lease=0.5).take() as item:
+                got.append(item.data)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                async with queue_a.take() as item:
+                    nursery.start_soon(idle_consumer)
+                    await trio.sleep(2.5)  # the work itself: five leases long
+                assert await queue_a.size() == 0
+                nursery.cancel_scope.cancel()
+    assert got == [] and item.data == b"job"
+
+
+def test_lease_token_round_trip_and_bad_leases() -> None:
+    assert lease_of(lease_token("h:1:abc", 2.5)) == 2.5
+    assert lease_of(lease_token("h:1:abc", None)) is None
+    assert lease_of(b"h:1:abc;lease=nonsense") is None
+
+
+@pytest.mark.parametrize("lease", [0, -1, float("inf"), "5", True])
+async def test_bad_lease_is_a_configuration_error(session: Session, lease: Any) -> None:
+    with pytest.raises(ConfigurationError, match="lease"):
+        WorkQueue(session, "/q", lease=lease)
+
+
+class Blocking(Worker):
+    """A handler stuck in a thread beyond its time limit (time_limit cannot stop it)."""
+
+    concurrency = 1
+    lease = LEASE
+    backoff_base = 0.01
+    backoff_max = 0.01
+
+    def __init__(self, *args: Any, block: threading.Event | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.block = block
+        self.entered = trio.Event()
+
+    async def handle(self, task: Task) -> Any:
+        self.entered.set()
+        if self.block is not None:
+            await trio.to_thread.run_sync(self.block.wait)
+        return self.name
+
+
+async def test_a_worker_stuck_past_its_time_limit_hands_the_task_over(
+    zk_hosts: str, chroot: str
+) -> None:
+    """Worker w1's handler blocks in a thread past the task's time limit; its claim stops
+    being renewed, w2 takes the task over and finishes it; the job ends."""
+    app = App("stuck")
+    block = threading.Event()
+
+    class Once(Master):
+        async def lead(self, ctx: MasterContext) -> None:
+            await ctx.submit({}, task_id="t0", time_limit=0.3)
+            await ctx.wait_idle()
+            self.result = await ctx.result("t0")
+
+    stuck = Blocking(app, name="w1", block=block)
+    master = Once(app)
+    # a failing run must not leave the stuck thread behind: fail_after cannot cancel it
+    guard = threading.Timer(45, block.set)
+    guard.start()
+    try:
+        await _run_stuck(zk_hosts, chroot, app, master, stuck, block)
+    finally:
+        guard.cancel()
+        block.set()
+    assert master.result.ok and master.result.result == "w2"
+
+
+async def _run_stuck(zk_hosts: str, chroot: str, app: App, master: Master,
+                     stuck: Blocking, block: threading.Event) -> None:
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stuck.run, await nursery_session(nursery, zk_hosts, chroot))
+            async with Session(zk_hosts, chroot=chroot) as s:
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(master.run, s)
+                    # once w1 is stuck in its handler, a healthy worker joins
+                    await stuck.entered.wait()
+                    healthy = Blocking(app, name="w2")
+                    nursery.start_soon(healthy.run, await nursery_session(nursery, zk_hosts,
+                                                                          chroot))
+                status = await gather_status(s, app)
+            block.set()
+            stuck.request_stop()
+            healthy.request_stop()
+            nursery.cancel_scope.cancel()
+    assert status.dead_letters == 0
