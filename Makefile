@@ -28,6 +28,7 @@ demo-broker: zookeeper install
 
 lint: install
 	$(PY) -m ruff check framework tests bench examples
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: zookeeper install
 	$(PY) bench/bridge.py

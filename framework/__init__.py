@@ -5,6 +5,9 @@ ZooKeeper for tests and demos), :mod:`framework.primitives` (the coordination re
 :mod:`framework.runtime` (masters and workers).
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from framework import errors
 from framework.errors import (
     BadVersionError,
@@ -30,37 +33,105 @@ from framework.errors import (
     TransactionFailedError,
     ZooKeeperError,
 )
-from framework.logs import configure_logging, get_logger
-from framework.primitives import (
-    Barrier,
-    ConfigStore,
-    DoubleBarrier,
-    Election,
-    Group,
-    Lock,
-    Membership,
-    QueueItem,
-    ReadWriteLock,
-    Rendezvous,
-    RevocableLock,
-    Term,
-    TwoPhaseCoordinator,
-    TwoPhaseSite,
-    WorkQueue,
-)
-from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker
-from framework.zk import (
-    ChildrenSnapshot,
-    DataSnapshot,
-    Session,
-    SessionState,
-    StateChange,
-    Transaction,
-    watch_children,
-    watch_data,
-)
-from framework.zk.scopes import single_body_error
-from framework.zkserver import ZooKeeperEnsemble
+
+# Everything else is imported on first use (PEP 562), so `import framework.zk` does not
+# load the runtime, the server launcher or rich.
+_LAZY: dict[str, str] = {
+    "App": "framework.runtime",
+    "Barrier": "framework.primitives",
+    "ChildrenSnapshot": "framework.zk",
+    "ConfigStore": "framework.primitives",
+    "DataSnapshot": "framework.zk",
+    "DoubleBarrier": "framework.primitives",
+    "Election": "framework.primitives",
+    "Group": "framework.primitives",
+    "Lock": "framework.primitives",
+    "Master": "framework.runtime",
+    "MasterContext": "framework.runtime",
+    "Membership": "framework.primitives",
+    "QueueItem": "framework.primitives",
+    "ReadWriteLock": "framework.primitives",
+    "Rendezvous": "framework.primitives",
+    "RevocableLock": "framework.primitives",
+    "Session": "framework.zk",
+    "SessionState": "framework.zk",
+    "StateChange": "framework.zk",
+    "Task": "framework.runtime",
+    "TaskResult": "framework.runtime",
+    "Term": "framework.primitives",
+    "Transaction": "framework.zk",
+    "TwoPhaseCoordinator": "framework.primitives",
+    "TwoPhaseSite": "framework.primitives",
+    "WorkQueue": "framework.primitives",
+    "Worker": "framework.runtime",
+    "ZooKeeperEnsemble": "framework.zkserver",
+    "configure_logging": "framework.logs",
+    "get_logger": "framework.logs",
+    "single_body_error": "framework.zk.scopes",
+    "watch_children": "framework.zk",
+    "watch_data": "framework.zk",
+}
+
+if TYPE_CHECKING:
+    from framework.logs import (
+        configure_logging,
+        get_logger,
+    )
+    from framework.primitives import (
+        Barrier,
+        ConfigStore,
+        DoubleBarrier,
+        Election,
+        Group,
+        Lock,
+        Membership,
+        QueueItem,
+        ReadWriteLock,
+        Rendezvous,
+        RevocableLock,
+        Term,
+        TwoPhaseCoordinator,
+        TwoPhaseSite,
+        WorkQueue,
+    )
+    from framework.runtime import (
+        App,
+        Master,
+        MasterContext,
+        Task,
+        TaskResult,
+        Worker,
+    )
+    from framework.zk import (
+        ChildrenSnapshot,
+        DataSnapshot,
+        Session,
+        SessionState,
+        StateChange,
+        Transaction,
+        watch_children,
+        watch_data,
+    )
+    from framework.zk.scopes import (
+        single_body_error,
+    )
+    from framework.zkserver import (
+        ZooKeeperEnsemble,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'framework' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "App",

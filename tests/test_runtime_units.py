@@ -107,3 +107,21 @@ def test_lost_ownership_has_one_base_and_says_what_was_lost() -> None:
         assert str(error) == f"{text} lost: suspended"
     assert not issubclass(ClaimLost, LeadershipLost)
     assert not issubclass(LockLost, LeadershipLost)
+
+
+def test_importing_the_bridge_loads_no_upper_layer() -> None:
+    """``import framework.zk`` (or ``framework``) loads neither the runtime, the server
+    launcher nor rich: the package root is lazy (PEP 562)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, framework, framework.zk; "
+            "print(sorted(m for m in ('framework.runtime', 'framework.zkserver', "
+            "'framework.primitives', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+    code = "import framework; print(framework.Worker.__module__, 'Worker' in dir(framework))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "framework.runtime.worker True"
