@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: test demo demo-katta demo-broker lint bench zookeeper install clean
+.PHONY: test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper install clean
 
 test: zookeeper install lint
 	$(PY) -m pytest -q
@@ -26,6 +26,11 @@ demo-katta: zookeeper install
 demo-broker: zookeeper install
 	$(PY) -m examples.message_broker.demo
 
+# The partitioned Fetch Service at crawl scale: a 200,000-page generated site, 4 fetchers,
+# ZooKeeper as the control plane only (about 7 minutes on 2 cores); output in ./out/crawl/.
+demo-crawl-large: zookeeper install
+	$(PY) -m examples.fetch_service.scale.run --pages 200000
+
 lint: install
 	$(PY) -m ruff check framework tests bench examples
 	$(VENV)/bin/lint-imports --no-cache
@@ -34,6 +39,10 @@ bench: zookeeper install
 	$(PY) bench/bridge.py
 	$(PY) bench/primitives.py
 	$(PY) bench/runtime.py
+
+# The crawl benchmark: partitioned vs level-by-level design (about 20 minutes; --quick).
+bench-crawl: zookeeper install
+	$(PY) bench/crawl.py
 
 install: $(STAMP)
 
