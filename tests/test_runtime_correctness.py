@@ -204,3 +204,40 @@ async def test_a_cancelled_worker_stops_while_zookeeper_is_unreachable(
                 await started.wait()
                 proxy.freeze()  # never thawed while the worker stops
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_shard_is_served_again_and_the_worker_lives_on(
+    zk_hosts: str, chroot: str
+) -> None:
+    """``serve_shard`` raising neither ends ``Worker.run`` nor stops the worker's other
+    shards: the failed shard is served again after a backoff."""
+    app = App("shardfail")
+    calls: dict[str, int] = {"s0": 0, "s1": 0}
+    both_served_again = trio.Event()
+
+    class Fragile(Worker):
+        backoff_base = 0.01
+
+        async def serve_shard(self, shard: str, spec: bytes) -> None:
+            calls[shard] += 1
+            if shard == "s0" and calls["s0"] == 1:
+                raise ValueError("the shard's files are not there yet")
+            if calls["s0"] == 2 and calls["s1"] >= 1:
+                both_served_again.set()
+            await trio.sleep_forever()
+
+    class Shards(Master):
+        stable_for = 0.1
+
+        async def lead(self, ctx: MasterContext) -> None:
+            await ctx.run_shards({"s0": b"", "s1": b""})
+
+    worker = Fragile(app, name="w")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, await nursery_session(nursery, zk_hosts, chroot))
+            nursery.start_soon(Shards(app).run, await nursery_session(nursery, zk_hosts,
+                                                                      chroot))
+            await both_served_again.wait()
+            assert calls["s1"] == 1, "the other shard was not disturbed"
+            nursery.cancel_scope.cancel()

@@ -454,21 +454,40 @@ class Worker:
 
     async def _serve(self, session: Session, shard: str,
                      task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve one assigned shard until it is unassigned.  ``serve_shard`` raising does not
+        stop the worker (nor its other shards): the error is logged and the shard served
+        again after a backoff, as long as it stays assigned to us."""
         with trio.CancelScope() as scope:
             task_status.started(scope)
-            try:
-                spec, _ = await session.get(f"{self.app.shards}/{shard}")
-            except errors.NoNodeError:
-                spec = b""
-            self._shards.add(shard)
+            failures = 0
+            while True:
+                try:
+                    await self._serve_once(session, shard)
+                    return
+                except errors.SessionInterrupted:
+                    raise  # the session cannot be trusted: every shard stops
+                except Exception as exc:
+                    failures += 1
+                    delay = min(self.backoff_base * 2 ** (failures - 1), self.backoff_max)
+                    log.error("shard.failed", worker=self.name, shard=shard,
+                              error=f"{type(exc).__name__}: {exc}", retry_in=delay,
+                              exc_info=exc)
+                    await trio.sleep(delay)
+
+    async def _serve_once(self, session: Session, shard: str) -> None:
+        try:
+            spec, _ = await session.get(f"{self.app.shards}/{shard}")
+        except errors.NoNodeError:
+            spec = b""
+        self._shards.add(shard)
+        self._status_dirty.set()
+        log.info("shard.serving", worker=self.name, shard=shard)
+        try:
+            await self.serve_shard(shard, spec)
+        finally:
+            self._shards.discard(shard)
             self._status_dirty.set()
-            log.info("shard.serving", worker=self.name, shard=shard)
-            try:
-                await self.serve_shard(shard, spec)
-            finally:
-                self._shards.discard(shard)
-                self._status_dirty.set()
-                log.info("shard.released", worker=self.name, shard=shard)
+            log.info("shard.released", worker=self.name, shard=shard)
 
 
 @attrs.define
