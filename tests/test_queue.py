@@ -26,8 +26,8 @@ from framework.errors import (
     DataTooLargeError,
     NoNodeError,
 )
-from framework.primitives import queue as queue_module
 from framework.primitives.queue import QueueItem, WorkQueue
+from framework.primitives.queue import producer as queue_producer
 from framework.testing import TcpProxy, expire_session
 from framework.zk import Transaction
 
@@ -491,7 +491,7 @@ async def test_puts_survive_lost_replies(session: Session, interfere: Interfere,
                                          monkeypatch: pytest.MonkeyPatch, action: str) -> None:
     """put, a one-batch put_many and a pipelined put_many whose request (or reply) is lost
     mid-way: nothing is duplicated, nothing lost, order and names hold."""
-    monkeypatch.setattr(queue_module, "_BATCH_OPS", 3)
+    monkeypatch.setattr(queue_producer, "_BATCH_OPS", 3)
     q = WorkQueue(session, "/q")
     interfere.arm(is_put, action)
     names = [await q.put(b"single")]
@@ -512,7 +512,7 @@ async def test_puts_survive_lost_replies(session: Session, interfere: Interfere,
 async def test_put_many_pipelines_its_batches_in_order(
     session: Session, interfere: Interfere, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queue_module, "_BATCH_OPS", 4)
+    monkeypatch.setattr(queue_producer, "_BATCH_OPS", 4)
     q = WorkQueue(session, "/q")
     payloads = [b"%03d" % i for i in range(120)]
     names = await q.put_many(payloads)
@@ -663,7 +663,7 @@ async def test_every_item_delivered_and_acked_exactly_once_despite_crashes(
     flight; or the consumer is cancelled in the block while its session lives.  Every item is
     delivered at least once, acknowledged exactly once - counted by records that the acks
     themselves create on the server - and no ack is reported that did not happen."""
-    monkeypatch.setattr(queue_module, "_BATCH_OPS", 2)  # pipelined put_many batches
+    monkeypatch.setattr(queue_producer, "_BATCH_OPS", 2)  # pipelined put_many batches
     chroot = f"/tests/queue-property-{uuid.uuid4().hex[:8]}"
     expected = {f"{p}-{i}".encode() for p in range(producers) for i in range(per_producer)}
     delivered: list[bytes] = []

@@ -1,0 +1,236 @@
+"""A work queue with priorities and at-least-once delivery (seed: queues, priority queues).
+
+Producers add persistent sequential items named ``i<priority>-<token>-NNNNNNNNNN``; consumers
+take the lowest priority value first, oldest first, from an up-to-date children list (see
+:mod:`framework.primitives.queue_view` for the layout and the watched view).
+
+Puts survive lost replies: the ``token`` in every item's name is a GUID, so after a
+``ConnectionLossError`` the producer lists the bucket and adopts the item it finds instead of
+creating a second one.  (If consumers took and acknowledged the item before the producer could
+look, it cannot be told from one never written and is put again: puts stay at-least-once.)
+
+Delivery is at-least-once:
+
+* claim: one transaction creates the consumer's *ephemeral* claim node and bumps the item's
+  version (the version counts deliveries, so crashed deliveries count too);
+* clean exit from ``async with queue.take() as item:`` acknowledges: one transaction deletes
+  the claim and the item *at the version we claimed*, so it succeeds only while the claim is
+  still ours - an item is never deleted twice, and never by a consumer that lost its claim.
+  An acknowledgement is reported only when it is proven: if its reply is lost and the session
+  changes meanwhile, or it cannot be confirmed within the session timeout (plus a second),
+  :class:`ClaimLost` is raised (the item is delivered again unless that ack did apply);
+* an exception releases the claim (the item is delivered again), or moves the item to the
+  dead-letter path once ``max_attempts`` deliveries have been made, or at once for
+  :class:`~framework.errors.PermanentFailure` (retrying cannot help);
+* a ``take()`` cancelled before its block starts (even while the claim's request is in
+  flight, or while its outcome is being checked after a lost reply) removes a claim it may
+  have made and restores the item's delivery count, so the item is not stuck and the
+  delivery that never reached a handler is not counted;
+* a crashed consumer's claims vanish with its session, and the item is delivered again.
+
+Consumers wait on watches, never poll.  Every waiting consumer, in every process, is woken
+by the same watch and competes for the head of the queue, so none is starved (fair); one that
+loses a race tries a random item among the next few instead of racing for the next head in
+lockstep, so competitors spread out.  Within a process, consumer tasks sharing a
+``WorkQueue`` share one view and never compete for the same item.  A lone consumer takes
+items in strict order.
+
+Large queues: items live in buckets ``items/b-NNNNNNNNNN``.  A bucket is closed once its
+sequence counter reaches ``bucket_size`` (ZooKeeper counts every create in it); an item that
+gets a number at or past ``bucket_size`` (a concurrent or stale producer's) is moved by its
+producer to the newest bucket - and on again, if it lands past that one's capacity too -
+before ``put`` returns.  The exact bound: a bucket holds at most ``bucket_size`` items, plus
+items created past its capacity that are not moved yet.  Those exist only while the puts that
+made them are in flight, except an item that a consumer claimed before its producer could
+move it, or whose producer died first: it stays where it is until it is consumed (it is
+delivered normally).  So once puts have returned, and without consumers racing them, no
+bucket holds more than ``bucket_size`` items.  Priority order holds within the oldest bucket
+that still holds unclaimed work - that is, across the whole queue while it holds fewer than
+``bucket_size`` items.  The bound: an urgent item waits behind at most the unclaimed items of
+the buckets older than its own (fewer than ``bucket_size`` per bucket), whatever their
+priority.
+
+Leases (``lease=``): see :mod:`framework.primitives.queue_lease`.
+
+Modules: :mod:`.items` (records), :mod:`.producer` (puts), :mod:`.consumer` (takes, acks,
+dead letters), :mod:`framework.primitives.queue_view` (the watched view and the names),
+:mod:`framework.primitives.queue_lease` (leases); inspection (``size``, ``dead_letters``)
+is here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any
+
+import trio
+
+from framework import errors
+from framework.errors import ConfigurationError
+from framework.primitives.queue.consumer import Consumer
+from framework.primitives.queue.items import QueueItem
+from framework.primitives.queue.producer import Producer
+from framework.primitives.queue_lease import LeaseBreaker, Renewal
+from framework.primitives.queue_view import QueueView, gather, is_bucket, parse_item
+from framework.zk import MAX_DATA_BYTES, Session, validate_path
+
+__all__ = ["MAX_BUCKET_SIZE", "QueueItem", "WorkQueue"]
+
+#: Largest ``bucket_size``: a bucket's listing must stay under ZooKeeper's 1 MB reply limit
+#: (Java clients cannot read more) with names of up to ~45 bytes.
+MAX_BUCKET_SIZE = 20_000
+
+
+def _whole(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{name} must be an int, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low:,} and {high:,}" if high is not None else f"at least {low:,}"
+        raise ConfigurationError(f"{name} must be {bound}, got {value!r}")
+    return value
+
+
+class WorkQueue(Producer, Consumer):
+    """A distributed work queue at ``path`` (the recipe owns that subtree).
+
+    ``bucket_size`` (2..20,000) bounds the items per bucket (see the module doc).
+    ``max_item_bytes`` bounds a payload (:class:`DataTooLargeError` beyond).  With
+    ``max_attempts``, an item delivered that many times without success goes to
+    ``dead_letter`` (default ``<path>/dead``), readable with :meth:`dead_letters`.  Bad
+    settings raise :class:`ConfigurationError`.  With ``lease`` (seconds), a claim must be
+    renewed by its owner's trio loop within that time or it is broken and the item delivered
+    again (a visibility timeout: see :mod:`framework.primitives.queue_lease`); every user
+    of the queue should set the same lease.
+
+    SUSPENDED: waiting consumers keep waiting and re-read after reconnection; a consumer
+    holding an item has its body cancelled after the session's ``suspended_grace`` and
+    :class:`ClaimLost` is raised (the claim is released if the session survives, else it
+    vanished with it): the item is delivered again.  LOST: claims of the expired session are
+    gone and their items are delivered again; waiting consumers continue in the new session.
+    Releasing, acknowledging and cleaning up after a cancelled take are shielded from
+    cancellation but bounded by the session timeout (plus a second).  A producer's write
+    that fails with ``ConnectionLossError`` is recovered by its GUID; one cancelled may or
+    may not have been applied (retrying gives at-least-once puts).
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        path: str,
+        *,
+        bucket_size: int = 10_000,
+        max_item_bytes: int = 64 * 1024,
+        max_attempts: int | None = None,
+        dead_letter: str | None = None,
+        lease: float | None = None,
+    ) -> None:
+        if not isinstance(session, Session):
+            raise ConfigurationError(
+                f"WorkQueue needs a framework Session, got {type(session).__name__}"
+            )
+        validate_path(path, allow_root=False)
+        _whole("bucket_size", bucket_size, 2, MAX_BUCKET_SIZE)
+        _whole("max_item_bytes", max_item_bytes, 1, MAX_DATA_BYTES)
+        if max_attempts is not None:
+            _whole("max_attempts", max_attempts, 1)
+        if dead_letter is not None:
+            validate_path(dead_letter, allow_root=False)
+            inside = [f"{path}/{part}" for part in ("items", "claims", "puts")]
+            if dead_letter == path or any(
+                dead_letter == p or dead_letter.startswith(p + "/") for p in inside
+            ):
+                raise ConfigurationError(
+                    f"dead_letter {dead_letter!r} must not be the queue's path or lie in its "
+                    "items/, claims/ or puts/"
+                )
+        if lease is not None and (
+            isinstance(lease, bool) or not isinstance(lease, (int, float))
+            or not 0 < lease < math.inf
+        ):
+            raise ConfigurationError(f"lease must be a positive number of seconds: {lease!r}")
+        self.session = session
+        self.path = path
+        self.lease = float(lease) if lease is not None else None
+        self.bucket_size = bucket_size
+        self.max_item_bytes = max_item_bytes
+        self.max_attempts = max_attempts
+        self.dead_letter = dead_letter or f"{path}/dead"
+        self.items_root = f"{path}/items"
+        self.claims_root = f"{path}/claims"
+        self.puts_root = f"{path}/puts"
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._ready = False
+        self._view: QueueView | None = None
+        self._claiming: set[str] = set()
+        self._contended = False  # the last claim lost a race to another consumer
+        self._breaker = LeaseBreaker(session, self.claims_root)
+        self._renewals: dict[str, Renewal] = {}
+        self._bucket: str | None = None  # where this producer puts
+        self._bucket_hint = -1  # highest sequence number known taken in it
+
+    async def _setup(self) -> None:
+        if not self._ready:
+            await gather(
+                lambda: self.session.ensure_path(self.items_root),
+                lambda: self.session.ensure_path(self.claims_root),
+            )
+            self._ready = True
+
+    async def size(self, *, changed: trio.Event | None = None) -> int:
+        """Items in the queue, including those being processed (claimed, not yet acked).
+
+        With ``changed``, watches are left so that the event is set at the next put, ack,
+        release to the dead letters or new bucket (this lists every non-empty bucket:
+        meant for an observer waiting for the queue to drain, not for a hot path)."""
+        session = self.session
+        watch = session.waker(changed) if changed is not None else None
+        try:
+            names = await session.children(self.items_root, watch=watch)
+        except errors.NoNodeError:
+            if changed is not None and await session.exists(self.items_root, watch=watch):
+                changed.set()  # created meanwhile: look again
+            return 0
+        counts: list[int] = []
+
+        async def count(bucket: str) -> None:
+            path = f"{self.items_root}/{bucket}"
+            try:
+                if watch is not None:
+                    counts.append(len(await session.children(path, watch=watch)))
+                    return
+                stat = await session.exists(path)
+                counts.append(stat.numChildren if stat else 0)
+            except errors.NoNodeError:
+                counts.append(0)
+
+        await gather(*[_bind(count, b) for b in names if is_bucket(b)])
+        return sum(counts)
+
+    async def dead_letters(self) -> list[QueueItem]:
+        """Items moved to the dead-letter path, oldest first."""
+        try:
+            names = await self.session.children(self.dead_letter)
+        except errors.NoNodeError:
+            return []
+        out = []
+        for name in names:
+            flat, _, attempts = name.rpartition(".")
+            bucket, _, node = flat.partition(".")
+            entry = parse_item(bucket, node)
+            if entry is None or not attempts.isdigit():
+                continue
+            try:
+                data, _stat = await self.session.get(f"{self.dead_letter}/{name}")
+            except errors.NoNodeError:
+                continue
+            out.append(QueueItem(entry.key, data, entry.priority, int(attempts)))
+        return sorted(out, key=lambda i: (i.name.split("/")[0], int(i.name[-10:])))
+
+
+def _bind(fn: Any, arg: str) -> Any:
+    async def call() -> None:
+        await fn(arg)
+
+    return call

@@ -1,0 +1,59 @@
+"""The queue's data records: an item as delivered, a claim, put batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from framework.primitives.queue_view import Entry
+
+
+@attrs.frozen
+class QueueItem:
+    """One delivery of an item.
+
+    ``name`` identifies the item (``b-0000000000/i+0-<token>-0000000042``); ``attempts``
+    counts its deliveries including this one (for a dead letter: the deliveries made before
+    it died).
+    """
+
+    name: str
+    data: bytes
+    priority: int
+    attempts: int
+
+
+@attrs.frozen
+class Claim:
+    entry: Entry
+    data: bytes
+    version: int  # the item's version while our claim holds (== deliveries so far)
+    claim_path: str
+    session_id: int
+    token: bytes  # the claim node's data: tells our claim from any other
+
+
+@attrs.define
+class Batch:
+    """Items ``start:end`` of a ``put_many`` call, sent as one request."""
+
+    start: int
+    end: int
+    tokens: list[str]
+    outcome: Any = None  # the created paths, or the error the request ended with
+
+
+@attrs.define
+class Chain:
+    """An ephemeral node whose version orders the pipelined batches of one ``put_many``.
+
+    Batch ``k`` of a round sets it at version ``version + k``: a batch can be applied only
+    after every batch before it, so the applied batches are always a prefix - whatever was
+    lost on the way - and the node's version says how long that prefix is.
+    """
+
+    guid: str
+    path: str
+    version: int = 0
+    alive: bool = True

@@ -1,0 +1,425 @@
+"""The producer half of :class:`~framework.primitives.queue.WorkQueue`: puts, batched and
+pipelined, recovered after lost replies by the GUIDs in item names, and the bucket chain."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Awaitable, Callable, Iterable
+
+import trio
+
+from framework import errors
+from framework.errors import ConfigurationError, DataTooLargeError
+from framework.logs import get_logger
+from framework.primitives.queue.items import Batch, Chain
+from framework.primitives.queue_view import (
+    bucket_index,
+    bucket_name,
+    is_bucket,
+    item_name_prefix,
+    item_token,
+)
+from framework.zk import Session, create_protected, delete_guid_nodes, new_guid
+
+log = get_logger("framework.primitives.queue")
+
+#: Items per multi-op in ``put_many`` (and its byte budget), well under ZooKeeper's 1 MB.
+_BATCH_OPS = 500
+_BATCH_BYTES = 512 * 1024
+#: Batches of one ``put_many`` in flight at once.
+_PIPELINE = 4
+
+
+class Producer:
+    """Puts (see the package doc for the guarantees)."""
+
+    # state shared with the other halves of WorkQueue (set in its __init__)
+    session: Session
+    path: str
+    items_root: str
+    claims_root: str
+    puts_root: str
+    dead_letter: str
+    bucket_size: int
+    max_item_bytes: int
+    max_attempts: int | None
+    lease: float | None
+    _owner: str
+    _setup: Callable[[], Awaitable[None]]
+    _bucket: str | None
+    _bucket_hint: int
+
+    def _check(self, data: bytes) -> bytes:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise DataTooLargeError(
+                f"queue items must be bytes, got {type(data).__name__} (encode it first)"
+            )
+        if len(data) > self.max_item_bytes:
+            raise DataTooLargeError(
+                f"queue item is {len(data):,} bytes; this queue accepts at most "
+                f"{self.max_item_bytes:,} (store large payloads elsewhere and queue a reference)"
+            )
+        return bytes(data)
+
+    @staticmethod
+    def _check_priority(priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 10**9:
+            raise ConfigurationError(f"priority must be an int below 10**9 in size: {priority!r}")
+
+    async def put(self, data: bytes, *, priority: int = 0) -> str:
+        """Add one item; return its name."""
+        return (await self.put_many([data], priority=priority))[0]
+
+    async def put_many(self, items: Iterable[bytes], *, priority: int = 0) -> list[str]:
+        """Add items in order; return their names.
+
+        Items are written in multi-op batches (up to 500 items or 512 KiB per request), and
+        up to four batches are in flight at once.  Order still holds: each batch also bumps
+        an ephemeral node of this call at the version the batch before it left, so batches
+        are applied in order or not at all, and those after a lost one are sent again after
+        it.  Each batch is atomic; if the call fails, a prefix of the items stays queued.
+        After a lost reply whose batch was applied but entirely consumed before it could be
+        found, names of that batch come back without their sequence number.
+        """
+        if isinstance(items, (bytes, bytearray, memoryview, str)):
+            raise ConfigurationError(
+                "put_many() takes an iterable of items (bytes each); use put() for one item"
+            )
+        self._check_priority(priority)
+        payloads = [self._check(d) for d in items]
+        await self._setup()
+        names: list[str] = []
+        chain: Chain | None = None
+        try:
+            start = 0
+            while start < len(payloads):
+                bucket = await self._current_bucket()
+                room = self.bucket_size - 1 - self._bucket_hint
+                if room <= 0:  # known full: go to the next bucket first
+                    await self._advance(bucket)
+                    continue
+                batches = _plan(payloads, start, room)
+                if len(batches) > 1 and chain is None:
+                    chain = await self._open_chain()
+                ordered = chain if len(batches) > 1 else None
+                await self._send_round(bucket, priority, batches, payloads, ordered)
+                applied, verdict = await self._conclude(bucket, priority, batches, ordered)
+                if chain is not None and not chain.alive:
+                    chain = None  # gone with an expired session: a new one if needed
+                end = batches[applied - 1].end if applied else start
+                created = [path for batch in batches[:applied] for path in batch.outcome]
+                names.extend(await self._settle(bucket, created, payloads[start:end], priority))
+                start = end
+                if verdict == "bucket gone":
+                    self._bucket = None
+        finally:
+            if chain is not None:
+                await delete_guid_nodes(self.session, self.puts_root, chain.guid)
+        if names:
+            log.debug("queue.put", path=self.path, items=len(names), priority=priority)
+        return names
+
+    async def _open_chain(self) -> Chain:
+        guid = new_guid()
+        while True:
+            try:
+                path = await create_protected(
+                    self.session, self.puts_root, "p-", b"", guid=guid, ephemeral=True,
+                    sequence=False, makepath=True,
+                )
+                return Chain(guid, path)
+            except errors.SessionExpiredError:
+                await self.session.wait_connected()
+            except BaseException:
+                await delete_guid_nodes(self.session, self.puts_root, guid)
+                raise
+
+    async def _send_round(
+        self, bucket: str, priority: int, batches: list[Batch], payloads: list[bytes],
+        chain: Chain | None,
+    ) -> None:
+        """Send the batches, each setting its ``outcome``; several at once with a chain."""
+        if chain is None:
+            for batch in batches:
+                batch.outcome = await self._send(bucket, priority, batch, payloads, None, 0)
+            return
+        turns = [trio.Event() for _ in batches]
+        turns[0].set()
+        window = trio.Semaphore(_PIPELINE)
+
+        async def send(k: int, batch: Batch) -> None:
+            try:
+                await turns[k].wait()
+                if k + 1 < len(turns):
+                    turns[k + 1].set()
+                # No checkpoint from here until the request is handed to kazoo (a free
+                # in-flight slot and a live connection cost none), so batches usually leave
+                # in order; when they do not, the chain makes the early one fail, harmlessly.
+                batch.outcome = await self._send(bucket, priority, batch, payloads, chain, k)
+            finally:
+                window.release()
+
+        async with trio.open_nursery() as nursery:
+            for k, batch in enumerate(batches):
+                await window.acquire()
+                nursery.start_soon(send, k, batch)
+
+    async def _send(
+        self, bucket: str, priority: int, batch: Batch, payloads: list[bytes],
+        chain: Chain | None, k: int,
+    ) -> list[str] | Exception:
+        parent = f"{self.items_root}/{bucket}"
+        data = payloads[batch.start:batch.end]
+        try:
+            if chain is None and len(data) == 1:
+                prefix = item_name_prefix(priority, batch.tokens[0])
+                return [await self.session.create(f"{parent}/{prefix}", data[0], sequence=True)]
+            txn = self.session.transaction()
+            if chain is not None:
+                txn.set(chain.path, b"", version=chain.version + k)
+            for token, payload in zip(batch.tokens, data, strict=True):
+                txn.create(f"{parent}/{item_name_prefix(priority, token)}", payload,
+                           sequence=True)
+            results = await txn.commit()
+            return [str(r) for r in results[0 if chain is None else 1:]]
+        except Exception as exc:  # judged by _conclude, in order
+            return exc
+
+    async def _conclude(
+        self, bucket: str, priority: int, batches: list[Batch], chain: Chain | None
+    ) -> tuple[int, str | None]:
+        """How many leading batches were applied (their outcomes become the paths created),
+        and why the next one was not (``None``: all were)."""
+        first = next((k for k, b in enumerate(batches) if not isinstance(b.outcome, list)),
+                     len(batches))
+        if first == len(batches):
+            if chain is not None:
+                chain.version += len(batches)
+            return first, None
+        for batch in batches[first:]:
+            exc = batch.outcome
+            if isinstance(exc, Exception) and not _expected_put_error(exc, chain):
+                raise exc
+        applied = first
+        if chain is not None or any(_in_doubt(b.outcome) for b in batches[first:]):
+            applied = await self._recover(bucket, priority, batches, first, chain)
+        if applied == len(batches):
+            return applied, None
+        exc = batches[applied].outcome
+        if isinstance(exc, errors.NoNodeError) or (
+            isinstance(exc, errors.TransactionFailedError)
+            and (chain is None or exc.failed_index > 0)
+        ):
+            return applied, "bucket gone"  # a consumer dropped it: we were writing to an old one
+        return applied, "again"  # lost, or after a lost one: send again, in order
+
+    async def _recover(
+        self, bucket: str, priority: int, batches: list[Batch], first: int,
+        chain: Chain | None,
+    ) -> int:
+        """After lost replies: find which batches were applied - by the chain's version
+        while it lives, else by the GUIDs in the bucket - and fill in their paths."""
+        parent = f"{self.items_root}/{bucket}"
+        doubt = any(_in_doubt(b.outcome) for b in batches[first:])
+        while True:
+            try:
+                await self.session.wait_connected()
+                listed: list[str] = []
+                if doubt:
+                    await self.session.sync(parent)
+                    try:
+                        listed = await self.session.children(parent)
+                    except errors.NoNodeError:
+                        pass
+                chain_stat = None
+                if chain is not None:
+                    chain_stat = await self.session.exists(chain.path)
+                break
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                continue
+        found = {item_token(name): name for name in listed}
+        applied = first
+        if chain is not None:
+            if chain_stat is None:
+                chain.alive = False
+            else:
+                applied = max(applied, chain_stat.version - chain.version)
+                chain.version = chain_stat.version
+        for k in range(first, len(batches)):
+            outcome = batches[k].outcome
+            if isinstance(outcome, list) or any(t in found for t in batches[k].tokens):
+                applied = max(applied, k + 1)
+        for batch in batches[first:applied]:
+            if not isinstance(batch.outcome, list):
+                batch.outcome = _recovered_paths(parent, priority, batch.tokens, found)
+        if applied > first:
+            log.info("queue.put_recovered", path=self.path, bucket=bucket,
+                     batches=applied - first)
+        return applied
+
+    async def _settle(
+        self, bucket: str, created: list[str], payloads: list[bytes], priority: int
+    ) -> list[str]:
+        """Close a full bucket and move items created past its capacity (in order)."""
+        seqs = [_sequence(path) for path in created]
+        known = [s for s in seqs if s is not None]
+        if known and self._bucket == bucket:
+            top = max(known)
+            self._bucket_hint = max(self._bucket_hint, top)
+            if top >= self.bucket_size - 1:
+                await self._advance(bucket)
+        names = []
+        for path, seq, data in zip(created, seqs, payloads, strict=True):
+            if seq is not None and seq >= self.bucket_size:
+                path = await self._move(path, data, priority)
+            names.append(path[len(self.items_root) + 1:])
+        return names
+
+    async def _current_bucket(self) -> str:
+        if self._bucket is None:
+            names = await self.session.children(self.items_root)
+            buckets = sorted(n for n in names if is_bucket(n))
+            if not buckets:
+                buckets = [bucket_name(0)]
+                await self.session.ensure_path(f"{self.items_root}/{buckets[0]}")
+            await self._adopt(buckets[-1])
+        assert self._bucket is not None
+        return self._bucket
+
+    async def _adopt(self, bucket: str) -> None:
+        """Write to ``bucket`` from now on, knowing a lower bound of the highest sequence
+        number used in it.  The server numbers children by creates only, while ``cversion``
+        counts creates and deletes: so creates >= max(children, cversion / 2).  A lower
+        bound never closes a bucket early; an item numbered past the capacity is moved
+        (see ``_settle``), and the first put tells the exact number."""
+        stat = await self.session.exists(f"{self.items_root}/{bucket}")
+        self._bucket = bucket
+        created = max(stat.numChildren, (stat.cversion + 1) // 2) if stat is not None else 0
+        self._bucket_hint = created - 1
+
+    async def _advance(self, full: str) -> None:
+        """``full`` is closed: write to the newest bucket after it, opening one if none."""
+        names = await self.session.children(self.items_root)
+        newer = sorted(
+            n for n in names if is_bucket(n) and bucket_index(n) > bucket_index(full)
+        )
+        if newer:
+            await self._adopt(newer[-1])
+            return
+        following = bucket_name(bucket_index(full) + 1)
+        await self.session.ensure_path(f"{self.items_root}/{following}")
+        log.info("queue.bucket_opened", path=self.path, bucket=following)
+        await self._adopt(following)
+
+    async def _move(self, path: str, data: bytes, priority: int) -> str:
+        """Move an item created past its bucket's capacity to a newer bucket with room, and
+        on again if it lands past that one's capacity too.  If a consumer claimed it
+        meanwhile (its version moved), it stays: it is being consumed."""
+        source, node = path.split("/")[-2:]
+        token = item_token(node)
+        while True:
+            bucket = await self._current_bucket()
+            if bucket_index(bucket) <= bucket_index(source):
+                await self._advance(source)
+                continue
+            parent = f"{self.items_root}/{bucket}"
+            txn = self.session.transaction()
+            txn.delete(path, version=0)
+            txn.create(f"{parent}/{item_name_prefix(priority, token)}", data, sequence=True)
+            try:
+                moved: str | None = str((await txn.commit())[1])
+            except errors.TransactionFailedError as exc:
+                if exc.failed_index == 1:  # that bucket went away: look again
+                    self._bucket = None
+                    continue
+                return path  # claimed or consumed meanwhile: it stays
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                moved = await self._find_moved(parent, token, path)
+                if moved is None:
+                    continue  # not applied: again
+                if moved == "":
+                    return path  # consumed meanwhile
+            assert moved is not None
+            seq = int(moved[-10:])
+            if self._bucket == bucket:
+                self._bucket_hint = max(self._bucket_hint, seq)
+                if seq >= self.bucket_size - 1:
+                    await self._advance(bucket)
+            log.debug("queue.item_moved", path=self.path, item=path, to=moved)
+            if seq < self.bucket_size:
+                return moved
+            path, source = moved, bucket  # past this bucket's capacity too: move on
+
+    async def _find_moved(self, parent: str, token: str, old: str) -> str | None:
+        """After a lost reply to a move: the new path, ``""`` if the item is gone (consumed),
+        ``None`` if the move did not happen."""
+        while True:
+            try:
+                await self.session.wait_connected()
+                await self.session.sync(parent)
+                try:
+                    names = await self.session.children(parent)
+                except errors.NoNodeError:
+                    names = []
+                for name in names:
+                    if item_token(name) == token:
+                        return f"{parent}/{name}"
+                return None if await self.session.exists(old) is not None else ""
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                continue
+
+
+def _plan(payloads: list[bytes], start: int, room: int) -> list[Batch]:
+    """Split the next ``room`` items into batches of at most 500 items / 512 KiB."""
+    stop = min(len(payloads), start + room)
+    batches = []
+    begin = start
+    while begin < stop:
+        end, size = begin, 0
+        while end < stop and end - begin < _BATCH_OPS:
+            if end > begin and size + len(payloads[end]) > _BATCH_BYTES:
+                break
+            size += len(payloads[end])
+            end += 1
+        batch_id = uuid.uuid4().hex[:12]
+        batches.append(Batch(begin, end, [f"{batch_id}{i:04x}" for i in range(end - begin)]))
+        begin = end
+    return batches
+
+
+def _in_doubt(outcome: object) -> bool:
+    return isinstance(outcome, (errors.ConnectionLossError, errors.SessionExpiredError))
+
+
+def _expected_put_error(exc: Exception, chain: Chain | None) -> bool:
+    """Errors a put recovers from: lost replies, an old bucket gone, a broken chain."""
+    if _in_doubt(exc) or isinstance(exc, errors.NoNodeError):
+        return True
+    if isinstance(exc, errors.TransactionFailedError):
+        if chain is not None and exc.failed_index == 0:
+            return isinstance(exc.cause, (errors.BadVersionError, errors.NoNodeError))
+        return isinstance(exc.cause, errors.NoNodeError)
+    return False
+
+
+def _recovered_paths(
+    parent: str, priority: int, tokens: list[str], found: dict[str, str]
+) -> list[str]:
+    """The paths of an applied batch, from the names found by token.  The items of one
+    multi-op got consecutive sequence numbers, so those already consumed are deduced from
+    any one found; if none is left, the names lack their sequence number."""
+    known = [(i, found[t]) for i, t in enumerate(tokens) if t in found]
+    if not known:
+        return [f"{parent}/{item_name_prefix(priority, t)}" for t in tokens]
+    index, name = known[0]
+    first = int(name[-10:]) - index
+    return [
+        f"{parent}/{found[t]}" if t in found
+        else f"{parent}/{item_name_prefix(priority, t)}{first + i:010d}"
+        for i, t in enumerate(tokens)
+    ]
+
+
+def _sequence(path: str) -> int | None:
+    tail = path[-10:]
+    return int(tail) if len(path) > 10 and tail.isdigit() and path[-11] == "-" else None
