@@ -185,6 +185,18 @@ async def test_deposed_master_write_is_refused(zk_hosts: str, chroot: str) -> No
                     await contexts[0].publish_config({"v": "stale"})
                 assert await s.exists("/apps/depose/config/ready") is None
                 assert await contexts[1].publish_config({"v": "fresh"}) >= 1
+                # submits are fenced too: a deposed master queues nothing
+                with pytest.raises(LeadershipLost):
+                    await contexts[0].submit({"n": "stale"})
+                with pytest.raises(LeadershipLost):
+                    await contexts[0].submit_many([{"n": i} for i in range(3)])
+                assert await contexts[0].queue.size() == 0
+                await contexts[1].submit({"n": "fresh"})
+                await contexts[1].submit_many([{"n": i} for i in range(1100)])  # 3 batches
+                assert await contexts[1].queue.size() == 1101
+                with pytest.raises(LeadershipLost):  # pipelined batches: all refused
+                    await contexts[0].submit_many([{"n": i} for i in range(1100)])
+                assert await contexts[1].queue.size() == 1101
                 nursery.cancel_scope.cancel()
     assert master.terms_led == 2
 

@@ -262,7 +262,8 @@ class Master:
             app=self.app,
             term=term,
             master=self,
-            queue=WorkQueue(session, self.app.tasks, dead_letter=self.app.dead),
+            queue=WorkQueue(session, self.app.tasks, dead_letter=self.app.dead,
+                            fence=(term.node, term.version)),
             config_store=ConfigStore(session, self.app.config),
         )
         try:

@@ -102,7 +102,10 @@ class WorkQueue(Producer, Consumer):
     settings raise :class:`ConfigurationError`.  With ``lease`` (seconds), a claim must be
     renewed by its owner's trio loop within that time or it is broken and the item delivered
     again (a visibility timeout: see :mod:`framework.primitives.queue_lease`); every user
-    of the queue should set the same lease.
+    of the queue should set the same lease.  With ``fence=(path, version)`` every put
+    also checks, in the same request, that ``path`` is at ``version`` (a leader's election
+    node): a deposed leader's put is refused by the server and raises
+    :class:`~framework.errors.LeadershipLost`, nothing of that request applied.
 
     SUSPENDED: waiting consumers keep waiting and re-read after reconnection; a consumer
     holding an item has its body cancelled after the session's ``suspended_grace`` and
@@ -125,6 +128,7 @@ class WorkQueue(Producer, Consumer):
         max_attempts: int | None = None,
         dead_letter: str | None = None,
         lease: float | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> None:
         if not isinstance(session, Session):
             raise ConfigurationError(
@@ -153,6 +157,9 @@ class WorkQueue(Producer, Consumer):
         self.session = session
         self.path = path
         self.lease = float(lease) if lease is not None else None
+        if fence is not None:
+            validate_path(fence[0], allow_root=False)
+        self.fence = fence
         self.bucket_size = bucket_size
         self.max_item_bytes = max_item_bytes
         self.max_attempts = max_attempts

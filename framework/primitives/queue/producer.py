@@ -46,6 +46,7 @@ class Producer:
     lease: float | None
     _owner: str
     _setup: Callable[[], Awaitable[None]]
+    fence: tuple[str, int] | None
     _bucket: str | None
     _bucket_hint: int
 
@@ -170,8 +171,9 @@ class Producer:
     ) -> list[str] | Exception:
         parent = f"{self.items_root}/{bucket}"
         data = payloads[batch.start:batch.end]
+        fence = self.fence
         try:
-            if chain is None and len(data) == 1:
+            if chain is None and len(data) == 1 and fence is None:
                 prefix = item_name_prefix(priority, batch.tokens[0])
                 return [await self.session.create(f"{parent}/{prefix}", data[0], sequence=True)]
             txn = self.session.transaction()
@@ -180,8 +182,18 @@ class Producer:
             for token, payload in zip(batch.tokens, data, strict=True):
                 txn.create(f"{parent}/{item_name_prefix(priority, token)}", payload,
                            sequence=True)
+            if fence is not None:  # last, so the other operations keep their indexes
+                txn.check(*fence)
             results = await txn.commit()
-            return [str(r) for r in results[0 if chain is None else 1:]]
+            created = results[0 if chain is None else 1:]
+            return [str(r) for r in (created[:-1] if fence is not None else created)]
+        except errors.TransactionFailedError as exc:
+            if fence is not None and exc.failed_index == len(data) + (chain is not None):
+                return errors.LeadershipLost(
+                    f"put refused: {fence[0]} is no longer at version {fence[1]} "
+                    "(a new leader was elected)"
+                )
+            return exc  # judged by _conclude, in order
         except Exception as exc:  # judged by _conclude, in order
             return exc
 
