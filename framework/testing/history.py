@@ -1,0 +1,142 @@
+"""Jepsen-style histories: every process records what it did, a checker judges the whole.
+
+Each process appends one JSON line per event to its own file (flushed at once, so kill -9
+loses at most the line being written; a truncated last line is skipped).  Timestamps are
+``CLOCK_MONOTONIC`` in nanoseconds: one clock for every process of the machine, so
+intervals of different processes compare.
+
+Events: ``put`` (an item queued), ``claim`` / ``ack`` / ``ack_lost`` (a delivery, a
+server-confirmed acknowledgement, an acknowledgement refused or unconfirmed), ``acquire`` /
+``release`` (a lock body's start and end), ``fault`` (what the test did: kill -9, a
+ZooKeeper member killed...).  The checker proves, for the queue: no item acknowledged twice,
+no item lost (every item put was acknowledged, or is still queued or dead-lettered as the
+server says); for the lock: no two holders' bodies overlap (a killed holder's body ends at
+its kill, when the test recorded it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+
+def now_ns() -> int:
+    """The machine-wide monotonic clock, in nanoseconds."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+@attrs.frozen
+class Event:
+    """One thing a process did (``key``: the item or lock it concerns)."""
+
+    at: int
+    process: str
+    kind: str
+    key: str = ""
+
+
+class Recorder:
+    """Appends a process's events to ``directory/<process>.jsonl``."""
+
+    def __init__(self, directory: Path, process: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.process = process
+        self._file: IO[str] = (directory / f"{process}.jsonl").open("a", encoding="utf-8")
+
+    def record(self, kind: str, key: str = "") -> None:
+        line = json.dumps({"at": now_ns(), "process": self.process, "kind": kind, "key": key})
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def load(directory: Path) -> list[Event]:
+    """Every event of every process, in time order (truncated lines skipped)."""
+    events = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                doc: dict[str, Any] = json.loads(line)
+                events.append(Event(int(doc["at"]), str(doc["process"]), str(doc["kind"]),
+                                    str(doc.get("key", ""))))
+            except (ValueError, KeyError, TypeError):
+                continue  # the line a kill -9 cut short
+    return sorted(events, key=lambda e: e.at)
+
+
+@attrs.frozen
+class Report:
+    """The verdict.  ``ok`` only when every list of violations is empty."""
+
+    put: int
+    acked: int
+    deliveries: int
+    duplicates: int  # deliveries beyond the first per item (allowed: at-least-once)
+    acked_twice: list[str]
+    lost: list[str]
+    overlaps: list[tuple[str, str, str]]  # (lock, holder, other holder)
+    faults: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.acked_twice or self.lost or self.overlaps)
+
+    def summary(self) -> str:
+        return (f"{self.put} put, {self.acked} acked, {self.deliveries} deliveries "
+                f"({self.duplicates} duplicates), {self.faults} faults; violations: "
+                f"{len(self.acked_twice)} acked twice, {len(self.lost)} lost, "
+                f"{len(self.overlaps)} lock overlaps")
+
+
+def check(events: Iterable[Event], *, remaining: Iterable[str] = ()) -> Report:
+    """Judge a history.  ``remaining``: items the server still holds at the end (queued or
+    dead-lettered): those are not lost."""
+    events = sorted(events, key=lambda e: e.at)
+    put = {e.key for e in events if e.kind == "put"}
+    acks = Counter(e.key for e in events if e.kind == "ack")
+    claims = Counter(e.key for e in events if e.kind == "claim")
+    left = set(remaining)
+    return Report(
+        put=len(put),
+        acked=len(acks),
+        deliveries=sum(claims.values()),
+        duplicates=sum(n - 1 for n in claims.values() if n > 1),
+        acked_twice=sorted(k for k, n in acks.items() if n > 1),
+        lost=sorted(put - set(acks) - left),
+        overlaps=_overlaps(events),
+        faults=sum(1 for e in events if e.kind == "fault"),
+    )
+
+
+def _overlaps(events: list[Event]) -> list[tuple[str, str, str]]:
+    """Pairs of lock bodies whose intervals intersect.  A body left open ends when its
+    process was killed (a ``fault`` event whose key names the process), else never."""
+    killed = {e.key: e.at for e in events if e.kind == "fault" and e.key}
+    open_bodies: dict[tuple[str, str], int] = {}
+    intervals: list[tuple[int, int, str, str]] = []
+    for e in events:
+        if e.kind == "acquire":
+            open_bodies[(e.key, e.process)] = e.at
+        elif e.kind == "release" and (e.key, e.process) in open_bodies:
+            intervals.append((open_bodies.pop((e.key, e.process)), e.at, e.key, e.process))
+    for (lock, process), start in open_bodies.items():
+        end = killed.get(process)
+        intervals.append((start, end if end is not None and end >= start else 2**63,
+                          lock, process))
+    found = []
+    intervals.sort()
+    for i, (_start, end, lock, holder) in enumerate(intervals):
+        for other_start, _other_end, other_lock, other in intervals[i + 1:]:
+            if other_start >= end:
+                break
+            if other_lock == lock:
+                found.append((lock, holder, other))
+    return found
