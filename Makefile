@@ -31,6 +31,13 @@ demo-broker: zookeeper install
 demo-crawl-large: zookeeper install
 	$(PY) -m examples.fetch_service.scale.run --pages 200000
 
+# The long fault run: 3-node ZooKeeper, worker processes on a queue and a lock, a fault every
+# 12 s (kill -9 worker, ZooKeeper leader, follower) for 120 s; history checked, timeline
+# plotted to out/chaos/timeline.png. Options: .venv/bin/python -m framework.testing.chaos -h
+chaos: zookeeper install
+	$(PY) -m pip install -q -e '.[chaos]'
+	$(PY) -m framework.testing.chaos
+
 lint: install
 	$(PY) -m ruff check framework tests bench examples
 	$(VENV)/bin/lint-imports --no-cache
