@@ -6,10 +6,21 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper install clean
+.PHONY: netns-tools test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper install clean
 
-test: zookeeper install lint
+test: zookeeper netns-tools install lint
 	$(PY) -m pytest -q
+
+# The fault tests in network namespaces (tests/test_netns_partitions.py; also part of
+# `make test` when run as root): need iproute2.
+test-netns: zookeeper netns-tools install
+	$(PY) -m pytest -q -m netns
+
+netns-tools:
+	@if ! command -v ip >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "Installing iproute2 (network namespaces for the partition tests)..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; \
+	fi
 
 # The Fetch Service crawler end to end: ZooKeeper, a local web site, 2 masters, 4 fetchers,
 # kill -9 of the active master half-way; output in ./out/.

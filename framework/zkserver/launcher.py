@@ -142,6 +142,7 @@ class ZooKeeperEnsemble:
         client_port: int | None = None,
         java: str | None = None,
         heap_mb: int = 256,
+        client_address: str = "127.0.0.1",
     ) -> None:
         if size < 1:
             raise ConfigurationError("an ensemble needs at least one member")
@@ -153,6 +154,8 @@ class ZooKeeperEnsemble:
         self.max_session_timeout_ms = max_session_timeout_ms
         self.java = java or shutil.which("java") or "java"
         self.heap_mb = heap_mb
+        #: where members accept clients ("0.0.0.0": also from network namespaces)
+        self.client_address = client_address
         self.classpath = find_classpath()
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="zk-"))
@@ -182,7 +185,7 @@ class ZooKeeperEnsemble:
             f"tickTime={self.tick_ms}",
             f"dataDir={member.data_dir}",
             f"clientPort={member.client_port}",
-            "clientPortAddress=127.0.0.1",
+            f"clientPortAddress={self.client_address}",
             "admin.enableServer=false",
             "4lw.commands.whitelist=*",
             f"minSessionTimeout={self.min_session_timeout_ms}",
