@@ -35,9 +35,17 @@ def netns_available() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"{tool!r} (iproute2) is not installed"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    name = f"{_PREFIX}-{os.getpid()}-probe"
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"ip netns does not work here: {probe.stderr.strip()}"
+        return f"cannot create a network namespace here: {probe.stderr.strip()}"
+    veth = subprocess.run(["ip", "link", "add", f"fwp{os.getpid() % 100000}", "type", "veth",
+                           "peer", "name", f"fwq{os.getpid() % 100000}"],
+                          capture_output=True, text=True)
+    subprocess.run(["ip", "link", "del", f"fwp{os.getpid() % 100000}"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    if veth.returncode != 0:
+        return f"cannot create a veth pair here: {veth.stderr.strip()}"
     return None
 
 
