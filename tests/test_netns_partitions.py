@@ -26,9 +26,10 @@ from framework import Election, Session, WorkQueue, ZooKeeperEnsemble
 from framework.runtime import Master, MasterContext
 from framework.testing.netns import Host, cleanup_stale, netns_available
 
+_UNAVAILABLE = netns_available()
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.skipif(netns_available() is not None, reason=str(netns_available())),
+    pytest.mark.skipif(_UNAVAILABLE is not None, reason=str(_UNAVAILABLE)),
 ]
 
 HELPER = Path(__file__).parent / "helpers" / "netns_owner.py"
