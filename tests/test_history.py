@@ -117,6 +117,11 @@ def test_the_checker_catches_each_violation(tmp_path: Path) -> None:
     assert report.overlaps == [("/l", "x", "y")] and not report.ok
     assert report.duplicates == 1 and report.faults == 1
     assert check(events, remaining=["b"]).lost == []
+    # killed after its claim with nothing recorded: gone from the server, so that delivery
+    # acked it (an ack is applied, then recorded) - unconfirmed, not lost
+    doubt = [Event(1, "p", "put", "d"), Event(2, "k", "claim", "d"), Event(3, "t", "fault", "k")]
+    assert check(doubt).lost == [] and check(doubt).unconfirmed == 1
+    assert check([Event(1, "p", "put", "e"), Event(3, "t", "fault", "k")]).lost == ["e"]
     # recorded files: a truncated last line is skipped, the rest is read
     recorder = Recorder(tmp_path, "p")
     recorder.record("put", "a")

@@ -6,7 +6,9 @@ loses at most the line being written; a truncated last line is skipped).  Timest
 intervals of different processes compare.
 
 Events: ``put`` (an item queued), ``claim`` / ``ack`` / ``ack_lost`` (a delivery, a
-server-confirmed acknowledgement, an acknowledgement refused or unconfirmed), ``acquire`` /
+server-confirmed acknowledgement, an acknowledgement refused or unconfirmed; a delivery
+whose process was killed before it recorded an outcome may have acked: if the server no
+longer holds that item, it counts as acknowledged, unconfirmed), ``acquire`` /
 ``release`` (a lock body's start and end), ``fault`` (what the test did: kill -9, a
 ZooKeeper member killed...).  The checker proves, for the queue: no item acknowledged twice,
 no item lost (every item put was acknowledged, or is still queued or dead-lettered as the
@@ -78,6 +80,7 @@ class Report:
 
     put: int
     acked: int
+    unconfirmed: int  # gone from the server, last held by a process killed mid-delivery
     deliveries: int
     duplicates: int  # deliveries beyond the first per item (allowed: at-least-once)
     acked_twice: list[str]
@@ -90,7 +93,8 @@ class Report:
         return not (self.acked_twice or self.lost or self.overlaps)
 
     def summary(self) -> str:
-        return (f"{self.put} put, {self.acked} acked, {self.deliveries} deliveries "
+        return (f"{self.put} put, {self.acked} acked (+{self.unconfirmed} by a process killed "
+                f"before it could record it), {self.deliveries} deliveries "
                 f"({self.duplicates} duplicates), {self.faults} faults; violations: "
                 f"{len(self.acked_twice)} acked twice, {len(self.lost)} lost, "
                 f"{len(self.overlaps)} lock overlaps")
@@ -104,16 +108,32 @@ def check(events: Iterable[Event], *, remaining: Iterable[str] = ()) -> Report:
     acks = Counter(e.key for e in events if e.kind == "ack")
     claims = Counter(e.key for e in events if e.kind == "claim")
     left = set(remaining)
+    in_doubt = _in_doubt(events) - set(acks)
     return Report(
         put=len(put),
         acked=len(acks),
+        unconfirmed=len(in_doubt - left),
         deliveries=sum(claims.values()),
         duplicates=sum(n - 1 for n in claims.values() if n > 1),
         acked_twice=sorted(k for k, n in acks.items() if n > 1),
-        lost=sorted(put - set(acks) - left),
+        lost=sorted(put - set(acks) - left - in_doubt),
         overlaps=_overlaps(events),
         faults=sum(1 for e in events if e.kind == "fault"),
     )
+
+
+def _in_doubt(events: list[Event]) -> set[str]:
+    """Items whose delivery was cut short by a kill -9 with no outcome recorded: the
+    ack may have been applied (an ack is applied, then recorded).  If the server no longer
+    holds such an item and nobody else acked it, that delivery acked it."""
+    killed = {e.key for e in events if e.kind == "fault" and e.key}
+    holding: dict[tuple[str, str], bool] = {}
+    for e in events:
+        if e.kind == "claim":
+            holding[(e.process, e.key)] = True
+        elif e.kind in ("ack", "ack_lost"):
+            holding.pop((e.process, e.key), None)
+    return {key for (process, key) in holding if process in killed}
 
 
 def _overlaps(events: list[Event]) -> list[tuple[str, str, str]]:
