@@ -198,9 +198,8 @@ async def test_bad_arguments_are_clear(session: Session) -> None:
 
 
 async def test_no_watch_stays_armed_through_the_body(zk_hosts: str, chroot: str) -> None:
-    """Inside the body nobody watches ``ready`` any more, so leaving costs one notification
-    per member (everyone but the lowest wakes on the lowest's node; the lowest on the
-    highest's), not two (a stale ``ready`` watch firing when the round is cleared)."""
+    """Inside the body nobody watches ``ready`` any more (checked on the server with
+    ``wchp``), so leaving costs no notification for ``ready`` on top of the seed's."""
     count = 20
     port = int(zk_hosts.rsplit(":", 1)[1])
     fired = [0] * count
@@ -234,4 +233,7 @@ async def test_no_watch_stays_armed_through_the_body(zk_hosts: str, chroot: str)
                 leave.set()
             for s in sessions:  # every notification sent has arrived
                 await s.sync("/b")
-        assert sum(fired) - before <= count
+        # each member but the lowest wakes once (the lowest's node goes); the lowest wakes
+        # once per highest node it waits for: at most 2 (count - 1).  A stale ``ready``
+        # watch adds count more (39-41 for 20 before the fix).
+        assert sum(fired) - before <= 2 * (count - 1)

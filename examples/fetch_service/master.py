@@ -234,8 +234,9 @@ class _Crawl:
         """
 
         async def started(batch: Batch) -> bool:
-            running = await self.session.exists(f"{self.ctx.app.running}/{batch.id}")
-            return running is not None or await self.ctx.result(batch.id) is not None
+            return await self.ctx.is_running(batch.id) or (
+                await self.ctx.result(batch.id) is not None
+            )
 
         found = await map_concurrently(part, started)
         return [batch for batch in part if not found[batch]]

@@ -48,6 +48,7 @@ from framework.zk import (
     delete_guid_nodes,
     new_guid,
     sequence_of,
+    validate_name,
     validate_path,
 )
 
@@ -99,10 +100,7 @@ class DoubleBarrier:
         if not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"a double barrier needs count >= 1, got {count!r}")
         name = _default_name() if name is None else name
-        if not re.fullmatch(r"[A-Za-z0-9_.]+", name):
-            raise ConfigurationError(
-                f"participant name must use only letters, digits, '_' and '.': {name!r}"
-            )
+        validate_name("participant name", name, dashes=False)
         self.session = session
         self.path = path
         self.count = count

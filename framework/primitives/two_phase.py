@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-import re
 from typing import Awaitable, Callable
 
 import attrs
@@ -30,7 +29,7 @@ import trio
 from framework import errors
 from framework.errors import ConfigurationError, TwoPhaseTimeout
 from framework.logs import get_logger
-from framework.zk import Session, cleanup_scope, validate_path, wait_exists
+from framework.zk import Session, cleanup_scope, validate_name, validate_path, wait_exists
 
 log = get_logger("framework.primitives.two_phase")
 
@@ -46,12 +45,6 @@ class Outcome(enum.Enum):
 
     COMMITTED = "commit"
     ABORTED = "abort"
-
-
-def _check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*", name):
-        raise ConfigurationError(f"{kind} must use letters, digits, '_', '.', '-': {name!r}")
-    return name
 
 
 @attrs.frozen
@@ -173,11 +166,11 @@ class TwoPhaseCoordinator:
             raise ConfigurationError(f"duplicate site names: {sites}")
         self.session = session
         self.path = path
-        self.sites = [_check_name("site name", s) for s in sites]
+        self.sites = [validate_name("site name", s) for s in sites]
 
     async def run(self, txid: str, payload: bytes, timeout: float) -> Outcome:
         """Create transaction ``txid`` and wait for its outcome; abort after ``timeout``."""
-        root = f"{self.path}/{_check_name('txid', txid)}"
+        root = f"{self.path}/{validate_name('txid', txid)}"
         deadline = trio.current_time() + _check_timeout(timeout, allow_none=False)
         await self.session.ensure_path(self.path)
         txn = self.session.transaction().create(root, payload)
@@ -206,7 +199,7 @@ class TwoPhaseCoordinator:
 
     async def forget(self, txid: str) -> None:
         """Remove a finished transaction's nodes."""
-        await self.session.delete_tree(f"{self.path}/{_check_name('txid', txid)}")
+        await self.session.delete_tree(f"{self.path}/{validate_name('txid', txid)}")
 
 
 class TwoPhaseSite:
@@ -222,7 +215,7 @@ class TwoPhaseSite:
         validate_path(path, allow_root=False)
         self.session = session
         self.path = path
-        self.site = _check_name("site name", site)
+        self.site = validate_name("site name", site)
 
     async def participate(
         self, txid: str, vote_fn: VoteFn, *, timeout: float | None = None
@@ -231,7 +224,7 @@ class TwoPhaseSite:
         exception votes abort) and return the outcome.  After ``timeout`` (if given) the site
         proposes ABORT itself, which wins unless a decision was already made."""
         session = self.session
-        root = f"{self.path}/{_check_name('txid', txid)}"
+        root = f"{self.path}/{validate_name('txid', txid)}"
         deadline = trio.current_time() + _check_timeout(timeout, allow_none=True)
         mine = f"{root}/site-{self.site}"
         alive = f"{root}/alive-{self.site}"

@@ -20,23 +20,15 @@ from ZooKeeper, never from memory::
 from __future__ import annotations
 
 import hashlib
-import re
 
 import attrs
 
-from framework.errors import ConfigurationError
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+from framework.zk.paths import validate_name
 
 
 def check_name(kind: str, value: str) -> str:
     """Names become znode names: letters, digits, ``_.-``; a clear error otherwise."""
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ConfigurationError(
-            f"invalid {kind} {value!r}: use 1-100 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit"
-        )
-    return value
+    return validate_name(kind, value)
 
 
 @attrs.frozen

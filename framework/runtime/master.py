@@ -73,6 +73,10 @@ class MasterContext:
         except errors.NoNodeError:
             return None
 
+    async def is_running(self, task_id: str) -> bool:
+        """Whether a worker is handling task ``task_id`` now (its ``running/`` marker)."""
+        return await self.session.exists(f"{self.app.running}/{task_id}") is not None
+
     async def wait_idle(self) -> None:
         """Return once the queue is empty and no task is running (watches, no polling).
 

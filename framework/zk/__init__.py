@@ -7,6 +7,7 @@ from framework.zk.paths import (
     join,
     parent,
     validate_data,
+    validate_name,
     validate_path,
 )
 from framework.zk.protected import (
@@ -34,6 +35,7 @@ __all__ = [
     "cleanup_scope",
     "MAX_DATA_BYTES",
     "MAX_REQUEST_BYTES",
+    "validate_name",
     "ChildrenSnapshot",
     "DataSnapshot",
     "Session",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import re
 
-from framework.errors import DataTooLargeError, InvalidPathError
+from framework.errors import ConfigurationError, DataTooLargeError, InvalidPathError
 
 #: ZooKeeper's default ``jute.maxbuffer`` is 0xfffff bytes for a whole packet; leave room for
 #: the path and the packet header so a payload that passes here is accepted by the server.
@@ -76,3 +77,21 @@ def parent(path: str) -> str:
     """The parent of ``path`` (``'/'`` for a top-level node)."""
     head = path.rsplit("/", 1)[0]
     return head or "/"
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+_NAME_NO_DASH = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]{0,99}")
+
+
+def validate_name(kind: str, value: object, *, dashes: bool = True) -> str:
+    """A name that becomes (part of) one znode name: 1-100 letters, digits, ``_``, ``.``
+    (and ``-`` unless ``dashes=False``, for names embedded between ``-`` separators),
+    starting with a letter or digit; :class:`ConfigurationError` naming ``kind`` otherwise.
+    The one name validator of the framework."""
+    pattern = _NAME if dashes else _NAME_NO_DASH
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        allowed = "letters, digits, '_', '.'" + (" or '-'" if dashes else "")
+        raise ConfigurationError(
+            f"invalid {kind} {value!r}: use 1-100 {allowed}, starting with a letter or digit"
+        )
+    return value
