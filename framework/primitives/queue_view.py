@@ -26,13 +26,13 @@ session.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import attrs
 import trio
 
 from framework import errors
-from framework.zk import Session
+from framework.zk import Session, gather
 
 
 @attrs.frozen
@@ -53,28 +53,6 @@ class Entry:
     def claim_name(self) -> str:
         """The flat name of its claim node."""
         return f"{self.bucket}.{self.node}"
-
-
-async def gather(*reads: Callable[[], Awaitable[None]]) -> None:
-    """Run ``reads`` concurrently; re-raise the first error as itself (not as a group)."""
-    if len(reads) <= 1:
-        for read in reads:
-            await read()
-        return
-    failures: list[BaseException] = []
-
-    async def run(read: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await read()
-        except Exception as exc:
-            failures.append(exc)
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for read in reads:
-            nursery.start_soon(run, read)
-    if failures:
-        raise failures[0]
 
 
 #: At most this many candidates are returned per call (the rest wait for the next one).

@@ -18,7 +18,7 @@ from framework.zk.protected import (
     sequence_of,
     sort_sequential,
 )
-from framework.zk.scopes import cleanup_bound, cleanup_scope
+from framework.zk.scopes import cleanup_bound, cleanup_scope, gather
 from framework.zk.session import Session, Stat, Transaction
 from framework.zk.states import SessionState, StateChange
 from framework.zk.watches import (
@@ -33,6 +33,7 @@ from framework.zk.watches import (
 __all__ = [
     "cleanup_bound",
     "cleanup_scope",
+    "gather",
     "MAX_DATA_BYTES",
     "MAX_REQUEST_BYTES",
     "validate_name",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -58,3 +58,26 @@ def single_body_error() -> Iterator[None]:
             raise inner  # the group was only trio's wrapper
         finally:
             inner.__context__, inner.__suppress_context__ = context, suppress
+
+
+async def gather(*reads: Callable[[], Awaitable[None]]) -> None:
+    """Run ``reads`` concurrently; re-raise the first error as itself (not as a group),
+    the others cancelled.  The framework's one gather."""
+    if len(reads) <= 1:
+        for read in reads:
+            await read()
+        return
+    failures: list[BaseException] = []
+
+    async def run(read: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await read()
+        except Exception as exc:
+            failures.append(exc)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for read in reads:
+            nursery.start_soon(run, read)
+    if failures:
+        raise failures[0]

@@ -75,8 +75,8 @@ from framework.primitives.queue.consumer import Consumer
 from framework.primitives.queue.items import QueueItem
 from framework.primitives.queue.producer import Producer
 from framework.primitives.queue_lease import LeaseBreaker, Renewal
-from framework.primitives.queue_view import QueueView, gather, is_bucket, parse_item
-from framework.zk import MAX_DATA_BYTES, Session, validate_path
+from framework.primitives.queue_view import QueueView, is_bucket, parse_item
+from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
 __all__ = ["MAX_BUCKET_SIZE", "QueueItem", "WorkQueue"]
 
