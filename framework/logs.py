@@ -62,6 +62,9 @@ def configure_logging(*, json: bool | None = None, level: str | None = None) -> 
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    """A logger bound with ``component=name``; configures logging on first use."""
-    configure_logging()
+    """A logger bound with ``component=name``.  Logging is configured on first use only if
+    nobody configured structlog yet: a host application's own configuration is kept (the
+    CLI and the demos call :func:`configure_logging` themselves)."""
+    if not _configured and not structlog.is_configured():
+        configure_logging()
     return structlog.get_logger(component=name)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 from framework import Session, WorkQueue
-from framework.errors import ConnectionLossError
+from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
@@ -241,3 +242,28 @@ async def test_a_failing_shard_is_served_again_and_the_worker_lives_on(
             await both_served_again.wait()
             assert calls["s1"] == 1, "the other shard was not disturbed"
             nursery.cancel_scope.cancel()
+
+
+async def test_submit_many_with_keys_runs_a_resubmitted_job_once(
+    zk_hosts: str, chroot: str
+) -> None:
+    """A leader that submits the same keyed batch twice (as a new leader resubmitting the
+    whole job would) gets each task run once; keys must match the payloads."""
+    app = App("keyed")
+
+    class Twice(Master):
+        async def lead(self, ctx: MasterContext) -> None:
+            keys = [f"page-{i}" for i in range(5)]
+            await ctx.submit_many([{"n": i} for i in range(5)], keys=keys)
+            await ctx.wait_idle()
+            await ctx.submit_many([{"n": i} for i in range(5)], keys=keys)
+            await ctx.wait_idle()
+            with pytest.raises(ConfigurationError, match="2 keys for 5 payloads"):
+                await ctx.submit_many([{}] * 5, keys=["a", "b"])
+            self.results = [await ctx.result(k) for k in keys]
+
+    master = Twice(app)
+    worker = Echo(app, name="w")
+    await _run(zk_hosts, chroot, master, worker)
+    assert worker.tasks_done == 5
+    assert [r.result for r in master.results] == [0, 1, 2, 3, 4]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -126,3 +128,53 @@ def test_importing_the_bridge_loads_no_upper_layer() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "framework.runtime.worker True"
+
+
+def test_a_plain_def_handler_is_refused_at_start() -> None:
+    from framework import ConfigurationError as Refused
+    from framework.runtime import Worker
+
+    class Forgetful(Worker):
+        def handle(self, task):  # type: ignore[no-untyped-def, override]  # no async
+            return 1
+
+    with pytest.raises(Refused, match="handle must be 'async def'"):
+        Forgetful("app")
+
+
+def test_framework_run_imports_from_the_current_directory(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from framework.runtime.runner import load_class
+
+    (tmp_path / "myjobs_cwd_probe.py").write_text(
+        "from framework.runtime import Worker\n"
+        "class Fetcher(Worker):\n"
+        "    async def handle(self, task):\n"
+        "        return None\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert load_class("myjobs_cwd_probe:Fetcher").__name__ == "Fetcher"
+
+
+def test_importing_the_framework_keeps_the_hosts_logging() -> None:
+    """A host application that configured structlog keeps its configuration."""
+    import subprocess
+    import sys
+
+    code = (
+        "import structlog\n"
+        "marker = lambda logger, name, event: event\n"
+        "structlog.configure(processors=[marker, structlog.processors.KeyValueRenderer()])\n"
+        "import framework\n"
+        "from framework.logs import get_logger\n"
+        "get_logger('x')\n"
+        "framework.Session\n"
+        "print(structlog.get_config()['processors'][0] is marker)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "True"

@@ -60,9 +60,19 @@ class MasterContext:
         await self.queue.put(task.encode(), priority=priority)
         return task
 
-    async def submit_many(self, payloads: list[Any], *, priority: int = 0) -> list[Task]:
-        """Queue many tasks in one pipelined burst."""
-        tasks = [new_task(p) for p in payloads]
+    async def submit_many(self, payloads: list[Any], *, priority: int = 0,
+                          keys: list[str] | None = None) -> list[Task]:
+        """Queue many tasks in one pipelined burst.  ``keys`` (one per payload) are their
+        task ids and idempotency keys: submitting the same keys again (a new leader
+        resubmitting the job, say) runs nothing twice."""
+        if keys is not None and len(keys) != len(payloads):
+            raise errors.ConfigurationError(
+                f"submit_many: {len(keys)} keys for {len(payloads)} payloads"
+            )
+        tasks = [new_task(p) for p in payloads] if keys is None else [
+            new_task(p, task_id=k, idempotency_key=k) for p, k in zip(payloads, keys,
+                                                                        strict=True)
+        ]
         await self.queue.put_many([t.encode() for t in tasks], priority=priority)
         return tasks
 

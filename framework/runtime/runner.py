@@ -7,7 +7,9 @@ a worker drains); a second signal cancels everything.
 from __future__ import annotations
 
 import importlib
+import os
 import signal
+import sys
 from typing import Any
 
 import trio
@@ -51,6 +53,9 @@ def load_class(spec: str) -> type[Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigurationError(f"expected MODULE:CLASS (like myapp.jobs:Fetcher), got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)  # `framework run myapp.jobs:Boss` from the project's folder
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -23,6 +23,7 @@ redelivered), stop shards, leave the group.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -91,6 +92,12 @@ class Worker:
                 f"{type(self).__name__} needs an application: set app_name or pass --app"
             )
         self.app = app if isinstance(app, App) else App(app)
+        for method in ("handle", "serve_shard", "on_config"):
+            if not inspect.iscoroutinefunction(getattr(type(self), method)):
+                raise errors.ConfigurationError(
+                    f"{type(self).__name__}.{method} must be 'async def' (it is a plain "
+                    "function): the runtime awaits it"
+                )
         self.name = check_name("worker name", name or f"{socket.gethostname()}-{os.getpid()}")
         self.address = address
         self.config: Any = None
