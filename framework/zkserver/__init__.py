@@ -2,6 +2,7 @@
 
 from framework.zkserver.launcher import (
     Member,
+    Placement,
     ServerStartError,
     ZooKeeperEnsemble,
     find_classpath,
@@ -11,6 +12,7 @@ from framework.zkserver.launcher import (
 
 __all__ = [
     "Member",
+    "Placement",
     "ServerStartError",
     "ZooKeeperEnsemble",
     "find_classpath",

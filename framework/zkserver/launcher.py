@@ -5,6 +5,10 @@ The jars come from ``ZOOKEEPER_HOME`` (an Apache tarball layout) or from Debian'
 dependencies).  Each member gets free 127.0.0.1 ports and its own data directory; the JVM is
 killed with SIGKILL if the process that started it dies, so tests never leave servers behind
 (start members from the main thread: Linux ties that signal to the starting thread).
+
+With ``placement``, each member instead runs inside a given network namespace, bound to an
+address of its own (client port and quorum ports on that address; the connect string names
+those addresses): the multi-host mode of the fault tests (:mod:`framework.testing.netns`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import attrs
 
@@ -34,6 +38,17 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 class ServerStartError(FrameworkError):
     """A ZooKeeper member did not come up; the message includes the end of its log."""
+
+
+@attrs.frozen
+class Placement:
+    """Where one member runs: the IPv4 ``address`` it binds its client and quorum ports to
+    (clients and the other members use it), and the network namespace ``netns`` whose
+    ``ip netns exec`` it runs under (``None``: the starting process's own).  The process
+    starting the ensemble must be able to reach ``address`` (it asks each member ``srvr``)."""
+
+    address: str
+    netns: str | None = None
 
 
 def find_classpath() -> str:
@@ -101,10 +116,12 @@ class Member:
     election_port: int
     data_dir: Path
     process: subprocess.Popen | None = None
+    host: str = "127.0.0.1"  # the address clients and the other members reach it at
+    netns: str | None = None  # the network namespace it runs in (None: ours)
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def running(self) -> bool:
@@ -115,7 +132,7 @@ class Member:
         if not self.running:
             return None
         try:
-            reply = four_letter(self.client_port, "srvr", timeout=0.5)
+            reply = four_letter(self.client_port, "srvr", host=self.host, timeout=0.5)
         except OSError:
             return None
         for line in reply.splitlines():
@@ -129,6 +146,8 @@ class ZooKeeperEnsemble:
 
     Use as a context manager (or call :meth:`start` / :meth:`stop`).  ``tick_ms`` and the
     session-timeout bounds are set low so tests can expire sessions in about a second.
+    ``placement`` (one :class:`Placement` per member) runs each member in a network namespace
+    of its own, on that namespace's address (``client_address`` is then not used).
     """
 
     def __init__(
@@ -143,11 +162,16 @@ class ZooKeeperEnsemble:
         java: str | None = None,
         heap_mb: int = 256,
         client_address: str = "127.0.0.1",
+        placement: Sequence[Placement] | None = None,
     ) -> None:
         if size < 1:
             raise ConfigurationError("an ensemble needs at least one member")
         if client_port is not None and size != 1:
             raise ConfigurationError("a fixed client port only makes sense for a standalone server")
+        if placement is not None and len(placement) != size:
+            raise ConfigurationError(
+                f"placement names {len(placement)} places for {size} member(s)"
+            )
         self.size = size
         self.tick_ms = tick_ms
         self.min_session_timeout_ms = min_session_timeout_ms
@@ -172,6 +196,9 @@ class ZooKeeperEnsemble:
             )
             for i in range(size)
         ]
+        self.placed = placement is not None
+        for member, place in zip(self.members, placement or (), strict=False):
+            member.host, member.netns = place.address, place.netns
 
     # ---------------------------------------------------------------- configuration
 
@@ -185,7 +212,7 @@ class ZooKeeperEnsemble:
             f"tickTime={self.tick_ms}",
             f"dataDir={member.data_dir}",
             f"clientPort={member.client_port}",
-            f"clientPortAddress={self.client_address}",
+            f"clientPortAddress={member.host if self.placed else self.client_address}",
             "admin.enableServer=false",
             "4lw.commands.whitelist=*",
             f"minSessionTimeout={self.min_session_timeout_ms}",
@@ -199,7 +226,7 @@ class ZooKeeperEnsemble:
             lines.append("reconfigEnabled=false")
             lines.append("standaloneEnabled=false")
             for m in self.members:
-                lines.append(f"server.{m.sid}=127.0.0.1:{m.quorum_port}:{m.election_port}")
+                lines.append(f"server.{m.sid}={m.host}:{m.quorum_port}:{m.election_port}")
         return "\n".join(lines) + "\n"
 
     # ---------------------------------------------------------------- processes
@@ -223,6 +250,8 @@ class ZooKeeperEnsemble:
             MAIN_CLASS,
             str(cfg),
         ]
+        if member.netns is not None:  # `ip netns exec` execs java in place: same pid
+            cmd = ["ip", "netns", "exec", member.netns, *cmd]
         member.process = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
