@@ -50,6 +50,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     hosts = zk_hosts_from(args.zk)
     cls = load_class(args.component)
     component = cls(args.app, name=args.name, address=args.address or "")
+    if args.metrics_port is not None:
+        from framework import metrics
+
+        metrics.serve(args.metrics_port)
     trio.run(lambda: run_component(component, hosts, session_timeout=args.session_timeout,
                                    chroot=args.chroot))
     return 0
@@ -75,6 +79,30 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0 if status.exists else 1
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    import trio
+
+    from framework.dashboard import serve_dashboard
+    from framework.logs import configure_logging
+
+    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "info")
+    hosts = zk_hosts_from(args.zk)
+    trio.run(lambda: serve_dashboard(hosts, host=args.host, port=args.port,
+                                     allow_actions=args.allow_actions, chroot=args.chroot,
+                                     connect_timeout=args.connect_timeout))
+    return 0
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 0 and 65535, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="framework",
@@ -96,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="address to publish (master) or report (worker)")
     run.add_argument("--chroot", help="ZooKeeper chroot for every path")
     run.add_argument("--session-timeout", type=float, default=10.0, help="seconds")
+    run.add_argument("--metrics-port", type=_port, default=None,
+                     help="serve this process's Prometheus metrics at :PORT/metrics")
     run.set_defaults(func=_cmd_run)
     status = sub.add_parser("status", help="show an application's leader, workers and queue")
     status.add_argument("app", metavar="APP")
@@ -105,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
     add_deadline_argument(status)
     status.set_defaults(func=_cmd_status)
+    dash = sub.add_parser("dashboard", help="serve a live web dashboard of every application")
+    dash.add_argument("--zk", help=zk_help)
+    dash.add_argument("--chroot", help="ZooKeeper chroot")
+    dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    dash.add_argument("--port", type=_port, default=8321, help="HTTP port (default 8321)")
+    dash.add_argument("--allow-actions", action="store_true",
+                      help="enable the requeue and discard buttons (read-only otherwise)")
+    dash.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
+    dash.set_defaults(func=_cmd_dashboard)
     for register in _extra_commands:
         register(sub)
     return parser

@@ -1,0 +1,248 @@
+// The dashboard page: renders the state pushed by the server (server-sent events).
+// No framework, no build step; charts are inline SVG.
+"use strict";
+
+let state = null;        // the latest pushed state
+let clockSkew = 0;       // server time minus browser time (seconds)
+const cards = {};        // app name -> its card's elements
+
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g,
+  (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const fmt = (n) => (typeof n === "number" ? (Number.isInteger(n) ? n.toLocaleString("en")
+  : n.toLocaleString("en", { maximumFractionDigits: 2 })) : esc(n));
+const now = () => Date.now() / 1000 + clockSkew;
+
+function ago(t) {
+  if (typeof t !== "number") return "-";
+  const s = Math.max(0, now() - t);
+  return s < 60 ? `${s.toFixed(0)}s ago` : s < 3600 ? `${(s / 60).toFixed(0)}m ago`
+    : `${(s / 3600).toFixed(1)}h ago`;
+}
+
+function connect() {
+  const source = new EventSource("/events");
+  const link = document.getElementById("link");
+  source.onopen = () => { link.textContent = "live"; link.className = "pill ok"; };
+  source.onerror = () => { link.textContent = "reconnecting…"; link.className = "pill bad"; };
+  source.onmessage = (event) => {
+    state = JSON.parse(event.data);
+    clockSkew = state.at - Date.now() / 1000;
+    render();
+  };
+}
+
+function render() {
+  const zk = document.getElementById("zk");
+  zk.textContent = `ZooKeeper: ${state.session}`;
+  zk.className = "pill " + (state.session === "connected" ? "ok" : "bad");
+  const mode = document.getElementById("mode");
+  mode.textContent = state.allow_actions ? "actions enabled" : "read-only";
+  mode.className = "pill " + (state.allow_actions ? "warn" : "");
+  document.getElementById("viewers").textContent =
+    `${state.viewers} viewer${state.viewers === 1 ? "" : "s"}`;
+  const main = document.getElementById("apps");
+  const empty = document.getElementById("empty");
+  empty.textContent = state.apps.length ? "" : "No application under /apps yet.";
+  empty.style.display = state.apps.length ? "none" : "";
+  const names = new Set(state.apps.map((a) => a.name));
+  for (const name of Object.keys(cards)) {
+    if (!names.has(name)) { cards[name].root.remove(); delete cards[name]; }
+  }
+  for (const app of state.apps) {
+    if (!cards[app.name]) { cards[app.name] = makeCard(app.name); main.appendChild(cards[app.name].root); }
+    fillCard(cards[app.name], app);
+  }
+}
+
+function makeCard(name) {
+  const root = document.createElement("article");
+  root.className = "app";
+  root.id = `app-${name}`;
+  root.dataset.app = name;
+  root.innerHTML = `
+    <h2><span>${esc(name)}</span><span class="badge job"></span></h2>
+    <div class="stats"></div>
+    <div class="grid">
+      <section><h3>Masters</h3><div class="masters"></div></section>
+      <section><h3>Queue depth</h3><div class="chart-depth"></div></section>
+      <section><h3>Throughput (tasks/s)</h3><div class="chart-rate"></div></section>
+    </div>
+    <section><h3>Workers</h3><div class="workers"></div></section>
+    <div class="grid">
+      <section><h3>Dead letters</h3><div class="dead"></div></section>
+      <section><h3>Recent failures</h3><div class="failures"></div></section>
+    </div>
+    <div class="grid">
+      <section><h3>Result lookup</h3>
+        <form class="lookup"><input name="key" placeholder="task id or key" size="24">
+          <button type="submit">Look up</button></form>
+        <div class="lookup-result"></div></section>
+      <section><h3>Configuration</h3><div class="config"></div></section>
+      <section><h3>Shard assignments</h3><div class="shards"></div></section>
+      <section><h3>Application counters</h3><div class="app-counters"></div></section>
+    </div>`;
+  const card = { root, name };
+  for (const cls of ["job", "stats", "masters", "chart-depth", "chart-rate", "workers", "dead",
+                     "failures", "lookup-result", "config", "shards", "app-counters"]) {
+    card[cls] = root.querySelector("." + cls);
+  }
+  root.querySelector("form.lookup").addEventListener("submit", (event) => {
+    event.preventDefault();
+    lookup(card, event.target.key.value.trim());
+  });
+  card.dead.addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-action]");
+    if (button) act(card, button.dataset.action, button.dataset.name, button);
+  });
+  return card;
+}
+
+function setHTML(element, html) {
+  if (element._html !== html) { element.innerHTML = html; element._html = html; }
+}
+
+function fillCard(card, app) {
+  card.job.textContent = app.done ? `job finished by ${app.done.master ?? "?"}` : "job running";
+  card.job.className = "badge job " + (app.done ? "ok" : "");
+  const stat = (label, value, cls = "") =>
+    `<div class="stat ${cls}" data-stat="${label}"><b>${fmt(value)}</b><span>${label}</span></div>`;
+  setHTML(card.stats, [
+    stat("queue depth", app.queue.depth), stat("claimed", app.queue.claimed),
+    stat("running", app.running), stat("workers", app.workers.length),
+    stat("done", app.totals.done), stat("failed", app.totals.failed),
+    stat("retried", app.totals.retried), stat("dead letters", app.dead_total),
+    stat("leader changes", app.totals.leader_changes)].join(""));
+  const who = (m) => `${esc(m.name ?? m.node)} <span class="muted">${esc(m.host ?? "")}` +
+    `${m.pid ? ":" + esc(m.pid) : ""} ${esc(m.address ?? "")}</span>`;
+  setHTML(card.masters, app.leader
+    ? `<div class="leader" data-leader="${esc(app.leader.name)}"><span class="dot ok"></span>` +
+      `leader <b class="leader-name">${who(app.leader)}</b> ` +
+      `<span class="muted">token ${esc(app.leader.token)}</span></div>` +
+      (app.standbys.length ? app.standbys.map((m) =>
+        `<div class="standby" data-standby="${esc(m.name)}"><span class="dot warn"></span>standby ${who(m)}</div>`).join("")
+        : `<div class="muted">no standby</div>`)
+    : `<div class="leader none"><span class="dot bad"></span>no master elected</div>`);
+  const s = app.series;
+  setHTML(card["chart-depth"], chart(s.t, [{ values: s.depth, color: "#2f6fde", label: "items" }]));
+  setHTML(card["chart-rate"], chart(s.t, [
+    { values: s.done_rate, color: "#1f9d55", label: "done/s" },
+    { values: s.failed_rate, color: "#d64545", label: "failed/s" }]));
+  setHTML(card.workers, workersTable(app.workers));
+  setHTML(card.dead, deadTable(app, state.allow_actions));
+  setHTML(card.failures, app.failures.length ? `<table><tr><th>task</th><th>worker</th>` +
+    `<th>attempt</th><th>error</th></tr>` + app.failures.map((f) =>
+      `<tr class="failure"><td>${esc(f.task_id)}</td><td>${esc(f.worker)}</td>` +
+      `<td>${esc(f.attempts)}</td><td><pre class="error">${esc(f.error)}</pre>` +
+      `<span class="muted">${ago(f.finished_at)}</span></td></tr>`).join("") + `</table>`
+    : `<div class="muted">none</div>`);
+  setHTML(card.config, app.config ? `<div class="muted">version ${esc(app.config.version)}</div>` +
+    `<pre>${esc(JSON.stringify(app.config.value, null, 2))}</pre>` : `<div class="muted">none published</div>`);
+  const shards = Object.entries(app.assignments);
+  setHTML(card.shards, shards.length ? `<table><tr><th>shard</th><th>worker</th></tr>` +
+    shards.map(([sh, w]) => `<tr><td>${esc(sh)}</td><td>${esc(w)}</td></tr>`).join("") + `</table>`
+    : `<div class="muted">${app.shards.length ? app.shards.length + " shards, none assigned" : "no shards"}</div>`);
+  const counters = { ...app.worker_counters, ...app.counters };
+  const entries = Object.entries(counters).filter(([k]) => k !== "at");
+  setHTML(card["app-counters"], entries.length ? `<div class="counters">` + entries.map(([k, v]) =>
+    `<span data-counter="${esc(k)}">${esc(k)} <b>${typeof v === "object" ? esc(JSON.stringify(v)) : fmt(v)}</b></span>`).join("") +
+    `</div>` : `<div class="muted">none (see docs/dashboard.md: the counters hook)</div>`);
+}
+
+function workersTable(workers) {
+  if (!workers.length) return `<div class="muted">no live worker</div>`;
+  const rows = workers.map((w) => {
+    const ok = (w.health ?? {}).ok !== false;
+    const load = Math.min(1, Math.max(0, w.load ?? 0));
+    const tasks = (w.tasks ?? []).map((t) => {
+      const frac = t.total ? Math.min(1, t.done / t.total) : null;
+      return `<div class="task" data-task="${esc(t.task)}">${esc(t.task)} ` +
+        (frac !== null ? `<span class="bar"><i style="width:${(frac * 100).toFixed(0)}%"></i></span> ` +
+          `${fmt(t.done)}/${fmt(t.total)}` : `<span class="muted">started ${ago(t.started)}</span>`) +
+        (t.message ? ` <span class="muted">${esc(t.message)}</span>` : "") + `</div>`;
+    }).join("");
+    const counters = Object.entries(w.counters ?? {}).map(([k, v]) =>
+      `<span>${esc(k)} <b>${fmt(v)}</b></span>`).join("");
+    return `<tr class="worker" data-worker="${esc(w.name)}">` +
+      `<td><span class="dot ${ok ? "ok" : "bad"}"></span><b>${esc(w.name)}</b>` +
+      `<div class="muted">${esc(w.host ?? "")}${w.pid ? ":" + esc(w.pid) : ""}</div></td>` +
+      `<td>${esc(w.state)}</td>` +
+      `<td><span class="bar"><i style="width:${(load * 100).toFixed(0)}%"></i></span> ${(load * 100).toFixed(0)}%</td>` +
+      `<td>${fmt(w.in_flight ?? 0)}</td><td>${fmt(w.done ?? 0)}</td><td>${fmt(w.failed ?? 0)}</td>` +
+      `<td>${tasks || '<span class="muted">idle</span>'}</td>` +
+      `<td><div class="counters">${counters}</div></td>` +
+      `<td class="heartbeat" data-at="${esc(w.at)}">${ago(w.at)}</td></tr>`;
+  }).join("");
+  return `<table><tr><th>worker</th><th>state</th><th>load</th><th>in flight</th><th>done</th>` +
+    `<th>failed</th><th>progress</th><th>counters</th><th>last status</th></tr>${rows}</table>`;
+}
+
+function deadTable(app, allowed) {
+  if (!app.dead_letters.length) return `<div class="muted">none</div>`;
+  const title = allowed ? "" : ' title="read-only: start the dashboard with --allow-actions"';
+  const disabled = allowed ? "" : " disabled";
+  return `<table><tr><th>task</th><th>deliveries</th><th>error</th><th></th></tr>` +
+    app.dead_letters.map((d) =>
+      `<tr class="dead-letter" data-task="${esc(d.task_id)}" data-name="${esc(d.name)}">` +
+      `<td><b>${esc(d.task_id)}</b><pre>${esc(JSON.stringify(d.payload))}</pre></td>` +
+      `<td>${esc(d.attempts)}</td><td><pre class="error">${esc(d.error ?? "-")}</pre></td>` +
+      `<td><button class="requeue" data-action="requeue" data-name="${esc(d.name)}"${disabled}${title}>requeue</button> ` +
+      `<button class="discard" data-action="discard" data-name="${esc(d.name)}"${disabled}${title}>discard</button></td></tr>`
+    ).join("") + `</table>` +
+    (app.dead_total > app.dead_letters.length ? `<div class="muted">and ${app.dead_total - app.dead_letters.length} more</div>` : "");
+}
+
+function chart(times, series) {
+  const W = 320, H = 110, L = 34, B = 16;
+  const all = series.flatMap((s) => s.values);
+  const max = Math.max(1, ...all);
+  const n = times.length;
+  const x = (i) => L + (n > 1 ? (i / (n - 1)) * (W - L - 4) : 0);
+  const y = (v) => 4 + (H - B - 4) * (1 - v / max);
+  const lines = series.map((s) => s.values.length > 1
+    ? `<polyline fill="none" stroke="${s.color}" stroke-width="1.6" points="${
+        s.values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ")}"/>` : "").join("");
+  const span = n > 1 ? Math.round(times[n - 1] - times[0]) : 0;
+  const last = series.map((s) => s.values.length ? fmt(s.values[s.values.length - 1]) : "-");
+  return `<svg class="chart" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none">` +
+    `<line x1="${L}" y1="${H - B}" x2="${W}" y2="${H - B}" stroke="#ccd"/>` +
+    `<line x1="${L}" y1="4" x2="${L}" y2="${H - B}" stroke="#ccd"/>` +
+    `<text x="${L - 4}" y="12" text-anchor="end">${fmt(max)}</text>` +
+    `<text x="${L - 4}" y="${H - B}" text-anchor="end">0</text>` +
+    `<text x="${L}" y="${H - 3}">-${span}s</text><text x="${W - 4}" y="${H - 3}" text-anchor="end">now</text>` +
+    lines + `</svg><div class="legend">` + series.map((s, i) =>
+      `<i style="background:${s.color}"></i>${esc(s.label)} ${last[i]}`).join("") + `</div>`;
+}
+
+async function lookup(card, key) {
+  const out = card["lookup-result"];
+  if (!key) return;
+  out.innerHTML = `<span class="muted">looking up…</span>`;
+  const response = await fetch(`/api/result?app=${encodeURIComponent(card.name)}&key=${encodeURIComponent(key)}`);
+  const doc = await response.json();
+  if (!response.ok) { out.innerHTML = `<span class="error">${esc(doc.error)}</span>`; return; }
+  if (!doc.found) { out.innerHTML = `<span class="lookup-status" data-status="missing">no result for ${esc(key)}</span>`; return; }
+  const r = doc.result;
+  out.innerHTML = `<div class="lookup-status" data-status="${r.ok ? "ok" : "failed"}">` +
+    `<span class="dot ${r.ok ? "ok" : "bad"}"></span>${r.ok ? "succeeded" : "failed"} ` +
+    `on ${esc(r.worker)} after ${esc(r.attempts)} attempt(s)</div>` +
+    `<pre>${esc(JSON.stringify(r.ok ? r.result : r.error, null, 2))}</pre>`;
+}
+
+async function act(card, action, name, button) {
+  if (action === "discard" && !confirm(`Discard dead letter ${name} for good?`)) return;
+  button.disabled = true;
+  const response = await fetch(`/api/${action}`, {
+    method: "POST", headers: { "Content-Type": "application/json", "X-Dashboard-Action": "1" },
+    body: JSON.stringify({ app: card.name, name }) });
+  const doc = await response.json();
+  if (!response.ok) { alert(doc.error); button.disabled = false; }
+}
+
+// the ages ("3s ago") move on between pushes
+setInterval(() => {
+  for (const cell of document.querySelectorAll("td.heartbeat")) {
+    cell.textContent = ago(parseFloat(cell.dataset.at));
+  }
+}, 1000);
+
+connect();
