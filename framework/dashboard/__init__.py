@@ -7,6 +7,6 @@ model), :mod:`.server` (hypercorn on trio).  See ``docs/dashboard.md``.
 """
 
 from framework.dashboard.model import AppModel, Model
-from framework.dashboard.server import serve_dashboard
+from framework.dashboard.server import listen, run_dashboard, serve_dashboard
 
-__all__ = ["AppModel", "Model", "serve_dashboard"]
+__all__ = ["AppModel", "Model", "listen", "run_dashboard", "serve_dashboard"]
