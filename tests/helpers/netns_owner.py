@@ -1,63 +1,65 @@
-"""Test helper: own something from inside a network namespace, with a busy body.
+"""Test helper: own something from inside a network namespace, with an idle or busy body.
 
-Usage: netns_owner.py HOSTS CHROOT KIND SESSION_TIMEOUT   (KIND: election | master | claim)
-Prints ``START <ns>`` when its body starts and ``END <ns>`` the moment the body ends (ns:
-CLOCK_MONOTONIC nanoseconds, one clock for every namespace of the machine).  The body keeps
-sending reads, the case kazoo alone never notices when the network is cut.
+Usage: ``netns_owner.py HOSTS CHROOT KIND LOAD ROLE SESSION_TIMEOUT``
+
+* KIND: ``election`` | ``lock`` | ``claim`` | ``master`` and LOAD: ``idle`` | ``busy`` are
+  those of ``tests/test_partition_ownership.py`` (its ``OWNERS`` and bodies are used as
+  they are: a busy body keeps requests flowing, which kazoo alone never notices);
+* ROLE names the records (``a`` | ``b``).
+
+The body's first action creates ``/records/<ROLE>-start-`` (sequential) through this
+process's own session, so the server orders its start.  It then prints ``START <ns>``, and
+``END <ns>`` the moment the body ends (``CLOCK_MONOTONIC`` nanoseconds: one clock for every
+namespace of the machine).  A process cut off from ZooKeeper cannot tell the server that its
+body ended: the test records that for it, on reading ``END``.  An ownership lost is printed
+as ``LOST <error>``; the process stays until it is killed.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+os.environ.setdefault("FRAMEWORK_LOG_LEVEL", "error")
 
 import trio
 
-from framework import Election, Session, WorkQueue
-from framework.runtime import Master, MasterContext
+from framework import Session
+from tests.test_partition_ownership import LOSSES, OWNERS, busy, idle
+
+LOADS = {"idle": idle, "busy": busy}
 
 
-def stamp(what: str) -> None:
-    print(f"{what} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)}", flush=True)
+def say(word: str, value: object = "") -> None:
+    print(f"{word} {value}".rstrip(), flush=True)
 
 
-async def body(session: Session) -> None:
-    stamp("START")
-    try:
-        async def reader() -> None:
-            while True:
-                try:
-                    await session.exists("/")
-                except Exception:
-                    pass
-                await trio.sleep(0.2)
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(4):
-                nursery.start_soon(reader)
-    finally:
-        stamp("END")
-
-
-async def main(hosts: str, chroot: str, kind: str, timeout: str) -> None:
+async def main(hosts: str, chroot: str, kind: str, load: str, role: str,
+               timeout: str) -> None:
     async with Session(hosts, chroot=chroot, session_timeout=float(timeout)) as session:
-        try:
-            if kind == "election":
-                async with Election(session, "/election").leadership():
-                    await body(session)
-            elif kind == "claim":
-                async with WorkQueue(session, "/queue").take():
-                    await body(session)
-            else:
-                class Leader(Master):
-                    async def lead(self, ctx: MasterContext) -> None:
-                        await body(session)
+        started = False
 
-                await Leader("netns", name="inside").run(session)
-        except Exception as exc:
-            print(f"LOST {type(exc).__name__}", flush=True)
+        async def body() -> None:
+            nonlocal started
+            if started:  # a later term in a new session (after a heal): not the case tested
+                await trio.sleep_forever()
+            started = True
+            await session.create(f"/records/{role}-start-", sequence=True)
+            say("START", time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+            try:
+                await LOADS[load](session)
+            finally:
+                say("END", time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+
+        try:
+            await OWNERS[kind](session, body)
+        except LOSSES as exc:
+            say("LOST", type(exc).__name__)
         await trio.sleep_forever()
 
 
 if __name__ == "__main__":
-    trio.run(main, *sys.argv[1:5])
+    trio.run(main, *sys.argv[1:7])
