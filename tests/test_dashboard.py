@@ -184,8 +184,8 @@ class Page:
 
     async def screenshot(self, path: Path) -> None:
         def take() -> None:
-            height = self.driver.execute_script("return document.body.scrollHeight")
-            self.driver.set_window_size(1400, min(int(height) + 40, 4000))
+            height = self.driver.execute_script("return document.documentElement.scrollHeight")
+            self.driver.set_window_size(1400, min(int(height) + 140, 4000))  # + window frame
             self.driver.save_screenshot(str(path))
             self.driver.set_window_size(1400, 1000)
 
@@ -235,7 +235,7 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             w2 = _spawn("Busy", zk_hosts, chroot, "w2", tmp_path)
             procs.append(w2)
             await page.shown(f"{app} tr.worker[data-worker='w2']")
-            if (path := shot_path("dashboard.png")) is not None:
+            if (path := shot_path("dashboard-browser-test.png")) is not None:
                 await page.screenshot(path)
             killed = time.monotonic()
             w2.send_signal(signal.SIGKILL)
