@@ -10,7 +10,7 @@ quantities from ZooKeeper for every process at once.
     framework_tasks_retried_total{app}         ... a failed attempt that will be retried
     framework_tasks_dead_lettered_total{app}   ... a failed attempt that was final
     framework_task_duration_seconds{app}       every finished attempt
-    framework_tasks_in_flight{app}             task_started(app) / task_finished(...)
+    framework_tasks_in_flight{app}             task_started(app) / task_ended(app)
     framework_queue_depth{app}                 queue_depth(app, items)
     framework_leader_changes_total{app}        leadership_changed(app, leading)
     framework_is_leader{app}                   1 while this process leads the app
@@ -67,10 +67,15 @@ def task_started(app: str) -> None:
     _in_flight.labels(app).inc()
 
 
-def task_finished(app: str, ok: bool, seconds: float, *, final: bool = False) -> None:
-    """A handler returned (``ok``) or raised; ``final``: the failure will not be retried
-    (the item goes to the dead letters).  Pairs with :func:`task_started`."""
+def task_ended(app: str) -> None:
+    """A handler is no longer running, however it ended (call in a ``finally``: a cancelled
+    handler has no outcome but must leave the in-flight gauge)."""
     _in_flight.labels(app).dec()
+
+
+def task_finished(app: str, ok: bool, seconds: float, *, final: bool = False) -> None:
+    """A task's outcome: succeeded (``ok``, its result recorded) or failed; ``final``: the
+    failure will not be retried (the item goes to the dead letters)."""
     _duration.labels(app).observe(max(seconds, 0.0))
     if ok:
         _done.labels(app).inc()
