@@ -1,8 +1,17 @@
 """Fault injection and audits for tests and demos: a freezable TCP proxy, real session
-expiry, and herd-effect evidence (server watch table, watch fires per session)."""
+expiry, herd-effect evidence (server watch table, watch fires per session), and hosts in
+network namespaces with real partitions (:mod:`framework.testing.netns`)."""
 
 from framework.testing.faults import expire_session
 from framework.testing.herd import count_watch_fires, watchers_by_path
+from framework.testing.netns import VirtualNetwork, netns_available
 from framework.testing.proxy import TcpProxy
 
-__all__ = ["TcpProxy", "count_watch_fires", "expire_session", "watchers_by_path"]
+__all__ = [
+    "TcpProxy",
+    "VirtualNetwork",
+    "count_watch_fires",
+    "expire_session",
+    "netns_available",
+    "watchers_by_path",
+]
