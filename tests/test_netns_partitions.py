@@ -11,7 +11,8 @@ connected *recorder* session.  Cases (see ``docs/netns.md``):
   body start (written by A), A's body end (written by the recorder the moment A's process
   says so: A cannot reach the server), B's body start (written by B as its first action).
   ``a-end`` must come before ``b-start``.  The bodies and owners are those of
-  ``tests/test_partition_ownership.py`` (the loopback-proxy version of these cases);
+  ``tests/test_partition_ownership.py`` (the loopback-proxy version of these cases).  Also
+  one-way partitions (only A's packets to ZooKeeper dropped, or only the replies);
 * queue: consumers on three hosts; the one on ``a`` is cut off mid-claim; its item is
   delivered again to another host, nothing is lost or acknowledged twice, and A's ack
   (sent into the partition, and committed again after the heal) is refused by the server;
@@ -273,15 +274,24 @@ def test_delay_is_a_netem_qdisc_until_heal(network: VirtualNetwork) -> None:
 
 # ------------------------------------------------------------------------------ overlap
 
-#: (kind, load) -> seconds between A's body end and B's body start (for docs/netns.md)
-MARGINS: dict[str, float] = {}
+ZK_HOSTS = ("zk1", "zk2", "zk3")
 
 
-@pytest.mark.parametrize("load", ["idle", "busy"])
-@pytest.mark.parametrize("kind", ["election", "master", "lock", "claim"])
-async def test_partitioned_owner_process_ends_before_the_next_one_starts(
-    kind: str, load: str, network: VirtualNetwork, zk: ZooKeeperEnsemble, chroot: str
-) -> None:
+def cut_off(network: VirtualNetwork, fault: str) -> None:
+    """Cut host ``a`` off from ZooKeeper: ``isolate`` (everything, both ways), ``outbound``
+    (a's packets to the members dropped, theirs still reach it) or ``inbound`` (the members'
+    packets to a dropped: a's requests still reach the server, no reply comes back)."""
+    if fault == "isolate":
+        network.isolate("a")
+    for member in ZK_HOSTS if fault != "isolate" else ():
+        if fault == "outbound":
+            network.partition("a", member, both_ways=False)
+        else:
+            network.partition(member, "a", both_ways=False)
+
+
+async def overlap(kind: str, load: str, fault: str, network: VirtualNetwork,
+                  zk: ZooKeeperEnsemble, chroot: str) -> None:
     board = Board()
     hosts = zk.connect_string
     async with Session(hosts, chroot=chroot, session_timeout=TIMEOUT) as recorder:
@@ -296,7 +306,7 @@ async def test_partitioned_owner_process_ends_before_the_next_one_starts(
                                  load, "b", TIMEOUT) as b:
                     await wait_until_b_waits(kind, recorder)
                     cut = now_ns()
-                    network.isolate("a")
+                    cut_off(network, fault)
                     [a_end] = await a.expect("END")
                     await recorder.create("/records/a-end-", sequence=True)
                     [b_start] = await b.expect("START")
@@ -304,9 +314,25 @@ async def test_partitioned_owner_process_ends_before_the_next_one_starts(
     assert int(a_end) > cut, "A's body ended before the partition: nothing was tested"
     assert order[:3] == ["a-start", "a-end", "b-start"], order
     margin = (int(b_start) - int(a_end)) / 1e9
-    MARGINS[f"{kind}/{load}"] = margin
-    print(f"\n{kind}/{load}: A's body ended {margin:.2f} s before B's started "
+    print(f"\n{kind}/{load}/{fault}: A's body ended {margin:.2f} s before B's started "
           f"(A's end {(int(a_end) - cut) / 1e9:.2f} s after the cut)")
+
+
+@pytest.mark.parametrize("load", ["idle", "busy"])
+@pytest.mark.parametrize("kind", ["election", "master", "lock", "claim"])
+async def test_partitioned_owner_process_ends_before_the_next_one_starts(
+    kind: str, load: str, network: VirtualNetwork, zk: ZooKeeperEnsemble, chroot: str
+) -> None:
+    await overlap(kind, load, "isolate", network, zk, chroot)
+
+
+@pytest.mark.parametrize("fault", ["outbound", "inbound"])
+async def test_one_way_partition_ends_the_owner_before_the_next_one_starts(
+    fault: str, network: VirtualNetwork, zk: ZooKeeperEnsemble, chroot: str
+) -> None:
+    """Half of the link cut (a busy election term): with only the replies lost, the
+    server still hears A until A drops its connection at its trust deadline."""
+    await overlap("election", "busy", fault, network, zk, chroot)
 
 
 # ------------------------------------------------------------------------------ queue
@@ -338,11 +364,13 @@ async def test_consumer_cut_off_mid_claim(
                     spawn(board, network["c"], "netns_consumer.py", hosts, chroot, TIMEOUT,
                           "work") as c3,
                 ):
+                    cut = now_ns()
                     network.isolate("a")
                     await c1.send("finish")  # A's block ends: its ack is sent, cut off
                     holder = await board.until(
                         lambda: next((c for c in (c2, c3) if c.find("CLAIM", held, "2")), None)
                     )
+                    redelivered = (now_ns() - cut) / 1e9
                     network.heal()
                     outcome = await c1.expect("LOST")
                     await c1.send("replay")
@@ -366,8 +394,9 @@ async def test_consumer_cut_off_mid_claim(
     attempts_of = {name: int(n) for _, name, n in done}
     assert attempts_of[held] == 2
     assert all(n == 1 for name, n in attempts_of.items() if name != held)
-    print(f"\nqueue: {held} redelivered to {holder.name}; A's ack: {' '.join(outcome[1:])}; "
-          f"replayed: refused at op {refused[0]} ({refused[1]})")
+    print(f"\nqueue: {held} redelivered to {holder.name} {redelivered:.2f} s after the cut; "
+          f"A's ack: {' '.join(outcome[1:])}; replayed: refused at op {refused[0]} "
+          f"({refused[1]})")
 
 
 # ------------------------------------------------------------------------------ ZooKeeper
@@ -390,8 +419,14 @@ async def test_zookeeper_leader_cut_off_from_its_peers(
         with trio.fail_after(40):
             zxid, session_id = await writer.expect("WROTE")
             epoch = int(zxid) >> 32
+            cut = now_ns()
             for peer in peers:
                 network.partition(f"zk{old}", f"zk{peer}")
+            await board.until(
+                lambda: next((ln for ln in writer.lines
+                              if ln[0] == "WROTE" and int(ln[1]) >> 32 > epoch), None)
+            )
+            first_new = (now_ns() - cut) / 1e9
 
             def new_epoch_writes() -> list[list[str]] | None:
                 lines = [ln for ln in writer.lines if ln[0] == "WROTE" and int(ln[1]) >> 32 > epoch]
@@ -407,6 +442,7 @@ async def test_zookeeper_leader_cut_off_from_its_peers(
     assert {ln[0] for ln in writer.lines} <= {"WROTE", "RETRY"}, writer.lines  # no END/LOST
     assert {ln[2] for ln in writer.lines if ln[0] == "WROTE"} == {session_id}
     print(f"\nzookeeper: member {old} cut off; new leader "
-          f"{next(p for p in peers if modes[p] == 'leader')}; "
+          f"{next(p for p in peers if modes[p] == 'leader')}; first write of the new epoch "
+          f"{first_new:.2f} s after the cut; "
           f"{sum(ln[0] == 'WROTE' for ln in writer.lines)} writes in one session and one term "
           f"({sum(ln[0] == 'RETRY' for ln in writer.lines)} replies lost)")
