@@ -61,6 +61,7 @@ import ipaddress
 import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -189,19 +190,18 @@ def _kill_inside(netns: str) -> None:
     """SIGKILL every process still running in ``netns`` (they were started in it by the
     network's owner) and wait until they are gone, so the namespace can really go."""
     pids = [int(p) for p in _run("ip", "netns", "pids", netns, check=False).stdout.split()]
+    handles = []
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
+            handles.append(os.pidfd_open(pid))  # readable once the process has exited
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while any(_pid_alive(p) and not _zombie(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.01)  # the kernel gives no event for another process's exit
-
-
-def _zombie(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
+        deadline = time.monotonic() + 5
+        for handle in handles:
+            select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        for handle in handles:
+            os.close(handle)
 
 
 def cleanup_stale(prefix: str = PREFIX) -> list[str]:
