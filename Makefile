@@ -6,9 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: netns-tools test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper install clean
+.PHONY: netns-tools browser test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper install clean
 
-test: zookeeper netns-tools install lint
+test: zookeeper netns-tools browser install lint
 	$(PY) -m pytest -q
 
 # The fault tests in network namespaces (tests/test_netns_partitions.py; also part of
@@ -17,9 +17,21 @@ test-netns: zookeeper netns-tools install
 	$(PY) -m pytest -q -m netns
 
 netns-tools:
-	@if ! command -v ip >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "Installing iproute2 (network namespaces for the partition tests)..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; \
+	@if { ! command -v ip >/dev/null || ! command -v iptables >/dev/null; } \
+	    && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "Installing iproute2 and iptables (network namespaces for the partition tests)..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    iproute2 iptables >/dev/null; \
+	fi
+
+# Debian's headless Chromium and its driver, for the dashboard's browser test
+# (tests/test_dashboard.py); no browser download.
+browser:
+	@if { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; } && [ "$$(id -u)" = 0 ] \
+	    && command -v apt-get >/dev/null; then \
+	  echo "Installing Debian's chromium and chromium-driver (the dashboard's browser test)..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    chromium chromium-driver >/dev/null; \
 	fi
 
 # The Fetch Service crawler end to end: ZooKeeper, a local web site, 2 masters, 4 fetchers,
