@@ -51,6 +51,8 @@ def configure_logging(*, json: bool | None = None, level: str | None = None) -> 
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            # JSON lines carry the traceback as text (the console renderer prints it itself)
+            *([structlog.processors.format_exc_info] if json else []),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),

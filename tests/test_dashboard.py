@@ -228,6 +228,12 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             await page.shown(f"{app} tr.dead-letter[data-task='poison']",
                              "the cure node is missing")
             await page.shown(f"{app} tr.failure", "ValueError: poisoned payload")
+            # the failure's traceback is stored with it and shown (folded) on the page
+            summary = await page.shown(f"{app} tr.dead-letter[data-task='poison'] "
+                                       "details.traceback summary")
+            await page.run(summary.click)
+            await page.shown(f"{app} tr.dead-letter[data-task='poison'] details.traceback pre",
+                             "in handle")
             await page.shown(f"{app} .config", '"greeting": "hello"')
             await page.shown(f"{app} [data-counter='pages']")
 

@@ -92,6 +92,10 @@ async def test_tasks_retries_dead_letters_and_time_limits(zk_hosts: str, chroot:
     assert all(results[f"t{i}"].ok and results[f"t{i}"].result == i for i in range(20))
     assert results["t20"].ok and results["t20"].attempts == 3
     assert not results["t21"].ok and "planned failure 3" in results["t21"].error
+    # a failure keeps its traceback (the handler's frame included) and its key
+    doomed = results["t21"].traceback
+    assert doomed and "in handle" in doomed and "RuntimeError: planned failure 3" in doomed
+    assert results["t21"].key == "t21" and results["t20"].key == "t20"
     assert not results["t22"].ok and results["t22"].error == "time limit exceeded"
     assert results["t23"].ok
     assert status.dead_letters == 2 and status.queue_depth == 0 and status.results == 24

@@ -178,3 +178,24 @@ def test_importing_the_framework_keeps_the_hosts_logging() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "True"
+
+
+def test_json_logs_carry_the_traceback() -> None:
+    """``FRAMEWORK_LOG_JSON=1``: an event logged with ``exc_info`` carries the traceback as
+    text (it printed ``"exc_info": true`` and dropped it)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "from framework.logs import get_logger\n"
+        "try:\n"
+        "    raise ValueError('boom')\n"
+        "except ValueError as exc:\n"
+        "    get_logger('x').warning('task.failed', exc_info=exc)\n"
+    )
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"FRAMEWORK_LOG_JSON": "1", "PATH": ""}).stderr
+    event = json.loads(err.strip().splitlines()[-1])
+    assert event["event"] == "task.failed" and "exc_info" not in event
+    assert "Traceback" in event["exception"] and "ValueError: boom" in event["exception"]

@@ -165,14 +165,15 @@ class AppFeed:
             "task_id": task.get("id"), "key": task.get("key") or task.get("id"),
             "payload": task.get("payload"),
             "attempts": int(attempts) if attempts.isdigit() else None,
-            "error": None,
+            "error": None, "traceback": None,
         }
         key = doc["key"]
         if isinstance(key, str):
             try:
                 validate_name("task key", key)
                 record = await self.session.get(self.app.result_path(key))
-                doc["error"] = TaskResult.decode(record[0]).error
+                final = TaskResult.decode(record[0])
+                doc["error"], doc["traceback"] = final.error, final.traceback
             except (errors.NoNodeError, errors.ConfigurationError, ValueError, TypeError):
                 pass
         return doc

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import trio
 
-from framework import errors
+from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
@@ -269,18 +269,19 @@ class Master:
         self.terms_led += 1
         started = time.monotonic()
         log.info("master.elected", app=self.app.name, master=self.name, token=term.token)
-        rendezvous = Rendezvous(session, self.app.rendezvous)
-        await rendezvous.publish(identity, ephemeral=True)
-        ctx = MasterContext(
-            session=session,
-            app=self.app,
-            term=term,
-            master=self,
-            queue=WorkQueue(session, self.app.tasks, dead_letter=self.app.dead,
-                            fence=(term.node, term.version)),
-            config_store=ConfigStore(session, self.app.config),
-        )
+        metrics.leadership_changed(self.app.name, True)
         try:
+            rendezvous = Rendezvous(session, self.app.rendezvous)
+            await rendezvous.publish(identity, ephemeral=True)
+            ctx = MasterContext(
+                session=session,
+                app=self.app,
+                term=term,
+                master=self,
+                queue=WorkQueue(session, self.app.tasks, dead_letter=self.app.dead,
+                                fence=(term.node, term.version)),
+                config_store=ConfigStore(session, self.app.config),
+            )
             await self.lead(ctx)
             record = json.dumps({"master": self.name, "at": time.time(),
                                  "token": term.token}).encode()
@@ -292,6 +293,7 @@ class Master:
             log.info("master.finished", app=self.app.name, master=self.name,
                      seconds=round(time.monotonic() - started, 3))
         finally:
+            metrics.leadership_changed(self.app.name, False)
             with cleanup_scope(session):
                 try:  # withdraw our address, never a successor's
                     stat = await session.exists(self.app.rendezvous)

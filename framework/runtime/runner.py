@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from framework import metrics
 from framework.errors import ConfigurationError
 from framework.logs import get_logger
 from framework.runtime.master import Master
@@ -31,6 +32,7 @@ async def run_component(component: Component, hosts: str, *, session_timeout: fl
     async with Session(hosts, chroot=chroot, session_timeout=session_timeout) as session:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, component, nursery.cancel_scope)
+            nursery.start_soon(_count_session_states, session)
             await component.run(session)
             nursery.cancel_scope.cancel()
 
@@ -46,6 +48,12 @@ async def _on_signals(component: Component, everything: trio.CancelScope) -> Non
             else:
                 log.warning("runtime.forced_stop", signal=signal.Signals(signum).name)
                 everything.cancel()
+
+
+async def _count_session_states(session: Session) -> None:
+    """Feed the session's state changes to this process's metrics."""
+    async for change in session.states():
+        metrics.session_state_changed(change.state.value)
 
 
 def load_class(spec: str) -> type[Any]:

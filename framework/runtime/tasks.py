@@ -78,6 +78,8 @@ class TaskResult:
     error: str | None = None
     started_at: float = 0.0
     finished_at: float = attrs.field(factory=time.time)
+    key: str | None = None  # the task's idempotency key (its id when it has none)
+    traceback: str | None = None  # a failure's traceback (its last MAX_TRACEBACK_CHARS)
 
     def encode(self) -> bytes:
         """The record as JSON; :class:`PermanentFailure` if the result is not JSON or the
@@ -99,4 +101,6 @@ class TaskResult:
 
     @classmethod
     def decode(cls, data: bytes) -> TaskResult:
-        return cls(**json.loads(data))
+        doc = json.loads(data)
+        known = {field.name for field in attrs.fields(cls)}
+        return cls(**{name: value for name, value in doc.items() if name in known})

@@ -28,13 +28,14 @@ import json
 import os
 import socket
 import time
+import traceback
 from contextlib import nullcontext
 from typing import Any
 
 import attrs
 import trio
 
-from framework import errors
+from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import QueueItem, WorkQueue
@@ -55,6 +56,9 @@ class _GivenUp(_HandedBack, errors.PermanentFailure):
 
 #: Longest error message kept in a failure record (a record must fit in one znode).
 MAX_ERROR_CHARS = 4000
+
+#: Longest traceback kept in a failure record (its end: the frames nearest the error).
+MAX_TRACEBACK_CHARS = 8000
 
 #: How many failure records the ``failures/`` ring keeps.
 FAILURE_RING = 200
@@ -363,6 +367,7 @@ class Worker:
             pass
         self._in_flight += 1
         self._status_dirty.set()
+        metrics.task_started(self.app.name)
         started = time.time()
         try:
             with trio.fail_after(limit) if limit else nullcontext():
@@ -375,7 +380,9 @@ class Worker:
         finally:
             self._in_flight -= 1
             self._status_dirty.set()
-        result = TaskResult(task.id, True, self.name, task.attempts, value, started_at=started)
+            metrics.task_ended(self.app.name)
+        result = TaskResult(task.id, True, self.name, task.attempts, value, started_at=started,
+                            key=task.key)
         try:
             encoded = result.encode()
         except errors.PermanentFailure as exc:
@@ -383,6 +390,7 @@ class Worker:
             raise _GivenUp() from None
         await _put(session, record, encoded)
         self.tasks_done += 1
+        metrics.task_finished(self.app.name, True, time.time() - started)
         log.info("task.done", task=task.id, worker=self.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
 
@@ -398,10 +406,14 @@ class Worker:
         if len(error) > MAX_ERROR_CHARS:
             error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
         final = task.attempts >= self.max_attempts or isinstance(exc, errors.PermanentFailure)
-        log.warning("task.failed", task=task.id, worker=self.name, error=error,
-                    attempt=task.attempts, final=final)
+        metrics.task_finished(self.app.name, False, time.time() - started, final=final)
+        trace = "".join(traceback.format_exception(exc))
+        if len(trace) > MAX_TRACEBACK_CHARS:
+            trace = f"... ({len(trace):,} characters)\n" + trace[-MAX_TRACEBACK_CHARS:]
+        log.warning("task.failed", task=task.id, key=task.key, worker=self.name, error=error,
+                    attempt=task.attempts, final=final, exc_info=exc)
         result = TaskResult(task.id, False, self.name, task.attempts, None, error,
-                            started_at=started)
+                            started_at=started, key=task.key, traceback=trace)
         with cleanup_scope(session):
             try:
                 node = await session.create(f"{self.app.failures}/f-", result.encode(),

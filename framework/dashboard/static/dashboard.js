@@ -131,8 +131,9 @@ function fillCard(card, app) {
   setHTML(card.dead, deadTable(app, state.allow_actions));
   setHTML(card.failures, app.failures.length ? `<table><tr><th>task</th><th>worker</th>` +
     `<th>attempt</th><th>error</th></tr>` + app.failures.map((f) =>
-      `<tr class="failure"><td>${esc(f.task_id)}</td><td>${esc(f.worker)}</td>` +
+      `<tr class="failure"><td>${esc(f.key ?? f.task_id)}</td><td>${esc(f.worker)}</td>` +
       `<td>${esc(f.attempts)}</td><td><pre class="error">${esc(f.error)}</pre>` +
+      traceback(f.traceback) +
       `<span class="muted">${ago(f.finished_at)}</span></td></tr>`).join("") + `</table>`
     : `<div class="muted">none</div>`);
   setHTML(card.config, app.config ? `<div class="muted">version ${esc(app.config.version)}</div>` +
@@ -176,6 +177,10 @@ function workersTable(workers) {
     `<th>failed</th><th>progress</th><th>counters</th><th>last status</th></tr>${rows}</table>`;
 }
 
+function traceback(text) {
+  return text ? `<details class="traceback"><summary>traceback</summary><pre>${esc(text)}</pre></details>` : "";
+}
+
 function deadTable(app, allowed) {
   if (!app.dead_letters.length) return `<div class="muted">none</div>`;
   const title = allowed ? "" : ' title="read-only: start the dashboard with --allow-actions"';
@@ -184,7 +189,8 @@ function deadTable(app, allowed) {
     app.dead_letters.map((d) =>
       `<tr class="dead-letter" data-task="${esc(d.task_id)}" data-name="${esc(d.name)}">` +
       `<td><b>${esc(d.task_id)}</b><pre>${esc(JSON.stringify(d.payload))}</pre></td>` +
-      `<td>${esc(d.attempts)}</td><td><pre class="error">${esc(d.error ?? "-")}</pre></td>` +
+      `<td>${esc(d.attempts)}</td><td><pre class="error">${esc(d.error ?? "-")}</pre>` +
+      `${traceback(d.traceback)}</td>` +
       `<td><button class="requeue" data-action="requeue" data-name="${esc(d.name)}"${disabled}${title}>requeue</button> ` +
       `<button class="discard" data-action="discard" data-name="${esc(d.name)}"${disabled}${title}>discard</button></td></tr>`
     ).join("") + `</table>` +
