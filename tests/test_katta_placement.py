@@ -1,4 +1,5 @@
-"""Property test of replicated placement: random join/leave sequences."""
+"""Property test of replicated placement: random join/leave sequences, with nodes that take
+their time to serve what they are given (a new replica serves only some steps later)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ events = st.lists(st.tuples(st.sampled_from(("join", "leave")), st.sampled_from(
                   min_size=1, max_size=25)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(events=events, shards=st.integers(1, 12), replication=st.integers(1, 3),
-       max_moves=st.integers(1, 3))
+       max_moves=st.integers(1, 3), data=st.data())
 def test_placement_invariants(events: list[tuple[str, str]], shards: int, replication: int,
-                              max_moves: int) -> None:
+                              max_moves: int, data: st.DataObject) -> None:
     names = [f"{s:05d}" for s in range(shards)]
     live: set[str] = {"n0"}
     plan: dict[str, list[str]] = {}
     serving: dict[str, set[str]] = {}
 
-    def step() -> None:
+    def step(all_come_up: bool = False) -> None:
         nonlocal plan, serving
         before = {s: set(plan.get(s, ())) & serving.get(s, set()) & live for s in names}
         plan = plan_replicas(names, sorted(live), plan, serving, replication,
@@ -35,9 +36,18 @@ def test_placement_invariants(events: list[tuple[str, str]], shards: int, replic
             assert len(nodes) >= min(replication, len(live)), "never fewer than live allows"
             # a move never lowers the serving count: what served and is still planned
             still = set(nodes) & before[shard]
-            assert len(still) >= min(len(before[shard]), replication)
-        # the nodes serve what they are assigned by the next step
-        serving = {s: set(n) for s, n in plan.items()}
+            assert len(still) >= min(len(before[shard]), replication), (
+                f"shard {shard}: serving {sorted(before[shard])} -> planned {nodes}")
+        # the nodes follow the plan: an unassigned replica stops serving at once, a new one
+        # starts serving only when it has copied and opened the shard - some steps later
+        pending = sorted((s, n) for s, nodes in plan.items() for n in nodes
+                         if n not in serving.get(s, set()))
+        if all_come_up:
+            up = set(pending)
+        else:
+            up = {p for p in pending if data.draw(st.booleans(), label=f"{p} serves")}
+        serving = {s: {n for n in nodes if n in serving.get(s, set()) or (s, n) in up}
+                   for s, nodes in plan.items()}
 
     for kind, node in events:
         if kind == "join":
@@ -47,7 +57,7 @@ def test_placement_invariants(events: list[tuple[str, str]], shards: int, replic
             serving = {s: n - {node} for s, n in serving.items()}
         step()
     for _ in range(4 * shards * replication + 4):  # a stable live set converges
-        step()
+        step(all_come_up=True)
     load = {n: 0 for n in live}
     for nodes in plan.values():
         assert len(nodes) == min(replication, len(live))
