@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,12 +13,14 @@ import pytest
 import trio
 
 from examples.katta_like.client import SearchClient, UnknownIndex
+from examples.katta_like.cluster import wait_serving
 from examples.katta_like.corpus import CorpusSpec, documents, sample_queries
 from examples.katta_like.ctl import (
     add_index,
     gather_status,
     remove_index,
     set_alias,
+    wait_balanced,
     wait_replicated,
     wait_state,
 )
@@ -144,4 +147,54 @@ def test_bad_settings_are_clear() -> None:
     with pytest.raises(ConfigurationError, match="replication must be"):
         IndexRecord("x", 1, 0, "/tmp", CorpusSpec())
     with pytest.raises(ConfigurationError, match="no WARC directory"):
-        CorpusSpec("warc", warc_dir="/nonexistent")
+        CorpusSpec("warc", warc_dir="/nonexistent").check_available()
+    with pytest.raises(ConfigurationError, match="no WARC directory"):
+        list(documents(CorpusSpec("warc", warc_dir="/nonexistent")))
+
+
+def write_warc(directory: Path, pages: int) -> None:
+    """A small crawl in the Fetch Service's WARC format."""
+    import datetime as dt
+
+    from examples.fetch_service.fetch import RawResponse
+    from examples.fetch_service.warc import WarcWriter
+
+    with WarcWriter(directory) as writer:
+        for n in range(pages):
+            html = (f"<html><title>Page {n}</title><body>alpha {'beta ' * (n % 7)} "
+                    f"gamma{n % 5}</body></html>")
+            writer.write(RawResponse(f"http://site.test/p{n}", 200, "OK", "HTTP/1.1",
+                                     (("Content-Type", "text/html"),), html.encode(),
+                                     dt.datetime.now(dt.UTC)))
+
+
+async def test_warc_index_outlives_its_crawl(zk_hosts: str, chroot: str, session: Session,
+                                             tmp_path: Path) -> None:
+    """An index built from WARC files stays readable, served and searchable once the crawl's
+    files are gone (they are needed only to build it): the master, a node that joins
+    later, the client and `katta status` all read its record."""
+    warc = tmp_path / "warc"
+    write_warc(warc, 40)
+    spec = IndexRecord("crawl", 2, 2, str(tmp_path / "store"),
+                       CorpusSpec("warc", warc_dir=str(warc)))
+    with trio.fail_after(TIMEOUT):
+        async with cluster(zk_hosts, chroot, tmp_path, nodes=2) as nursery:
+            await add_index(session, spec)
+            done = await wait_state(session, "crawl", ("deployed", "error"))
+            assert done is not None and done.state == "deployed", done
+            shutil.rmtree(warc)
+            late = SearchNode(name="late")
+            late.data_dir = tmp_path / "late"
+
+            async def run_late() -> None:
+                async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+                    await late.run(s)
+
+            nursery.start_soon(run_late)
+            await wait_serving(session, "late")  # the rebalance gave it a replica
+            await wait_balanced(session, "crawl")
+            status = await gather_status(session)
+            assert status["indexes"]["crawl"]["state"] == "deployed"
+            async with SearchClient.open(session) as client:
+                result = await client.search("alpha", index="crawl", top=5)
+            assert not result.partial and result.count == 40

@@ -160,7 +160,11 @@ class SearchClient:
         async with trio.open_nursery() as nursery:
             started: set[int] = set()
             async for snap in watch_data(self.session, self.paths.index(index)):
-                view.record = IndexRecord.decode(snap.data) if snap.data else None
+                try:
+                    view.record = IndexRecord.decode(snap.data) if snap.data else None
+                except (ValueError, KeyError, TypeError, errors.ConfigurationError) as exc:
+                    log.error("katta.bad_index_record", index=index, error=str(exc))
+                    view.record = None  # searched as an unknown index, never half-read
                 if view.record is None:
                     view.ready.set()
                     continue

@@ -51,6 +51,11 @@ class CorpusSpec:
 
     ``source`` is ``"generated"`` (``docs`` documents from ``seed``) or ``"warc"`` (every
     response record in the directory ``warc_dir``, HTML reduced to text).
+
+    Building the spec checks only what it says; whether ``warc_dir`` exists is checked by
+    :meth:`check_available` (when an index is added) and by :func:`documents` (when a shard
+    is built): an index record names its corpus for ever, and the files are needed only
+    while the index is being built, so a record must stay readable once they are gone.
     """
 
     source: str = "generated"
@@ -64,6 +69,11 @@ class CorpusSpec:
                                      f"not {self.source!r}")
         if self.source == "generated" and not (1 <= self.docs <= 1_000_000):
             raise ConfigurationError(f"corpus docs must be 1..1000000, not {self.docs}")
+        if self.source == "warc" and not self.warc_dir:
+            raise ConfigurationError("a WARC corpus needs a directory")
+
+    def check_available(self) -> None:
+        """Raise :class:`ConfigurationError` if the documents cannot be read (now)."""
         if self.source == "warc" and not Path(self.warc_dir).is_dir():
             raise ConfigurationError(f"no WARC directory {self.warc_dir!r}")
 
@@ -77,6 +87,7 @@ class CorpusSpec:
 
 def documents(spec: CorpusSpec) -> Iterator[Doc]:
     """Every document of the corpus, in a fixed order."""
+    spec.check_available()
     if spec.source == "warc":
         yield from _warc_documents(Path(spec.warc_dir))
         return

@@ -31,6 +31,7 @@ from framework.zk import Session, watch_children, watch_data
 async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) -> None:
     """Create the index record (state ``building``); the master builds and deploys it."""
     check_name("index name", record.name)
+    record.corpus.check_available()
     paths = KattaPaths(App(app))
     await session.ensure_path(paths.indexes)
     try:
@@ -186,7 +187,8 @@ async def gather_status(session: Session, app: str = APP_NAME) -> dict[str, Any]
     for name in await _children(session, paths.indexes):
         try:
             record = IndexRecord.decode((await session.get(paths.index(name)))[0])
-        except (errors.NoNodeError, ValueError, KeyError, TypeError):
+        except (errors.NoNodeError, errors.ConfigurationError, ValueError, KeyError,
+                TypeError):
             continue
         shards = {}
         for n in range(record.shards):

@@ -149,6 +149,10 @@ class SearchNode(Worker):
                 record = IndexRecord.decode((await session.get(self.paths.index(index)))[0])
             except errors.NoNodeError:
                 return
+            except (ValueError, KeyError, TypeError, errors.ConfigurationError) as exc:
+                log.error("shard.bad_index_record", node=self.name, index=index,
+                          error=str(exc))
+                return  # not served; one bad record must not stop the node's other shards
             store = ShardStore(record.store)
             try:
                 local = await trio.to_thread.run_sync(fetch_shard, store, index, shard,
