@@ -123,3 +123,27 @@ def test_global_statistics_give_the_single_index_ranking(tmp_path: Path) -> None
         assert want.correct([url for _, url, _ in merged]) == 1.0, query
         if merged:
             assert abs(merged[0][0] - want.scores[want.urls[0]]) < 1e-4
+
+
+def test_bad_settings_of_the_processes_are_one_line(
+        zk_hosts: str, chroot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`framework run` of a master or node with a bad KATTA_* setting: one line, status 2."""
+    from framework.cli import main as framework_main
+
+    run = ["run", "--zk", zk_hosts, "--chroot", chroot, "--session-timeout", "4"]
+    for name, value, message in (
+            ("KATTA_NODE_GRACE", "abc", "KATTA_NODE_GRACE must be a number of seconds"),
+            ("KATTA_SAFE_MODE", "-1", "KATTA_SAFE_MODE must be a finite number"),
+            ("KATTA_SAFE_MODE", "inf", "KATTA_SAFE_MODE must be a finite number")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            code = framework_main([*run, "examples.katta_like.master:KattaMaster"])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("KATTA_DATA", str(blocker / "node"))
+    code = framework_main([*run, "examples.katta_like.node:SearchNode"])
+    err = capsys.readouterr().err
+    assert code == 2 and "KATTA_DATA: cannot use" in err and "Traceback" not in err, err

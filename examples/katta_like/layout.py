@@ -23,6 +23,8 @@ clients route by deployed/ only.
 from __future__ import annotations
 
 import json
+import math
+import os
 from typing import Any
 
 import attrs
@@ -65,6 +67,23 @@ class KattaPaths:
 
     def alias(self, name: str) -> str:
         return f"{self.aliases}/{name}"
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration setting from the environment: a finite number of seconds, 0 or more;
+    anything else is a :class:`ConfigurationError` naming the variable (one line for a
+    ``framework run`` user, never a traceback)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number of seconds, not {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise ConfigurationError(f"{name} must be a finite number of seconds, 0 or more, "
+                                 f"not {text!r}")
+    return value
 
 
 def shard_name(shard: int) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -36,6 +35,7 @@ from examples.katta_like.layout import (
     IndexRecord,
     KattaPaths,
     assignment_name,
+    env_seconds,
     shard_name,
 )
 from examples.katta_like.placement import plan_replicas
@@ -67,9 +67,14 @@ class KattaMaster(Master):
     """The Katta master (see the module docstring)."""
 
     app_name = APP_NAME
-    stable_for = float(os.environ.get("KATTA_SAFE_MODE", "1.0"))
-    node_grace = float(os.environ.get("KATTA_NODE_GRACE", "1.0"))
     max_moves = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: seconds a new leader waits for the live set to settle (safe mode)
+        self.stable_for = env_seconds("KATTA_SAFE_MODE", 1.0)
+        #: seconds a lost node still counts as live before its shards are re-replicated
+        self.node_grace = env_seconds("KATTA_NODE_GRACE", 1.0)
 
     async def lead(self, ctx: MasterContext) -> None:
         paths = KattaPaths(self.app)

@@ -103,7 +103,15 @@ class SearchNode(Worker):
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)
         self.address = f"127.0.0.1:{sock.getsockname()[1]}"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.data_dir, os.W_OK | os.X_OK):
+                raise PermissionError("not writable")
+        except OSError as exc:
+            sock.close()
+            raise errors.ConfigurationError(
+                f"KATTA_DATA: cannot use {str(self.data_dir)!r} as this node's disk "
+                f"({exc.strerror or exc})") from None
         config = HypercornConfig()
         config.bind = [f"fd://{sock.detach()}"]
         config.accesslog = None
