@@ -77,8 +77,13 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
             assert [f["error"] for f in frames] == ["bad_frame"]
             frames = await raw(address, struct.pack(">BI", 1, 3) + msgpack.packb([1, 2]))
             assert [f["error"] for f in frames] == ["bad_frame"]
-            # truncated frame: the server just drops that connection
-            assert await raw(address, struct.pack(">BI", 1, 100) + b"x" * 10) == []
+            # truncated frame (header says 100 bytes, 10 arrive, then the sender closes):
+            # a bad_frame error naming what arrived, then that connection is closed
+            frames = await raw(address, struct.pack(">BI", 1, 100) + b"x" * 10)
+            assert [f["error"] for f in frames] == ["bad_frame"]
+            assert "truncated frame" in str(frames[0]["message"])
+            frames = await raw(address, b"\x01\x00")  # even the header cut short
+            assert [f["error"] for f in frames] == ["bad_frame"]
             # request errors keep the connection open: unknown topic, oversized message
             conn = await protocol.connect(address)
             await conn.send({"op": "produce", "id": 1, "topic": "zzz", "producer": "p",

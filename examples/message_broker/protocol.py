@@ -11,7 +11,8 @@ Frame layout (every direction, every message)::
 receives a frame with another version, a length above the maximum or a body that is not a
 msgpack map answers with one ``error`` frame (``code`` = ``bad_version``, ``too_large`` or
 ``bad_frame``) and closes *that* connection; every other connection is unaffected.  A frame cut
-short by the peer closing is dropped silently (the peer is gone).
+short by the peer closing its sending side (a truncated frame) is answered the same way
+(``bad_frame``, naming how many bytes arrived): a peer that only half-closed still reads why.
 
 Requests carry ``op`` and a client-chosen ``id`` echoed in the reply:
 
@@ -92,12 +93,15 @@ class FrameReader:
         while len(self._buffer) < size:
             chunk = await self._stream.receive_some(65536)
             if not chunk:
-                raise PeerClosed("connection closed" + (" mid-frame" if self._buffer else ""))
+                if self._buffer:
+                    raise ProtocolError("bad_frame", f"truncated frame: the connection closed "
+                                                     f"after {len(self._buffer)} of {size} bytes")
+                raise PeerClosed("connection closed")
             self._buffer += chunk
 
     async def read(self) -> dict[str, Any]:
-        """The next frame's body; :class:`ProtocolError` for a bad frame, :class:`PeerClosed`
-        at the end of the stream."""
+        """The next frame's body; :class:`ProtocolError` for a bad or truncated frame,
+        :class:`PeerClosed` at the end of the stream between frames."""
         await self._fill(_HEADER.size)
         version, length = _HEADER.unpack_from(self._buffer)
         if version != VERSION:
