@@ -14,9 +14,10 @@ from examples.message_broker import protocol
 from examples.message_broker.client import BrokerError, Producer
 from examples.message_broker.cluster import LocalCluster, wait_server_gone
 from examples.message_broker.ctl import create_topics, request_shutdown, wait_placed
-from examples.message_broker.layout import BrokerPaths, loads
+from examples.message_broker.layout import BrokerPaths, Isr, loads
 from framework import Session
 from framework.testing import TcpProxy
+from framework.zk import watch_data
 from framework.zkserver.launcher import free_ports
 from tests.test_broker_failover import Load, check_delivery, wait_full_isr
 
@@ -195,4 +196,94 @@ async def test_shutdown_hands_primaries_over_and_loses_nothing(
                 sending.cancel_scope.cancel()
             assert not cluster.servers["s1"].primaries
             await check_delivery(session, load, "checker")
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_new_copy_of_a_backup_counts_in_sync_only_once_it_caught_up(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """A backup server that comes back with less than it had (a process restarted under the
+    same name while its old link is still open here) must not be counted in sync at once:
+    it could take over with a log missing acknowledged messages."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await start(nursery, session, zk_hosts, chroot, tmp_path, servers=2)
+            await create_topics(session, ["g"])
+            await wait_placed(session, ["g"])
+            await wait_full_isr(session, ["g"], {"s1", "s2"})
+            primary = await primary_of(session, "g")
+            backup = next(s for s in await placement_of(session, "g") if s != primary["server"])
+            async with Producer(session) as producer:
+                for i in range(20):
+                    await producer.send("g", b"%d" % i)  # acknowledged: on both servers
+            stat = await session.exists(PATHS.primary("g"))
+            assert stat is not None
+            # the backup's new incarnation: same name, a fresh copy, from offset 0
+            conn = await protocol.connect(primary["address"])
+            await conn.send({"op": "fetch", "id": 1, "topic": "g", "epoch": stat.czxid,
+                             "offset": 0, "server": backup, "copy": "new-incarnation"})
+            reply = await conn.read()
+            assert reply["start"] == 0 and len(reply["records"]) == 20
+            assert reply["in_sync"] is False
+            async for snap in watch_data(session, PATHS.isr("g")):
+                if backup not in Isr.decode(snap.data).in_sync:
+                    break  # dropped from ZooKeeper's in-sync set: it can no longer take over
+            # once it holds everything acknowledged it counts again
+            await conn.send({"op": "fetch", "id": 2, "topic": "g", "epoch": stat.czxid,
+                             "offset": 20, "server": backup, "copy": "new-incarnation"})
+            reply = await conn.read()
+            assert reply["in_sync"] is True
+            assert backup in Isr.decode((await session.get(PATHS.isr("g")))[0]).in_sync
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_new_term_shows_only_what_the_in_sync_backup_holds(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """Records a primary appended but never got acknowledged must not become visible when it
+    starts a new term: its backup may lack them, and a subscriber that saw them would skip
+    whatever the backup later stores at those offsets after a failover."""
+    port = free_ports(1)[0]
+    with TcpProxy(("127.0.0.1", port)) as link, trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            s1 = await cluster.start_server("s1", session, port=port, address=link.address)
+            await cluster.start_server("s2", session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["h"])
+            await wait_placed(session, ["h"])
+            await wait_full_isr(session, ["h"], {"s1", "s2"})
+            assert (await primary_of(session, "h"))["server"] == "s1"
+            async with Producer(session) as producer:
+                for i in range(10):
+                    await producer.send("h", b"%d" % i)  # acknowledged: on s1 and s2
+            link.freeze()  # s2 fetches from s1 through the proxy: replication stops
+            direct = await protocol.connect(s1.listen_address)
+            await direct.send({"op": "produce", "id": 1, "topic": "h", "producer": "raw",
+                               "seq": 0, "msgs": [b"u%d" % i for i in range(5)]})
+            await s1.logs["h"].wait_beyond(14)  # on s1 only: not acknowledged
+            # s1's term ends (a fetch claiming a newer epoch deposes it); its znode is still
+            # there, so it starts a new term of the same epoch
+            stat = await session.exists(PATHS.primary("h"))
+            assert stat is not None
+            await direct.send({"op": "fetch", "id": 2, "topic": "h", "epoch": stat.czxid + 1,
+                               "offset": 0, "server": "nobody"})
+            await s1.wait_terms("h", 2)
+            replies = {(await direct.read())["id"]: None for _ in range(2)}
+            assert set(replies) == {1, 2}
+            sub = await protocol.connect(s1.listen_address)
+            await sub.send({"op": "subscribe", "id": 3, "topic": "h", "offset": 0})
+            assert (await sub.read())["ok"]
+            frame = await sub.read()
+            assert frame["start"] == 0 and len(frame["records"]) == 10
+            link.unfreeze()  # s2 gets the 5 records; once it holds them they are visible
+            seen = 10
+            while seen < 15:
+                frame = await sub.read()
+                assert frame["start"] == seen
+                seen += len(frame["records"])
+            assert seen == 15
+            for conn in (direct, sub):
+                await conn.aclose()
             nursery.cancel_scope.cancel()

@@ -14,7 +14,15 @@ Guarantees:
   (a deposed primary, frozen rather than dead, cannot acknowledge a write).
 * A backup's fetch carries the epoch it follows (the ``czxid`` of the primary znode); a fetch
   with another epoch is refused, and one with a *newer* epoch deposes this primary at once.
-* ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached the log end.
+* A fetch also names the backup's *copy* (a token the backup draws each time it starts its
+  copy of the log afresh).  A new copy from a server supersedes its earlier one at once: the
+  server leaves the in-sync set (in ZooKeeper first) and must catch up again; fetches of a
+  superseded copy are refused.  So a backup restarted under the same name, or one whose old
+  connection is still half-open here, is never counted in sync with records it lacks.
+* A term starts with ``hw`` at the offset known to be on every in-sync replica (``committed``:
+  the previous term's ``hw`` as this server last learnt it), not at the end of its own log:
+  records beyond it become visible only once a backup of this term holds them.
+* ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached ``hw``.
 """
 
 from __future__ import annotations
@@ -54,8 +62,14 @@ class PrimaryTopic:
     isr_path: str
     isr: Isr
     isr_version: int
+    #: offset every in-sync replica is known to hold when the term starts (see module doc)
+    committed: int = 0
     hw: int = 0
+    #: backup server -> offset its current copy asked for (it holds everything before it)
     followers: dict[str, int] = attrs.field(factory=dict)
+    #: backup server -> token of its current copy; superseded tokens per server
+    copies: dict[str, str] = attrs.field(factory=dict)
+    retired: set[tuple[str, str]] = attrs.field(factory=set)
     synced: set[str] = attrs.field(factory=set)
     closed: bool = False
     handing_over: bool = False
@@ -66,8 +80,9 @@ class PrimaryTopic:
     _isr_lock: trio.Lock = attrs.field(factory=trio.Lock)
 
     def __attrs_post_init__(self) -> None:
-        # records we hold now were replicated under the previous term (or this is a new topic)
-        self.hw = self.log.end
+        # only what the previous term acknowledged is known to be on every in-sync replica;
+        # our own records beyond it wait for a backup of this term (module doc)
+        self.hw = min(self.committed, self.log.end)
 
     # ------------------------------------------------------------ helpers
 
@@ -146,12 +161,13 @@ class PrimaryTopic:
 
     # ------------------------------------------------------------ replication
 
-    async def fetch(self, follower: str, epoch: int, offset: int,
-                    wait: float) -> dict[str, Any]:
+    async def fetch(self, follower: str, epoch: int, offset: int, wait: float,
+                    copy: str = "") -> dict[str, Any]:
         """A backup pulls from ``offset`` (which also acknowledges everything before it).
 
         A backup counts as in sync once it holds everything acknowledged (``offset >= hw``)
-        and ZooKeeper's in-sync set names it; ``hw`` stands still meanwhile."""
+        and ZooKeeper's in-sync set names it; ``hw`` stands still meanwhile.  ``copy`` names
+        the backup's copy of the log (module doc)."""
         self._check_open()
         if epoch != self.epoch:
             if epoch > self.epoch:
@@ -162,7 +178,19 @@ class PrimaryTopic:
             raise RequestError("stale_epoch", f"epoch {epoch} is not {self.epoch}")
         if offset > self.log.end:
             raise RequestError("bad_request", f"offset {offset} beyond log end {self.log.end}")
-        self.followers[follower] = max(offset, self.followers.get(follower, 0))
+        if (follower, copy) in self.retired:
+            raise RequestError("stale_copy", f"copy {copy!r} of {follower} was superseded")
+        current = self.copies.get(follower)
+        if current == copy:
+            self.followers[follower] = max(offset, self.followers.get(follower, 0))
+        else:
+            self.copies[follower] = copy
+            self.followers[follower] = offset
+            if current is not None:  # a new copy: the old one (and its offset) counts no more
+                self.retired.add((follower, current))
+                log.warning("broker.backup_new_copy", topic=self.name, backup=follower,
+                            offset=offset)
+                await self._drop(follower)
         if (follower not in self.synced and offset >= self.hw) or self.isr_dirty:
             async with self._isr_lock:
                 if follower not in self.synced and self.followers.get(follower, -1) >= self.hw:
@@ -177,13 +205,21 @@ class PrimaryTopic:
             await self.log.wait_beyond(offset)
         self._check_open()
         records = self.log.read(offset, 2000)
+        in_sync = follower in self.synced and self.copies.get(follower) == copy
         return {"start": offset, "records": records, "end": self.log.end, "epoch": self.epoch,
-                "in_sync": follower in self.synced}
+                "hw": self.hw, "in_sync": in_sync}
 
-    async def follower_gone(self, follower: str) -> None:
-        """The backup's link closed: drop it from the in-sync set (in ZooKeeper first: the
-        watermark does not move without it until that write succeeded)."""
+    async def follower_gone(self, follower: str, copy: str = "") -> None:
+        """The link of ``follower``'s ``copy`` closed: drop it from the in-sync set (in
+        ZooKeeper first: the watermark does not move without it until that write
+        succeeded).  The close of a superseded copy's link changes nothing."""
+        if self.copies.get(follower) != copy:
+            return
         self.followers.pop(follower, None)
+        self.copies.pop(follower, None)
+        await self._drop(follower)
+
+    async def _drop(self, follower: str) -> None:
         if follower not in self.synced or self.closed:
             return
         log.warning("broker.backup_lost", topic=self.name, backup=follower)

@@ -21,10 +21,12 @@ Requests carry ``op`` and a client-chosen ``id`` echoed in the reply:
   log *and* on the in-sync backup's (or, for a topic in ``one_copy`` mode with no in-sync
   backup, on the primary alone).  Messages whose sequence number the topic already holds are
   not appended again (an idempotent retry).
-* ``fetch`` {topic, epoch, offset, server} -> {start, records, end, epoch, in_sync}:
-  replication (the backup pulls; ``offset`` also acknowledges everything before it;
-  ``in_sync`` tells the backup whether the primary counts its copy).  Refused with
-  ``stale_epoch`` unless ``epoch`` is the primary's own.
+* ``fetch`` {topic, epoch, offset, server, copy} -> {start, records, end, epoch, hw, in_sync}:
+  replication (the backup pulls; ``offset`` also acknowledges everything before it; ``copy``
+  is a token the backup draws whenever it starts its copy of the log afresh; ``hw`` is the
+  primary's high watermark; ``in_sync`` tells the backup whether the primary counts this
+  copy).  Refused with ``stale_epoch`` unless ``epoch`` is the primary's own, and with
+  ``stale_copy`` for a copy that a newer copy from the same server superseded.
 * ``subscribe`` {topic, offset} -> a stream of {op: "msgs", start, records} frames with the
   records from ``offset`` up to the high watermark, until an ``error`` frame or the close.
 
@@ -54,7 +56,7 @@ _HEADER = struct.Struct(">BI")
 #: Error codes a server may answer with.
 ERROR_CODES = frozenset({
     "bad_version", "bad_frame", "too_large", "unknown_topic", "not_primary", "stale_epoch",
-    "no_in_sync_backup", "bad_request", "shutting_down",
+    "stale_copy", "no_in_sync_backup", "bad_request", "shutting_down",
 })
 
 

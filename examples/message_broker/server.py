@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,15 @@ class BrokerServer(Worker):
         self.complete: set[str] = set()
         self.backups: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, TopicLog] = {}
+        #: per topic, the offset every in-sync replica is known to hold: the high watermark
+        #: of our last primary term, or the one our primary last reported to us as backup
+        self.committed: dict[str, int] = {}
+        #: per topic we back up: the primary epoch our copy follows, and the copy's token
+        self.following: dict[str, int] = {}
+        self.copies: dict[str, str] = {}
         self.stopping = False
         self._stop = trio.Event()
+        self._term_changed = trio.Event()
         self._topic_done = trio.Event()
         self.session: Session | None = None
 
@@ -103,6 +111,11 @@ class BrokerServer(Worker):
         self._stop.set()
         for state in list(self.primaries.values()):
             state.handing_over = True
+
+    async def wait_terms(self, topic: str, count: int) -> None:
+        """Return once this server has started ``count`` primary terms of ``topic``."""
+        while sum(1 for term in self.terms if term[0] == topic) < count:
+            await self._term_changed.wait()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -280,12 +293,16 @@ class BrokerServer(Worker):
         except errors.ZooKeeperError:
             return
         state = PrimaryTopic(topic, self.name, topic_log, epoch, settings.mode, session,
-                             self.paths.isr(topic), Isr.decode(data), isr_stat.version)
+                             self.paths.isr(topic), Isr.decode(data), isr_stat.version,
+                             committed=self.committed.get(topic, 0))
         state.handing_over = self.stopping
         self.primaries[topic] = state
         self.complete.add(topic)
+        self.following.pop(topic, None)  # our log now grows as primary: no copy of anyone's
         term: list[Any] = [topic, epoch, trio.current_time(), None]
         self.terms.append(term)
+        self._term_changed.set()
+        self._term_changed = trio.Event()
         log.info("broker.primary", topic=topic, server=self.name, epoch=epoch,
                  end=topic_log.end, mode=settings.mode)
         try:
@@ -303,6 +320,9 @@ class BrokerServer(Worker):
             state.close()  # first of all: nothing more is acknowledged in this term
             term[3] = state.closed_at
             self.primaries.pop(topic, None)
+            self.committed[topic] = state.hw
+            self._term_changed.set()
+            self._term_changed = trio.Event()
         log.info("broker.primary_ended", topic=topic, server=self.name, epoch=epoch,
                  reason=interrupted or "node gone")
         if interrupted:
@@ -315,8 +335,15 @@ class BrokerServer(Worker):
         if not address:
             await wait_watch(session, fired, generation)
             return
-        topic_log.reset()  # a backup's log is a copy of the primary's, from offset 0
-        self.complete.discard(topic)
+        if self.following.get(topic) != epoch:
+            # a new primary term: copy its log afresh, from offset 0, so a backup's log is
+            # always a prefix of its primary's (records the old term never acknowledged go);
+            # following the same term again (after a reconnection) keeps the copy
+            topic_log.reset()
+            self.complete.discard(topic)
+            self.committed[topic] = 0
+            self.copies[topic] = uuid.uuid4().hex[:12]
+            self.following[topic] = epoch
         info: dict[str, Any] = {"primary": primary.get("server"), "epoch": epoch, "lag": None}
         self.backups[topic] = info
         log.info("broker.backup", topic=topic, server=self.name, primary=info["primary"],
@@ -333,7 +360,7 @@ class BrokerServer(Worker):
                         log.info("broker.replication_retry", topic=topic, error=str(exc))
                     except RequestError as exc:
                         log.info("broker.replication_refused", topic=topic, code=exc.code)
-                        if exc.code == "stale_epoch":
+                        if exc.code in ("stale_epoch", "stale_copy"):
                             await trio.sleep_forever()  # until the primary znode changes
                     await trio.sleep(0.2)  # back off before reconnecting to the same primary
         finally:
@@ -345,7 +372,8 @@ class BrokerServer(Worker):
         try:
             while True:
                 await conn.send({"op": "fetch", "id": 0, "topic": topic, "epoch": epoch,
-                                 "offset": topic_log.end, "server": self.name})
+                                 "offset": topic_log.end, "server": self.name,
+                                 "copy": self.copies[topic]})
                 with trio.fail_after(FETCH_WAIT + 5):
                     reply = await conn.read()
                 if "error" in reply:
@@ -354,6 +382,7 @@ class BrokerServer(Worker):
                     raise RequestError("stale_epoch", "reply from another term")
                 records = [(p, s, bytes(b)) for p, s, b in reply["records"]]
                 topic_log.append(records)
+                self.committed[topic] = min(int(reply.get("hw", 0)), topic_log.end)
                 info["lag"] = reply["end"] - topic_log.end
                 if reply.get("in_sync"):
                     self.complete.add(topic)
@@ -364,7 +393,7 @@ class BrokerServer(Worker):
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         conn = protocol.Connection(stream)
-        followers: set[tuple[str, str]] = set()
+        followers: set[tuple[str, str, str]] = set()
         try:
             async with trio.open_nursery() as nursery:
                 while True:
@@ -381,7 +410,8 @@ class BrokerServer(Worker):
                     if op == "produce":
                         nursery.start_soon(_quietly, self._produce, conn, request)
                     elif op == "fetch":
-                        followers.add((str(request.get("topic")), str(request.get("server"))))
+                        followers.add((str(request.get("topic")), str(request.get("server")),
+                                       str(request.get("copy", ""))))
                         await _quietly(self._fetch, conn, request)
                     elif op == "subscribe":
                         nursery.start_soon(_quietly, self._subscribe, conn, request)
@@ -393,10 +423,10 @@ class BrokerServer(Worker):
             pass
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                for topic, server in followers:
+                for topic, server, copy in followers:
                     state = self.primaries.get(topic)
                     if state is not None:
-                        await state.follower_gone(server)
+                        await state.follower_gone(server, copy)
             await conn.aclose()
 
     def _primary_for(self, request: dict[str, Any]) -> PrimaryTopic:
@@ -436,7 +466,8 @@ class BrokerServer(Worker):
         try:
             state = self._primary_for(request)
             reply = await state.fetch(str(request.get("server")), int(request.get("epoch", -1)),
-                                      int(request.get("offset", -1)), FETCH_WAIT)
+                                      int(request.get("offset", -1)), FETCH_WAIT,
+                                      str(request.get("copy", "")))
         except RequestError as exc:
             await self._reply_error(conn, request, exc.code, str(exc))
             return
