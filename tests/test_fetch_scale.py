@@ -4,6 +4,7 @@ and a small crawl of the lazy site that must obey robots.txt and fetch each page
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -142,6 +143,63 @@ async def test_two_simultaneous_takeovers_get_distinct_epochs(session: Session) 
                 await owner.publish("ckpt.sqlite", {})
 
 
+async def test_a_fetcher_not_assigned_the_partition_cannot_take_it_over(
+        session: Session) -> None:
+    path = PATHS.partition("p002")
+    await session.create(path, PartitionRecord().to_json(), makepath=True)
+    assignment = f"{APP.assignment_dir('fetcher-a')}/p002"
+    owner = Ownership(session, path, "fetcher-a", assignment=assignment)
+    with trio.fail_after(10):
+        with pytest.raises(PartitionLost, match="not assigned"):
+            await owner.take_over()
+        assert PartitionRecord.from_json((await session.get(path))[0]).epoch == 0
+        await session.create(assignment, makepath=True)  # the master assigns it
+        assert (await owner.take_over()).epoch == 1
+
+
+async def test_a_new_owner_waits_until_the_live_previous_owner_releases(
+        session: Session) -> None:
+    """Hand-over: the next owner takes over once the previous one published its last
+    checkpoint as released, or once the previous one is dead (its member node gone)."""
+    path = PATHS.partition("p003")
+    await session.create(path, PartitionRecord().to_json(), makepath=True)
+    for name in ("fetcher-a", "fetcher-c"):
+        await session.create(f"{APP.workers}/{name}", makepath=True)
+    waited: list[str] = []
+    waiting = trio.Event()
+
+    def on_wait(previous: str) -> None:
+        waited.append(previous)
+        waiting.set()
+
+    def owner(name: str) -> Ownership:
+        return Ownership(session, path, name, members=APP.workers, on_wait=on_wait)
+
+    first, second, third, fourth = (owner(f"fetcher-{c}") for c in "abcd")
+    with trio.fail_after(20):
+        await first.take_over()
+        await first.publish("ckpt-e000001-000001.sqlite", {"idle": False})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(second.take_over)
+            await waiting.wait()
+            # the second waits: the first's last checkpoint is still accepted
+            await first.publish("ckpt-e000001-000002.sqlite", {"idle": True}, released=True)
+        assert (second.epoch, second.record.checkpoint) == (2, "ckpt-e000001-000002.sqlite")
+        assert second.previous == ("fetcher-a", True)
+        # fetcher-b has no member node (dead): not waited for
+        assert (await third.take_over()).epoch == 3 and waited == ["fetcher-a"]
+        waiting = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fourth.take_over)
+            await waiting.wait()
+            await third.publish("ckpt-e000003-000001.sqlite", {"idle": False})  # not released
+            await session.delete(f"{APP.workers}/fetcher-c")  # fetcher-c dies
+        assert (fourth.epoch, fourth.record.checkpoint) == (4, "ckpt-e000003-000001.sqlite")
+        assert fourth.previous == ("fetcher-c", False)
+        with pytest.raises(PartitionLost):
+            await third.publish("ckpt-e000003-000002.sqlite", {"idle": True})
+
+
 # ---------------------------------------------------------------- a small crawl, in process
 
 
@@ -195,6 +253,7 @@ async def test_a_serving_owner_taken_over_stops_and_its_checkpoint_is_refused(
                                      partitions=1, checkpoint_interval_s=0.05)
         path = PATHS.partition("p000")
         await s.create(path, PartitionRecord().to_json())
+        await s.create(f"{APP.assignment_dir('owner')}/p000", makepath=True)
         async with Fetcher(config, canonical=canonical) as fetcher:
             with WarcWriter(tmp_path / "warc") as warc:
                 ctx = PartitionContext(s, "owner", job, PATHS, fetcher, warc, tmp_path / "local",
@@ -220,3 +279,62 @@ async def test_a_serving_owner_taken_over_stops_and_its_checkpoint_is_refused(
     assert (record.epoch, record.owner) == (2, "intruder")
     assert record.checkpoint is not None and record.checkpoint.startswith("ckpt-e000001-")
     assert record.checkpoint >= published[0]
+
+
+# ---------------------------------------------------------------- politeness across moves
+
+
+def _assert_polite(site: LazySite, delay: float) -> None:
+    """One host's requests never overlap and are ``delay`` apart (causal bound: a client
+    ends its exchange after the server's ``finished``, then waits ``delay``)."""
+    assert site.access_log is not None
+    by_host: dict[str, list[Any]] = {}
+    for access in site.access_log:
+        by_host.setdefault(access.url.split("/")[2], []).append(access)
+    for host, log in by_host.items():
+        log.sort(key=lambda a: a.started)
+        for before, after in itertools.pairwise(log):
+            assert after.started - before.finished >= delay - 1e-6, (host, before, after)
+
+
+async def test_politeness_holds_when_partitions_move_to_a_new_fetcher(
+        zk_hosts: str, chroot: str, tmp_path: Path) -> None:
+    """A second fetcher joins mid-crawl: the master moves partitions (hosts) to it while
+    the first one is fetching them.  The old owner stops and releases the partition before
+    the new one starts, and the new one keeps the delay after the old one's last request: no
+    ZooKeeper lock involved.  The new owner resumes from the old one's last checkpoint, so
+    the move redoes nothing (each page stored once)."""
+    delay = 0.4  # longer than a takeover takes: without the hand-over, a move breaks it
+    spec = LazySpec(pages=300, hosts=12, private_every=7, gone_every=11)
+    async with serve_lazy_site(spec, access_log=True) as site:
+        config = CrawlConfig(politeness_delay_s=delay, max_depth=1000,
+                             allowed_hosts=site.hosts, request_timeout_s=5.0)
+        fetchers = [PartitionFetcher(APP, name=f"f{i}", warc_dir=tmp_path / "warc" / f"f{i}",
+                                     local_dir=tmp_path / "local" / f"f{i}") for i in (1, 2)]
+        async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+            await layout.start_job(s, APP, site.seeds, config, shared=tmp_path / "shared",
+                                   partitions=4, checkpoint_interval_s=0.2)
+
+            async def serve(fetcher: PartitionFetcher) -> None:
+                async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
+                    await fetcher.run(own)
+
+            async def lead() -> None:
+                await PartitionMaster(APP, name="m1").run(s)
+                for fetcher in fetchers:
+                    fetcher.request_stop()
+
+            with trio.fail_after(90):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(serve, fetchers[0])
+                    nursery.start_soon(lead)
+                    await site.wait_requests(60)  # the first fetcher owns every host by now
+                    nursery.start_soon(serve, fetchers[1])
+            report: dict[str, Any] = json.loads((await s.get(PATHS.report))[0])
+        expected = site.expected_urls(obey_robots=True)
+        stored = [url for f in ("f1", "f2") for url, _ in iter_stored(tmp_path / "warc" / f)]
+        assert set(stored) == expected and len(stored) == len(expected)
+        # partitions did move (epoch 2) and both fetchers fetched pages
+        assert max(report["epochs"].values()) >= 2
+        assert fetchers[0].stats.pages > 0 and fetchers[1].stats.pages > 0
+        _assert_polite(site, delay)

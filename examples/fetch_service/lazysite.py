@@ -29,6 +29,7 @@ import hashlib
 import logging
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -45,7 +46,7 @@ from examples.fetch_service.site import HOST, _bind
 from framework.errors import ConfigurationError
 from framework.logs import get_logger
 
-__all__ = ["LazySite", "LazySpec", "serve_lazy_site"]
+__all__ = ["Access", "LazySite", "LazySpec", "serve_lazy_site"]
 
 log = get_logger("examples.fetch_service.lazysite")
 
@@ -74,16 +75,39 @@ class LazySpec:
     private_every: int = attrs.field(default=89, validator=_at_least(1))
 
 
-class LazySite:
-    """The site bound to ports (see the module doc).  Opens no socket itself."""
+@attrs.frozen
+class Access:
+    """One request as the server saw it, times in ``time.monotonic()`` seconds: ``started``
+    when it was received, ``finished`` when the response was ready, just before it was sent
+    (so the client ends its exchange after ``finished``)."""
 
-    def __init__(self, spec: LazySpec, ports: Sequence[int]) -> None:
+    url: str
+    started: float
+    finished: float
+
+
+class LazySite:
+    """The site bound to ports (see the module doc).  Opens no socket itself.
+
+    ``requests`` counts the requests per URL; with ``access_log=True`` every request is also
+    kept as an :class:`Access` (tests check politeness with it; off for large crawls).
+    """
+
+    def __init__(self, spec: LazySpec, ports: Sequence[int], *,
+                 access_log: bool = False) -> None:
         if len(ports) != spec.hosts:
             raise ConfigurationError(f"need {spec.hosts} ports, got {len(ports)}")
         self.spec = spec
         self.ports = tuple(ports)
         self._host_of_port = {port: index for index, port in enumerate(self.ports)}
         self.requests: Counter[str] = Counter()
+        self.access_log: list[Access] | None = [] if access_log else None
+        self._requested = trio.Event()
+
+    async def wait_requests(self, count: int) -> None:
+        """Return once the site has answered ``count`` requests in all."""
+        while self.requests.total() < count:
+            await self._requested.wait()
 
     # -- addressing and ground truth ------------------------------------------------------
 
@@ -220,11 +244,17 @@ class LazySite:
                     return
         if scope["type"] != "http":
             return
+        started = time.monotonic()
         port = scope["server"][1]
         host = self._host_of_port.get(port, -1)
         path = scope["path"]
-        self.requests[f"http://{HOST}:{port}{path}"] += 1
+        url = f"http://{HOST}:{port}{path}"
         status, kind, body = self.answer(host, path)
+        if self.access_log is not None:
+            self.access_log.append(Access(url, started, time.monotonic()))
+        self.requests[url] += 1
+        self._requested.set()
+        self._requested = trio.Event()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", kind),
                                 (b"content-length", str(len(body)).encode())]})
@@ -244,11 +274,11 @@ def _number(path: str, prefix: str) -> int | None:
 
 
 @asynccontextmanager
-async def serve_lazy_site(spec: LazySpec, *,
-                          ports: Sequence[int] | None = None) -> AsyncIterator[LazySite]:
+async def serve_lazy_site(spec: LazySpec, *, ports: Sequence[int] | None = None,
+                          access_log: bool = False) -> AsyncIterator[LazySite]:
     """Serve the site for the duration of the block (free ports unless ``ports``)."""
     sockets = _bind(ports if ports is not None else [0] * spec.hosts)
-    site = LazySite(spec, [sock.getsockname()[1] for sock in sockets])
+    site = LazySite(spec, [sock.getsockname()[1] for sock in sockets], access_log=access_log)
     config = HypercornConfig()
     config.bind = [f"fd://{sock.detach()}" for sock in sockets]
     config.accesslog = None

@@ -7,7 +7,7 @@ ZooKeeper (control plane only; nothing per URL), under the application's base::
     crawl/desired           the wanted CrawlConfig (as in the level-by-level design); the
                             master publishes it to the fetchers (ready-znode configuration)
     crawl/partitions/pNNN   one record per partition: epoch, owner, latest checkpoint file,
-                            status counters (see :class:`PartitionRecord`)
+                            status counters, released (see :class:`PartitionRecord`)
     crawl/report            the final report; it exists once the crawl is finished
 
 The shared directory (``job.shared``; stands for a distributed file system that every
@@ -116,15 +116,18 @@ class PartitionRecord:
     ``epoch`` grows by one at every takeover (a version-checked set: two would-be owners
     cannot both win); ``checkpoint`` names the newest published checkpoint file; ``status``
     is what that checkpoint holds (``pending``, ``done``, ``blocked``, ``outbox`` counts and
-    ``idle``: nothing pending, nothing unshipped, no unread inbox file at snapshot time).
-    Every write after the takeover is a set at the version the owner last wrote, so a
-    deposed owner's publish fails on the server (``BadVersionError``).
+    ``idle``: nothing pending and nothing unshipped at snapshot time; the master also checks
+    the inboxes).  ``released``: the owner has stopped serving (its requests are over) and
+    ``checkpoint`` is its last state: the next owner may start at once (see
+    :mod:`.ownership`).  Every write after the takeover is a set at the version the owner
+    last wrote, so a deposed owner's publish fails on the server (``BadVersionError``).
     """
 
     epoch: int = 0
     owner: str | None = None
     checkpoint: str | None = None
     status: dict[str, Any] | None = None
+    released: bool = False
 
     def to_json(self) -> bytes:
         return dumps(attrs.asdict(self))

@@ -4,12 +4,16 @@ other partitions, and checkpoint it, while (and only while) this fetcher owns it
 The runtime calls :meth:`PartitionServer.serve` from ``Worker.serve_shard`` and cancels it
 when the shard is moved away or the worker's session can no longer be trusted.  Steps:
 
-1. take the partition over (a new epoch, see :mod:`.ownership`) and restore the store from
+1. take the partition over (a new epoch, see :mod:`.ownership`: only while it is assigned
+   to this fetcher, and after a live previous owner released it) and restore the store from
    the published checkpoint (or start empty);
 2. run, concurrently: fetch slots (one request per host at a time; the fetcher spaces them
    by ``politeness_delay_s``; robots.txt consulted first), the inbox reader, the outbox
    shipper, and the checkpointer (every ``checkpoint_interval_s`` while something changed);
-3. when cancelled, publish a last checkpoint (bounded: a deposed owner's is refused).
+   after a takeover from another owner the fetch slots start ``politeness_delay_s`` late:
+   that owner's last request ended before it released the partition (or died);
+3. when cancelled (the fetch slots are stopped first), publish a last checkpoint marked
+   ``released`` (bounded: a deposed owner's is refused), which lets the next owner start.
 
 A page's completion is one store transaction: the URL marked done, its links for this
 partition added to the frontier, its links for other partitions put in the outbox.  What is
@@ -99,7 +103,10 @@ class PartitionServer:
         self.name = name
         self.index = ctx.job.names.index(name)
         self.shared = ctx.job.directory()
-        self.ownership = Ownership(ctx.session, ctx.paths.partition(name), ctx.worker)
+        app = ctx.paths.app
+        self.ownership = Ownership(ctx.session, ctx.paths.partition(name), ctx.worker,
+                                   assignment=f"{app.assignment_dir(ctx.worker)}/{name}",
+                                   members=app.workers)
         self.store: PartitionStore | None = None
         self.queues = HostQueues()
         self._rules: dict[str, RobotsRules] = {}
@@ -113,8 +120,9 @@ class PartitionServer:
 
     async def serve(self) -> None:
         """Own and crawl the partition until cancelled; raises :class:`PartitionLost` when
-        another fetcher took it over."""
+        another fetcher took it over (or it is not assigned to this fetcher)."""
         record = await self.ownership.take_over()
+        previous, _released = self.ownership.previous
         epoch = record.epoch
         parts = self.shared.parts(self.name)
         source = parts / record.checkpoint if record.checkpoint else None
@@ -130,19 +138,32 @@ class PartitionServer:
             log.info("partition.serving", partition=self.name, epoch=epoch,
                      checkpoint=record.checkpoint, pending=counts.pending, done=counts.done,
                      outbox=counts.outbox)
+            lost = False
             try:
                 with single_body_error():  # PartitionLost raised as itself
                     async with trio.open_nursery() as nursery:
-                        for _ in range(max(self.ctx.config().fetch_concurrency, 1)):
-                            nursery.start_soon(self._fetch_slot)
                         nursery.start_soon(self._read_inbox)
                         nursery.start_soon(self._ship)
                         nursery.start_soon(self._checkpoints)
+                        if previous is not None:
+                            # politeness across owners: the previous owner's last request
+                            # ended before it released the partition (or its session
+                            # ended); keep the delay after that (a policy, not a sync)
+                            await trio.sleep(self.ctx.config().politeness_delay_s)
+                        for _ in range(max(self.ctx.config().fetch_concurrency, 1)):
+                            nursery.start_soon(self._fetch_slot)
+            except PartitionLost:
+                lost = True
+                raise
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(FINAL_CHECKPOINT_S):
                     try:
-                        if self._dirty:
-                            await self._checkpoint()
+                        if lost:
+                            pass  # our publish was refused: nothing left to hand over
+                        elif self._dirty:
+                            await self._checkpoint(released=True)
+                        else:
+                            await self.ownership.release()
                     except (PartitionLost, errors.ZooKeeperError, OSError) as exc:
                         log.info("partition.final_checkpoint_skipped", partition=self.name,
                                  epoch=epoch, reason=str(exc))
@@ -276,9 +297,10 @@ class PartitionServer:
                 await self._checkpoint()
             await trio.sleep(interval)  # the checkpoint period, not synchronisation
 
-    async def _checkpoint(self) -> None:
-        """Snapshot the store to the shared directory, publish it (fenced), then delete what
-        it made redundant: older checkpoints and the inbox files it has merged."""
+    async def _checkpoint(self, *, released: bool = False) -> None:
+        """Snapshot the store to the shared directory, publish it (fenced; ``released``: as
+        the last state of this owner), then delete what it made redundant: older checkpoints
+        and the inbox files it has merged."""
         store = self._store()
         epoch = self.ownership.epoch
         self._ckpt_seq += 1
@@ -293,7 +315,7 @@ class PartitionServer:
         status = {"pending": counts.pending, "done": counts.done, "blocked": counts.blocked,
                   "outbox": counts.outbox, "idle": counts.pending == 0 and counts.outbox == 0,
                   "at": time.time()}
-        await self.ownership.publish(name, status)
+        await self.ownership.publish(name, status, released=released)
         self.ctx.stats.checkpoints += 1
         self.ctx.on_checkpoint()
         inbox = self.shared.inbox(self.name)
