@@ -198,3 +198,57 @@ async def test_warc_index_outlives_its_crawl(zk_hosts: str, chroot: str, session
             async with SearchClient.open(session) as client:
                 result = await client.search("alpha", index="crawl", top=5)
             assert not result.partial and result.count == 40
+
+
+async def test_a_late_announcement_does_not_bring_back_a_removed_index(
+        session: Session, tmp_path: Path) -> None:
+    """A node that finishes copying a shard after its index was removed does not recreate
+    the index's znodes (it used to create its record with every missing parent)."""
+    from examples.katta_like.layout import KattaPaths
+    from examples.katta_like.node import _announce
+    from framework.runtime import App
+
+    paths = KattaPaths(App("katta"))
+    await add_index(session, record("gone", tmp_path, shards=2))
+    mine = f"{paths.deployed('gone', 1)}/n0"
+    await _announce(session, mine, b"{}")  # the parents exist while the index does
+    assert await session.exists(mine) is not None
+    await session.delete(mine)
+    await session.delete_tree(paths.index("gone"))  # the master removed the index
+    announced = await _announce(session, mine, b"{}")
+    assert await session.exists(paths.index("gone")) is None
+    assert announced is False
+
+
+async def test_a_shard_dropped_mid_copy_leaves_no_local_files(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unassigned (or the session not trusted) while the shard is being copied: the node's
+    local copy is deleted, nothing is announced."""
+    import examples.katta_like.node as node_module
+    from examples.katta_like.corpus import shard_of
+    from examples.katta_like.layout import KattaPaths
+    from framework.runtime import App
+
+    spec = record("ix", tmp_path, shards=1, replication=1)
+    ShardStore(spec.store).build_shard("ix", 0, (d for d in documents(spec.corpus)
+                                                 if shard_of(d.url, 1) == 0))
+    await add_index(session, spec)
+    node = SearchNode(name="n0")
+    node.data_dir = tmp_path / "n0"
+    node.address = "127.0.0.1:1"
+    scope: list[trio.CancelScope] = []
+    real_fetch = node_module.fetch_shard
+
+    def fetch_then_unassigned(*args: object) -> Path:
+        local = real_fetch(*args)  # type: ignore[arg-type]
+        trio.from_thread.run_sync(scope[0].cancel)  # the assignment went meanwhile
+        return local
+
+    monkeypatch.setattr(node_module, "fetch_shard", fetch_then_unassigned)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            scope.append(await nursery.start(node._serve, session, "ix~00000"))
+    assert not (node.data_dir / "ix" / "shard-00000").exists()
+    assert not node.served
+    paths = KattaPaths(App("katta"))
+    assert await session.children(paths.deployed("ix", 0)) == []

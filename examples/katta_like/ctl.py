@@ -29,14 +29,26 @@ from framework.zk import Session, watch_children, watch_data
 
 
 async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) -> None:
-    """Create the index record (state ``building``); the master builds and deploys it."""
+    """Create the index record (state ``building``) and, in the same transaction, the
+    directories the master and the nodes write into (``plan/``, ``deployed/<shard>/``,
+    ``errors/``: nodes never create parents, so nothing of a removed index can come back);
+    the master builds and deploys it."""
     check_name("index name", record.name)
     record.corpus.check_available()
     paths = KattaPaths(App(app))
     await session.ensure_path(paths.indexes)
+    txn = session.transaction()
+    txn.create(paths.index(record.name), record.encode())
+    txn.create(paths.plan(record.name))
+    txn.create(paths.deployed(record.name))
+    for shard in range(record.shards):
+        txn.create(paths.deployed(record.name, shard))
+    txn.create(paths.errors(record.name))
     try:
-        await session.create(paths.index(record.name), record.encode())
-    except errors.NodeExistsError:
+        await txn.commit()
+    except errors.TransactionFailedError:
+        if await session.exists(paths.index(record.name)) is None:
+            raise
         raise FrameworkError(f"index {record.name!r} already exists "
                              "(remove it first, or deploy a new version under another name "
                              "and switch an alias)") from None

@@ -47,6 +47,7 @@ from examples.katta_like.store import (
     ShardSearcher,
     ShardStore,
     fetch_shard,
+    shard_dir_name,
 )
 from framework import Worker, errors, get_logger
 from framework.runtime import Task
@@ -162,34 +163,43 @@ class SearchNode(Worker):
                           error=str(exc))
                 return  # not served; one bad record must not stop the node's other shards
             store = ShardStore(record.store)
-            try:
-                local = await trio.to_thread.run_sync(fetch_shard, store, index, shard,
-                                                      self.data_dir)
-                searcher = await trio.to_thread.run_sync(ShardSearcher, local)
-            except (CorruptShard, OSError, ValueError) as exc:
-                log.error("shard.corrupt", node=self.name, index=index, shard=shard,
-                          error=str(exc))
-                await _put(session, f"{self.paths.errors(index)}/{shard_name(shard)}~{self.name}",
-                           json.dumps({"node": self.name, "error": str(exc)[:2000]}).encode())
-                return
+            local = self.data_dir / index / shard_dir_name(shard)
             deployed = f"{self.paths.deployed(index, shard)}/{self.name}"
-            self.served[(index, shard)] = searcher
-            try:
-                await _announce(session, deployed, json.dumps(
-                    {"address": self.address, "docs": searcher.searcher.num_docs}).encode())
+            announcing = False
+            try:  # from here on, however this ends, the local copy goes
+                try:
+                    await trio.to_thread.run_sync(fetch_shard, store, index, shard,
+                                                  self.data_dir)
+                    searcher = await trio.to_thread.run_sync(ShardSearcher, local)
+                except (CorruptShard, OSError, ValueError) as exc:
+                    log.error("shard.corrupt", node=self.name, index=index, shard=shard,
+                              error=str(exc))
+                    await _report(session, f"{self.paths.errors(index)}/"
+                                  f"{shard_name(shard)}~{self.name}",
+                                  json.dumps({"node": self.name,
+                                              "error": str(exc)[:2000]}).encode())
+                    return
+                self.served[(index, shard)] = searcher
+                announcing = True  # from here on our record may exist (a reply can be lost)
+                if not await _announce(session, deployed, json.dumps(
+                        {"address": self.address, "docs": searcher.searcher.num_docs}).encode()):
+                    log.info("shard.index_gone", node=self.name, index=index, shard=shard)
+                    return
                 self.status_changed()
                 log.info("shard.serving", node=self.name, index=index, shard=shard)
                 await trio.sleep_forever()
             finally:
-                self.served.pop((index, shard), None)
-                with trio.CancelScope(shield=True), trio.move_on_after(2):
-                    try:
-                        await session.delete(deployed, missing_ok=True)
-                    except errors.ZooKeeperError:
-                        pass  # ephemeral: goes with the session
+                served = self.served.pop((index, shard), None) is not None
+                if announcing:
+                    with trio.CancelScope(shield=True), trio.move_on_after(2):
+                        try:
+                            await session.delete(deployed, missing_ok=True)
+                        except errors.ZooKeeperError:
+                            pass  # ephemeral: goes with the session
                 shutil.rmtree(local, ignore_errors=True)
-                self.status_changed()
-                log.info("shard.dropped", node=self.name, index=index, shard=shard)
+                if served:
+                    self.status_changed()
+                    log.info("shard.dropped", node=self.name, index=index, shard=shard)
 
     # ------------------------------------------------------------ HTTP/JSON
 
@@ -250,22 +260,30 @@ class SearchNode(Worker):
         return 200, {"shards": answers}
 
 
-async def _announce(session: Session, path: str, data: bytes) -> None:
-    """Create our ephemeral record; replace a leftover of our own previous session."""
+async def _announce(session: Session, path: str, data: bytes) -> bool:
+    """Create our ephemeral record (replacing a leftover of our own previous session);
+    ``False`` if the index is gone.  Never creates parents: ``katta index`` creates them
+    with the record and the master deletes them with it, so a late announcement cannot
+    bring back the znodes of a removed index."""
     while True:
         try:
-            await session.create(path, data, ephemeral=True, makepath=True)
-            return
+            await session.create(path, data, ephemeral=True)
+            return True
+        except errors.NoNodeError:
+            return False
         except errors.NodeExistsError:
             stat = await session.exists(path)
             if stat is not None and stat.ephemeralOwner == session.session_id:
-                return
+                return True
             if stat is not None:
                 await session.delete(path, version=stat.version, missing_ok=True)
 
 
-async def _put(session: Session, path: str, data: bytes) -> None:
+async def _report(session: Session, path: str, data: bytes) -> None:
+    """Write an error record (persistent); nothing if the index is gone."""
     try:
-        await session.create(path, data, makepath=True)
+        await session.create(path, data)
     except errors.NodeExistsError:
         await session.set(path, data)
+    except errors.NoNodeError:
+        pass
