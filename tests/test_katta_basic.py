@@ -89,15 +89,33 @@ async def test_build_deploy_search_lifecycle(zk_hosts: str, chroot: str, session
                 await add_index(session, v2)
                 await wait_state(session, "docs-v2", ("deployed",))
                 await wait_replicated(session, "docs-v2", 2)
-                await set_alias(session, "docs", "docs-v2")
-                query = sample_queries(v2.corpus, 1)[0]
                 single2 = single_index(v2.corpus, tmp_path / "v2")
-                # the client's alias watch catches up: wait on what it resolves, no sleeps
-                while await client.resolve("docs") != "docs-v2":
-                    await trio.lowlevel.checkpoint()
-                result = await client.search(query, index="docs")
-                assert result.index == "docs-v2"
-                assert result.count == single2.search(query, 10)["count"]
+                # switch the alias under a query load: every answer is one version's whole
+                # answer (its hit count), never a mix of the two versions' shards
+                mixed = sample_queries(v1.corpus, 6) + sample_queries(v2.corpus, 6)
+                want = {"docs-v1": {q: single.search(q, 10)["count"] for q in mixed},
+                        "docs-v2": {q: single2.search(q, 10)["count"] for q in mixed}}
+                seen = {"docs-v1": 0, "docs-v2": 0}
+                warmed = trio.Event()
+
+                async def load() -> None:
+                    n = 0
+                    while seen["docs-v2"] < 20:
+                        query = mixed[n % len(mixed)]
+                        n += 1
+                        result = await client.search(query, index="docs")
+                        assert not result.partial
+                        assert result.count == want[result.index][query], (result.index, query)
+                        seen[result.index] += 1
+                        if seen["docs-v1"] >= 10:
+                            warmed.set()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(load)
+                    await warmed.wait()
+                    await set_alias(session, "docs", "docs-v2")
+                assert seen["docs-v1"] >= 10
+                assert await client.resolve("docs") == "docs-v2"
                 # remove the old version: nodes drop its shards and local files
                 with pytest.raises(FrameworkError, match="alias 'docs' points at"):
                     await remove_index(session, "docs-v2")
@@ -117,7 +135,8 @@ async def test_build_deploy_search_lifecycle(zk_hosts: str, chroot: str, session
 
 
 async def test_corrupt_shard_is_never_served(zk_hosts: str, chroot: str, session: Session,
-                                             tmp_path: Path) -> None:
+                                             tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     spec = record("bad", tmp_path, shards=2, replication=1)
     store = ShardStore(spec.store)
     # publish the shards ourselves, then corrupt shard 1 in the store
@@ -137,8 +156,18 @@ async def test_corrupt_shard_is_never_served(zk_hosts: str, chroot: str, session
             assert status["indexes"]["bad"]["placement"]["00001"]["serving"] == []
             assert len(status["indexes"]["bad"]["errors"]) == 2  # both nodes refused it
             async with SearchClient.open(session) as client:
-                result = await client.search(sample_queries(spec.corpus, 1)[0], index="bad")
+                query = sample_queries(spec.corpus, 1)[0]
+                result = await client.search(query, index="bad")
                 assert result.partial and result.missing == [1] and result.answered == [0]
+            # the command says so too, and exits 1
+            from examples.katta_like.ctl import main
+            capsys.readouterr()
+            code = await trio.to_thread.run_sync(main, [
+                "search", query, "--index", "bad", "--zk", zk_hosts, "--chroot", chroot])
+            out, err = capsys.readouterr()
+            assert code == 1 and "shards answered 1/2" in out
+            assert "PARTIAL RESULT: no live replica answered for shards 1 (index bad is error)" \
+                in err
 
 
 def test_bad_settings_are_clear() -> None:

@@ -1,10 +1,14 @@
 """Katta-like search under faults, against the real ZooKeeper: kill -9 of a search node
-process under query load, kill -9 of the active master during a rebalance, a node whose
+process under query load, a node process frozen (SIGSTOP: slow replicas are timed out and
+another replica asked), kill -9 of the active master during a rebalance, a node whose
 ZooKeeper connection is frozen (the project's proxy)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -60,6 +64,37 @@ async def test_kill9_node_under_query_load(zk_hosts: str, chroot: str, session: 
         checked(stats)
 
 
+async def test_stopped_node_times_out_and_another_replica_answers(
+        zk_hosts: str, chroot: str, session: Session, tmp_path: Path) -> None:
+    """A node process frozen with SIGSTOP accepts connections and never answers: the
+    client gives each of its shards ``shard_timeout`` and asks another replica; no query
+    fails, none is partial or wrong; once its session expires it is replaced."""
+    queries = sample_queries(SPEC, 40)
+    expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
+    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
+        cluster.start_master("m1")
+        for n in ("n1", "n2", "n3"):
+            cluster.start_node(n)
+        await deploy(session, tmp_path, shards=4)
+        stats, stop = LoadStats(), trio.Event()
+        async with SearchClient.open(session, shard_timeout=1.0) as client, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(run_load, client, queries, expected, stats, stop)
+            os.kill(cluster.procs["n2"].pid, signal.SIGSTOP)
+            # query until one of them met the stopped replica (the client picks replicas
+            # at random): that query timed out on it and was answered by another replica
+            retried, n = 0, 0
+            while not retried:
+                query = queries[n % len(queries)]
+                n += 1
+                result = await client.search(query, index="docs")
+                assert not result.partial and result.count == expected[query].count
+                retried = result.retries
+            await wait_replicated(session, "docs", 2, exclude={"n2"})
+            stop.set()
+        checked(stats)
+
+
 async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
                                                    session: Session, tmp_path: Path) -> None:
     queries = sample_queries(SPEC, 40)
@@ -90,12 +125,26 @@ async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
         checked(stats)
 
 
+class WatchedNode(SearchNode):
+    """A search node that says when it serves nothing any more."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.idle = trio.Event()
+
+    def status_changed(self) -> None:
+        super().status_changed()
+        if not self.served:
+            self.idle.set()
+
+
 async def test_frozen_node_stops_serving_and_is_replaced(
         zk_hosts: str, chroot: str, session: Session, proxy: TcpProxy, tmp_path: Path) -> None:
     queries = sample_queries(SPEC, 30)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
-    frozen = SearchNode(name="nf")
+    frozen = WatchedNode(name="nf")
     frozen.data_dir = tmp_path / "nf"
+    paths = KattaPaths(App("katta"))
 
     async def run(component: object, hosts: str) -> None:
         async with Session(hosts, chroot=chroot, session_timeout=4.0) as s:
@@ -113,15 +162,23 @@ async def test_frozen_node_stops_serving_and_is_replaced(
                 nursery.start_soon(run, node, zk_hosts)
             nursery.start_soon(run, frozen, proxy.address)
             await deploy(session, tmp_path, shards=3)
-            assert frozen.served  # 6 replicas over 3 nodes: it serves 2 shards
+            held = sorted(frozen.served)
+            assert held  # 6 replicas over 3 nodes: it serves 2 shards
             stats, stop = LoadStats(), trio.Event()
             async with SearchClient.open(session) as client, trio.open_nursery() as load:
                 load.start_soon(run_load, client, queries, expected, stats, stop)
+                frozen.idle = trio.Event()
                 proxy.freeze()
+                await frozen.idle.wait()
+                # it stopped serving when its session could no longer be trusted: before
+                # the server expired that session, so its records are still there
+                records = [await session.exists(f"{paths.deployed(index, shard)}/nf")
+                           for index, shard in held]
+                assert all(r is not None for r in records)
+                answered = frozen.queries
                 await wait_replicated(session, "docs", 2, exclude={"nf"})
-                # its session expired on the server, so its guard ended every shard earlier
-                assert not frozen.served
                 stop.set()
             checked(stats)
+            assert frozen.queries == answered  # no search answered by it after that
             proxy.unfreeze()
             nursery.cancel_scope.cancel()

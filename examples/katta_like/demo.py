@@ -131,7 +131,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                                              scoring=args.scoring) as client, \
                         trio.open_nursery() as nursery:
                     nursery.start_soon(run_load, client, queries, expected, stats, stop)
-                    await bounded("first queries", 20, _until(lambda: stats.sent >= 50))
+                    await bounded("first queries", 20, stats.wait_done(50))
                     say(t0, f"query load running ({stats.sent} sent)")
                     # 1. kill -9 a search node
                     victim = "node-2"
@@ -163,8 +163,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                     say(t0, f"rebalanced: node-5 serves {on_new} shards, every shard has 2 "
                             "serving replicas, loads within one "
                             f"({summary['master_kill_to_rebalanced_s']}s after the kill)")
-                    await bounded("more queries", 20,
-                                  _until(lambda n=stats.sent: stats.sent >= n + 50))
+                    await bounded("more queries", 20, stats.wait_done(stats.sent + 50))
                     stop.set()
                 status = await gather_status(session)
     summary |= {
@@ -193,12 +192,6 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
     summary["checks"] = checks
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-async def _until(condition: Any) -> None:
-    """Wait until ``condition()`` holds; the load task makes progress between checks."""
-    while not condition():
-        await trio.sleep(0.05)  # a progress display tick, not synchronisation
 
 
 def main(argv: Sequence[str] | None = None) -> int:

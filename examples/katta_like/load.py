@@ -65,6 +65,16 @@ class LoadStats:
     correct_sum: float = 0.0
     latencies: list[float] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)
+    _progress: trio.Event = attrs.Factory(trio.Event)
+
+    async def wait_done(self, count: int) -> None:
+        """Wait until ``count`` queries have been sent and have ended (whatever the end)."""
+        while self.answered + self.failed + self.partial < count:
+            await self._progress.wait()
+
+    def _ended(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
 
     @property
     def overlap(self) -> float:
@@ -100,6 +110,7 @@ async def run_load(client: SearchClient, queries: list[str],
                 result = await client.search(query, index=index, top=top)
             except Exception as exc:  # counted and reported, never hidden
                 stats.failed += 1
+                stats._ended()
                 stats.errors.append(f"{query!r}: {exc!r}"[:300])
                 log.warning("katta.query_failed", query=query, error=repr(exc))
                 continue
@@ -107,9 +118,11 @@ async def run_load(client: SearchClient, queries: list[str],
             stats.retries += result.retries
             if result.partial:
                 stats.partial += 1
+                stats._ended()
                 log.warning("katta.query_partial", query=query, missing=result.missing)
                 continue
             stats.answered += 1
+            stats._ended()
             want = expected[query]
             if result.count != want.count:
                 stats.wrong_counts += 1

@@ -57,6 +57,7 @@ class _View:
     serving: dict[str, dict[str, set[str]]] = attrs.Factory(dict)
     errors: dict[str, set[str]] = attrs.Factory(dict)
     plans: dict[str, dict[str, list[str]]] = attrs.Factory(dict)
+    node_dirs: set[str] = attrs.Factory(set)  # nodes/<n> known to exist (this term)
     changed: trio.Event = attrs.Factory(trio.Event)
 
     def kick(self) -> None:
@@ -234,7 +235,7 @@ class KattaMaster(Master):
             target = plan_replicas(shards, live, current, serving, record.replication,
                                    excluded=excluded, max_moves=self.max_moves)
         if target != {s: list(current.get(s, [])) for s in shards}:
-            await self._write_plan(ctx, paths, name, current, target, live)
+            await self._write_plan(ctx, paths, view, name, current, target)
             view.plans[name] = target
         if record.state == "removing":
             if not any(serving.get(s) for s in shards):
@@ -252,14 +253,20 @@ class KattaMaster(Master):
             await self._set_record(ctx, paths, record.evolve(state="deployed"))
             log.info("katta.index_deployed", index=name)
 
-    async def _write_plan(self, ctx: MasterContext, paths: KattaPaths, name: str,
-                          current: dict[str, list[str]], target: dict[str, list[str]],
-                          live: list[str], *, retry: bool = True) -> None:
+    async def _write_plan(self, ctx: MasterContext, paths: KattaPaths, view: _View,
+                          name: str, current: dict[str, list[str]],
+                          target: dict[str, list[str]], *, retry: bool = True) -> None:
+        """Write the plan and the per-node assignments in one fenced multi.  Round trips:
+        1 list of plan/ + the multi, + 1 create for a node first planned in this term."""
         session = ctx.session
-        for node in {n for nodes in target.values() for n in nodes}:
+        for node in sorted({n for nodes in target.values() for n in nodes} - view.node_dirs):
             await session.ensure_path(paths.node(node))
-        await session.ensure_path(paths.plan(name))
-        existing = set(await session.children(paths.plan(name)))
+            view.node_dirs.add(node)
+        try:
+            existing = set(await session.children(paths.plan(name)))
+        except errors.NoNodeError:  # an index added without its directories
+            await session.ensure_path(paths.plan(name))
+            existing = set()
         txn = ctx.term.fenced()
         for shard, nodes in target.items():
             old = set(current.get(shard, []))
@@ -278,7 +285,8 @@ class KattaMaster(Master):
             if not retry:
                 raise
             current = await _read_plan(session, paths, name, target)
-            await self._write_plan(ctx, paths, name, current, target, live, retry=False)
+            view.node_dirs.clear()  # a node directory may be gone too
+            await self._write_plan(ctx, paths, view, name, current, target, retry=False)
             return
         log.info("katta.plan_written", index=name,
                  moves=sum(len(set(target[s]) ^ set(current.get(s, []))) for s in target))

@@ -190,6 +190,8 @@ class SearchNode(Worker):
                 await trio.sleep_forever()
             finally:
                 served = self.served.pop((index, shard), None) is not None
+                if served:  # it stopped serving now (the record's withdrawal may wait)
+                    self.status_changed()
                 if announcing:
                     with trio.CancelScope(shield=True), trio.move_on_after(2):
                         try:
@@ -198,7 +200,6 @@ class SearchNode(Worker):
                             pass  # ephemeral: goes with the session
                 shutil.rmtree(local, ignore_errors=True)
                 if served:
-                    self.status_changed()
                     log.info("shard.dropped", node=self.name, index=index, shard=shard)
 
     # ------------------------------------------------------------ HTTP/JSON
