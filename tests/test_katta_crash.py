@@ -5,6 +5,7 @@ ZooKeeper connection is frozen (the project's proxy)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -23,7 +24,7 @@ from examples.katta_like.node import SearchNode
 from framework import Session
 from framework.runtime import App
 from framework.testing import TcpProxy
-from framework.zk import watch_children
+from framework.zk import watch_children, watch_data
 
 SPEC = CorpusSpec(docs=600, seed=5)
 
@@ -107,8 +108,16 @@ async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
         cluster.start_node("n2")
         await deploy(session, tmp_path, shards=4)
         stats, stop = LoadStats(), trio.Event()
-        async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
+        serving: list[int] = []  # every serving count seen, any shard, through the moves
+        planned: list[int] = []  # every planned replica count seen
+        async with SearchClient.open(session) as client, trio.open_nursery() as nursery, \
+                trio.open_nursery() as observers:
             nursery.start_soon(run_load, client, queries, expected, stats, stop)
+            for shard in range(4):
+                observers.start_soon(observe, session, paths.deployed("docs", shard),
+                                     serving, None)
+                observers.start_soon(observe, session, f"{paths.plan('docs')}/{shard:05d}",
+                                     None, planned)
             leader = await active_master(session)
             await session.ensure_path(paths.node("n3"))
             cluster.start_node("n3")
@@ -122,7 +131,27 @@ async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
             plan = await wait_balanced(session, "docs")
             assert sum("n3" in nodes for nodes in plan.values()) >= 2
             stop.set()
+            observers.cancel_scope.cancel()
         checked(stats)
+        # no move left a shard under-served (a new replica served before an old one went;
+        # no node died here), none planned more than R+1 replicas, across the master change
+        assert min(serving) >= 2, serving
+        assert max(planned) <= 3 and 3 in planned, planned
+
+
+async def observe(session: Session, path: str, children: list[int] | None,
+                  plan: list[int] | None) -> None:
+    """Record each state of ``path`` seen by a watch: its number of children, or the
+    number of nodes in the plan it holds (states between two reads may be missed, so this
+    can only miss a violation, never invent one)."""
+    if children is not None:
+        async for snap in watch_children(session, path):
+            children.append(len(snap.children))
+    else:
+        assert plan is not None
+        async for data in watch_data(session, path):
+            if data.data:
+                plan.append(len(json.loads(data.data)))
 
 
 class WatchedNode(SearchNode):
