@@ -281,3 +281,54 @@ async def test_a_shard_dropped_mid_copy_leaves_no_local_files(
     assert not node.served
     paths = KattaPaths(App("katta"))
     assert await session.children(paths.deployed("ix", 0)) == []
+
+
+async def test_a_lost_node_keeps_its_replicas_for_the_grace(
+        zk_hosts: str, chroot: str, session: Session, tmp_path: Path) -> None:
+    """Safe mode: a node that leaves still counts as live for the master's node grace, so
+    its shards are not re-replicated at once (a node that comes back in time keeps them);
+    a node that joins meanwhile is used for a rebalance, but the lost node stays planned."""
+    from examples.katta_like.layout import KattaPaths
+    from framework.runtime import App
+    from framework.zk import watch_children
+
+    paths = KattaPaths(App("katta"))
+    scopes: dict[str, trio.CancelScope] = {}
+
+    async def run(component: object, task_status: trio.TaskStatus[None]) -> None:
+        with trio.CancelScope() as scope:
+            scopes[component.name] = scope  # type: ignore[attr-defined]
+            task_status.started()
+            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+                await component.run(s)  # type: ignore[attr-defined]
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            master = KattaMaster(name="m1")
+            master.stable_for = 0.2
+            master.node_grace = 3600.0  # longer than the test: the grace never ends here
+            await nursery.start(run, master)
+            for n in range(3):
+                node = SearchNode(name=f"n{n}")
+                node.data_dir = tmp_path / f"n{n}"
+                await nursery.start(run, node)
+            await add_index(session, record("docs", tmp_path, shards=3))
+            await wait_state(session, "docs", ("deployed",))
+            await wait_replicated(session, "docs", 2)
+            held = {s for s, nodes in (await gather_status(session))["indexes"]["docs"][
+                "placement"].items() if "n2" in nodes["planned"]}
+            assert held
+            scopes["n2"].cancel()  # n2 leaves: its session closes, its records go
+            async for snap in watch_children(session, App("katta").workers):
+                if "n2" not in snap.children:
+                    break
+            late = SearchNode(name="n3")
+            late.data_dir = tmp_path / "n3"
+            await nursery.start(run, late)
+            await wait_serving(session, "n3")  # the master saw n2 gone, then n3 come
+            placement = (await gather_status(session))["indexes"]["docs"]["placement"]
+            for shard in held:
+                assert "n2" in placement[shard]["planned"], placement  # still n2's
+                assert "n2" not in placement[shard]["serving"]
+            assert await session.exists(paths.node("n2")) is not None
+            nursery.cancel_scope.cancel()
