@@ -64,3 +64,24 @@ def test_placement_invariants(events: list[tuple[str, str]], shards: int, replic
         for n in nodes:
             load[n] += 1
     assert max(load.values()) - min(load.values()) <= 1, load
+
+
+@settings(max_examples=150, deadline=None)
+@given(live=st.sets(st.sampled_from(NODES), min_size=1), shards=st.integers(1, 8),
+       replication=st.integers(1, 3), data=st.data())
+def test_nodes_that_found_a_shard_corrupt_are_never_chosen(
+        live: set[str], shards: int, replication: int, data: st.DataObject) -> None:
+    names = [f"{s:05d}" for s in range(shards)]
+    excluded = {s: data.draw(st.sets(st.sampled_from(NODES)), label=f"corrupt on {s}")
+                for s in names}
+    plan: dict[str, list[str]] = {}
+    serving: dict[str, set[str]] = {}
+    for _ in range(3 * shards * replication + 3):
+        plan = plan_replicas(names, sorted(live), plan, serving, replication,
+                             excluded=excluded)
+        for shard, nodes in plan.items():
+            eligible = live - excluded[shard]
+            assert set(nodes) <= eligible, "never a node that reported it corrupt"
+            assert len(set(nodes)) == len(nodes) <= replication + 1
+            assert len(nodes) >= min(replication, len(eligible)), "elsewhere, if possible"
+        serving = {s: set(n) for s, n in plan.items()}
