@@ -5,14 +5,22 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber, UnknownTopicError
 from examples.message_broker.cluster import LocalCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
+from examples.message_broker.layout import BrokerPaths, dumps
+from examples.message_broker.server import BrokerServer
 from framework import Session
+from framework.zkserver.launcher import four_letter
+from tests.test_broker_failover import wait_full_isr
+
+PATHS = BrokerPaths()
 
 
 async def _collect(sub: Subscriber, want: int, seen: dict[str, set[bytes]]) -> None:
@@ -157,3 +165,124 @@ def test_connection_options_go_before_or_after_the_command() -> None:
         args = ctl.parse(argv)
         assert (args.zk, args.chroot, args.timeout) == ("h:1", None, 3.0)
     assert ctl.parse(["list"]).timeout == 30.0
+
+
+class CountingSession(Session):
+    """Counts every request this session sends to ZooKeeper."""
+
+    requests = 0
+
+    async def _call(self, request: Any) -> Any:
+        self.requests += 1
+        return await super()._call(request)
+
+
+def zxid(zk_hosts: str) -> int:
+    """The ZooKeeper server's last zxid: every write moves it."""
+    port = int(zk_hosts.split(",")[0].rsplit(":", 1)[1])
+    line = next(x for x in four_letter(port, "srvr").splitlines() if x.startswith("Zxid:"))
+    return int(line.split(":")[1].strip(), 16)
+
+
+async def test_the_data_path_costs_zookeeper_nothing_per_message(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once routes are known, publishing and receiving messages (one per batch here) sends
+    no request to ZooKeeper at all, and nothing in the cluster writes to it."""
+    monkeypatch.setattr(BrokerServer, "status_interval", 3600.0)  # status: once, at start
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["z0", "z1"])
+            await wait_placed(session, ["z0", "z1"])
+            await wait_full_isr(session, ["z0", "z1"], {"s1", "s2"})
+            async with CountingSession(zk_hosts, chroot=chroot) as psession, \
+                    CountingSession(zk_hosts, chroot=chroot) as ssession, \
+                    Producer(psession, batch_max=1) as producer, \
+                    Subscriber(ssession, "quiet", ["z0", "z1"],
+                               commit_interval=3600) as sub:
+                for topic in ("z0", "z1"):
+                    await producer.send(topic, b"warm-up")  # reads each route once
+                got = 0
+                async for msg in sub:
+                    sub.ack(msg)
+                    got += 1
+                    if got == 2:
+                        break
+                before = (psession.requests, ssession.requests, zxid(zk_hosts))
+                for i in range(150):
+                    for topic in ("z0", "z1"):
+                        await producer.send(topic, b"m%d" % i)
+                async for msg in sub:
+                    sub.ack(msg)
+                    got += 1
+                    if got == 302:
+                        break
+                assert (psession.requests, ssession.requests, zxid(zk_hosts)) == before
+            nursery.cancel_scope.cancel()
+
+
+async def test_batches_of_large_messages_fit_in_a_frame(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """Messages queued while a batch is in flight form the next batch; a batch of large
+    messages must still fit in one frame (8 x 900 KB would not)."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["big"])
+            await wait_placed(session, ["big"])
+            payloads = [bytes([i]) * 900_000 for i in range(8)]
+            async with Producer(session) as producer, trio.open_nursery() as sends:
+                for payload in payloads:
+                    sends.start_soon(producer.send, "big", payload)
+            got: list[bytes] = []
+            async with Subscriber(session, "big-reader", ["big"]) as sub:
+                async for msg in sub:
+                    got.append(msg.payload)
+                    if len(got) == len(payloads):
+                        break
+            assert sorted(got) == sorted(payloads)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_route_to_a_server_not_serving_the_topic_is_retried(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """``unknown_topic`` from a server while the topic exists means a stale route (the
+    znode names a server that does not serve the topic yet): retry, do not fail the send."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            s1 = await cluster.start_server("s1", session)
+            await create_topics(session, ["late"])  # no controller yet: nobody serves it
+            await session.create(PATHS.primary("late"), dumps(
+                {"server": "s1", "address": s1.address}), ephemeral=True)
+            conn = await protocol.connect(s1.address)
+            await conn.send({"op": "produce", "id": 1, "topic": "late", "producer": "p",
+                             "seq": 0, "msgs": [b"x"]})
+            assert (await conn.read())["error"] == "unknown_topic"
+            await conn.aclose()
+            async with Producer(session) as producer, trio.open_nursery() as sends:
+                refused = trio.Event()
+                forget = getattr(producer.router, "forget", lambda topic: None)
+
+                def forget_and_tell(topic: str) -> None:
+                    refused.set()
+                    forget(topic)
+
+                producer.router.forget = forget_and_tell  # type: ignore[method-assign]
+                sends.start_soon(producer.send, "late", b"first")
+                await refused.wait()  # s1 answered unknown_topic; the producer goes on
+                await session.delete(PATHS.primary("late"))  # the stale route goes away
+                await cluster.start_server("s2", session)
+                await cluster.start_controller("c1")  # places the topic: s1 or s2 serves it
+            assert producer.retries > 0
+            nursery.cancel_scope.cancel()

@@ -2,14 +2,17 @@
 
 Both find a topic's primary through ZooKeeper (the ``primary`` znode: the fact, never the
 controller's plan) and talk to it over TCP; after a failover they wait on a watch for the
-next primary (no polling) and carry on.
+next primary (no polling) and carry on.  A route is read once and cached until its watch
+fires (or the connection to ZooKeeper changes state): sending and receiving cost ZooKeeper
+nothing per message or per batch.
 
 ``Producer`` guarantees: ``await send(topic, payload)`` returns only once the message is
 acknowledged (on two servers, or one in a ``one_copy`` topic with no backup in sync); messages
 of one producer to one topic are appended in ``send`` order; retries after a failover or a
 timeout carry the same producer id and sequence numbers, so the broker never appends a message
 twice.  Messages queued while a batch is in flight go out together as the next batch
-(``batch_max`` caps a batch).
+(``batch_max`` messages and :data:`BATCH_BYTES` of payload at most, so a batch always fits
+in one frame).
 
 ``Subscriber`` guarantees: at-least-once delivery, in log order per topic, of every
 acknowledged message; ``ack(msg)`` is cumulative per topic; positions are committed to
@@ -56,6 +59,14 @@ class UnknownTopicError(BrokerError):
 #: Pause before asking again after a refusal that the znode does not explain (seconds).
 RETRY_BACKOFF = 0.05
 
+#: Longest a client waits for a newer primary after its link to the current one failed,
+#: before it tries the same one again (the server may have been out of reach only).
+LINK_RETRY = 5.0
+
+#: Most payload bytes in one produce batch: with msgpack's per-message overhead the request
+#: stays well inside :data:`protocol.MAX_FRAME`.
+BATCH_BYTES = protocol.MAX_FRAME - 64 * 1024
+
 _PERMANENT = {"too_large", "bad_request", "bad_frame", "bad_version", "unknown_topic"}
 
 
@@ -74,16 +85,38 @@ class Message:
         return f"{self.topic}/{self.offset}"
 
 
+@attrs.frozen
+class _Route:
+    address: str
+    epoch: int
+    fired: trio.Event  # the watch set by the read that found this route
+    generation: int  # the session's state generation at that read
+
+
 class Router:
-    """Finds topics' primaries through ZooKeeper watches."""
+    """Finds topics' primaries through ZooKeeper watches, and caches what it found until the
+    watch fires: one read per primary change, not one per request."""
 
     def __init__(self, session: Session, paths: BrokerPaths) -> None:
         self.session = session
         self.paths = paths
+        self._routes: dict[str, _Route] = {}
+
+    def forget(self, topic: str) -> None:
+        """Drop the cached route (the server refused: read the znode again)."""
+        self._routes.pop(topic, None)
+
+    async def topic_exists(self, topic: str) -> bool:
+        return await self.session.exists(self.paths.topic(topic)) is not None
 
     async def primary(self, topic: str, *, not_epoch: int | None = None) -> tuple[str, int]:
         """``(address, epoch)`` of the topic's primary, waiting (on a watch) until there is
         one whose epoch is not ``not_epoch``."""
+        route = self._routes.get(topic)
+        if route is not None and not route.fired.is_set() and route.epoch != not_epoch \
+                and route.generation == self.session.snapshot().generation:
+            return route.address, route.epoch
+        self._routes.pop(topic, None)
         session, paths = self.session, self.paths
         while True:
             fired = trio.Event()
@@ -105,6 +138,7 @@ class Router:
                 continue
             address = loads(data).get("address")
             if address:
+                self._routes[topic] = _Route(address, stat.czxid, fired, generation)
                 return address, stat.czxid
             await wait_watch(session, fired, generation)
 
@@ -240,7 +274,14 @@ class Producer:
                 self._wakeups[topic] = trio.Event()
                 await self._wakeups[topic].wait()
                 continue
-            batch = queue[:self.batch_max]
+            batch: list[_Pending] = []
+            size = 0
+            for item in queue:
+                if batch and (len(batch) >= self.batch_max
+                              or size + len(item.payload) > BATCH_BYTES):
+                    break
+                batch.append(item)
+                size += len(item.payload)
             del queue[:len(batch)]
             try:
                 await self._deliver(topic, seq, [p.payload for p in batch])
@@ -253,14 +294,11 @@ class Producer:
 
     async def _deliver(self, topic: str, seq: int, payloads: list[bytes]) -> None:
         """Send one batch until acknowledged (same sequence numbers on every retry)."""
-        epoch: int | None = None
-        stale: int | None = None
         while True:
-            address, epoch = await self.router.primary(topic, not_epoch=stale)
-            stale = None
+            address, epoch = await self.router.primary(topic)
             try:
-                link = await self._link(address)
                 with trio.fail_after(self.ack_timeout):
+                    link = await self._link(address)
                     reply = await link.request({"op": "produce", "topic": topic,
                                                 "producer": self.producer_id, "seq": seq,
                                                 "msgs": payloads})
@@ -268,13 +306,16 @@ class Producer:
                     trio.ClosedResourceError, trio.TooSlowError) as exc:
                 self.retries += 1
                 log.info("producer.retry", topic=topic, error=type(exc).__name__)
-                stale = epoch if not isinstance(exc, trio.TooSlowError) else None
+                # a newer primary, if one comes soon; else the same one again (it may have
+                # been out of reach only)
                 with trio.move_on_after(self.ack_timeout):
                     await self.router.primary(topic, not_epoch=epoch)
                 continue
             code = reply.get("error")
             if code is None:
                 return
+            if code == "unknown_topic" and await self.router.topic_exists(topic):
+                code = "not_primary"  # a stale route: that server does not serve it (yet)
             if code in _PERMANENT:
                 raise BrokerError(code, reply.get("message", code))
             self.retries += 1
@@ -287,6 +328,7 @@ class Producer:
             else:
                 # not_primary: that server is starting or has just been deposed; the znode
                 # tells which, so look again after a short back-off
+                self.router.forget(topic)
                 await trio.sleep(RETRY_BACKOFF)
 
 
@@ -367,33 +409,44 @@ class Subscriber:
 
     async def _follow(self, topic: str) -> None:
         offset = self.committed[topic]
-        stale: int | None = None
         while True:
-            address, epoch = await self.router.primary(topic, not_epoch=stale)
-            stale = None
+            address, epoch = await self.router.primary(topic)
+            link_failed = True
             try:
-                conn = await protocol.connect(address)
-            except OSError:
-                stale = epoch
-                continue
+                with trio.fail_after(LINK_RETRY):
+                    conn = await protocol.connect(address)
+            except (OSError, trio.TooSlowError):
+                conn = None
             try:
-                await conn.send({"op": "subscribe", "id": 1, "topic": topic, "offset": offset})
-                while True:
-                    frame = await conn.read()
-                    if "error" in frame:
-                        if frame["error"] in _PERMANENT:
-                            raise BrokerError(frame["error"], frame.get("message", ""))
-                        break
-                    if frame.get("op") != "msgs" or frame.get("start") != offset:
-                        continue
-                    for producer, seq, payload in frame["records"]:
-                        await self._send.send(Message(topic, offset, producer, seq,
-                                                      bytes(payload)))
-                        offset += 1
+                if conn is not None:
+                    await conn.send({"op": "subscribe", "id": 1, "topic": topic,
+                                     "offset": offset})
+                    while True:
+                        frame = await conn.read()
+                        if "error" in frame:
+                            code = frame["error"]
+                            if code == "unknown_topic" and await self.router.topic_exists(topic):
+                                code = "not_primary"  # a stale route
+                            if code in _PERMANENT:
+                                raise BrokerError(code, frame.get("message", ""))
+                            link_failed = False
+                            break
+                        if frame.get("op") != "msgs" or frame.get("start") != offset:
+                            continue
+                        for producer, seq, payload in frame["records"]:
+                            await self._send.send(Message(topic, offset, producer, seq,
+                                                          bytes(payload)))
+                            offset += 1
             except (protocol.PeerClosed, protocol.ProtocolError, OSError,
                     trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             finally:
-                await conn.aclose()
+                if conn is not None:
+                    await conn.aclose()
             self.resubscribes += 1
-            await trio.sleep(RETRY_BACKOFF)  # then look up the primary again (znode = fact)
+            if link_failed:  # the server died or is out of reach: wait for a newer primary
+                with trio.move_on_after(LINK_RETRY):
+                    await self.router.primary(topic, not_epoch=epoch)
+            else:  # refused (not_primary): look the primary up again after a back-off
+                self.router.forget(topic)
+                await trio.sleep(RETRY_BACKOFF)
