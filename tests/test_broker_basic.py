@@ -14,9 +14,10 @@ from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber, UnknownTopicError
 from examples.message_broker.cluster import LocalCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, dumps
+from examples.message_broker.layout import BrokerPaths, dumps, loads
 from examples.message_broker.server import BrokerServer
 from framework import Session
+from framework.zk import watch_children, watch_data
 from framework.zkserver.launcher import four_letter
 from tests.test_broker_failover import wait_full_isr
 
@@ -100,6 +101,9 @@ def test_voluntary_moves_only_without_migration_prohibited_and_make_before_break
         assert done[t] == [moving[t][0], "c"]
     waiting = plan_placement(topics, moving, ["a", "b", "c"], voluntary=True, isr={})
     assert all(len(waiting[t]) == 3 for t in grown)
+    # migration_prohibited appearing during a move: the move holds (nothing leaves)
+    held = plan_placement(topics, moving, ["a", "b", "c"], voluntary=False, isr=isr)
+    assert held == moving
 
 
 def test_ctl_user_mistakes_are_one_line(zk_hosts: str, chroot: str,
@@ -285,4 +289,48 @@ async def test_a_route_to_a_server_not_serving_the_topic_is_retried(
                 await cluster.start_server("s2", session)
                 await cluster.start_controller("c1")  # places the topic: s1 or s2 serves it
             assert producer.retries > 0
+            nursery.cancel_scope.cancel()
+
+
+async def _wait_status(session: Session, server: str, prohibited: bool) -> None:
+    async for snap in watch_data(session, f"{PATHS.nodes}/{server}"):
+        if loads(snap.data).get("migration_prohibited") is prohibited:
+            return
+
+
+async def test_migration_prohibited_is_watched_by_every_server_and_obeyed_by_the_controller(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """Every server watches ``migration_prohibited`` (its status shows it); a controller
+    elected while it exists places new topics and makes no voluntary move; once it is
+    gone, the moves onto the new server happen."""
+    topics = [f"m{i}" for i in range(4)]
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, topics)
+            await wait_placed(session, topics)
+            await wait_full_isr(session, topics, {"s1", "s2"})
+            before = {t: loads((await session.get(PATHS.placement(t)))[0]) for t in topics}
+            await session.create(PATHS.migration_prohibited)
+            for name in ("s1", "s2"):
+                await _wait_status(session, name, True)
+            await cluster.start_server("s3", session)
+            await _wait_status(session, "s3", True)
+            cluster.crash("c1")
+            await create_topics(session, ["fresh"])
+            await cluster.start_controller("c2")  # elected with s3 live and migration prohibited
+            await wait_placed(session, ["fresh"])
+            assert await session.children(PATHS.assign_dir("s3")) == ["fresh"]
+            for topic in topics:
+                assert loads((await session.get(PATHS.placement(topic)))[0]) == before[topic]
+            await session.delete(PATHS.migration_prohibited)
+            async for snap in watch_children(session, PATHS.assign_dir("s3")):
+                if len(snap.children) > 1:
+                    break  # a voluntary move onto s3 started
+            for name in ("s1", "s2", "s3"):
+                await _wait_status(session, name, False)
             nursery.cancel_scope.cancel()

@@ -16,6 +16,9 @@ cannot write.
   a voluntary move: it happens with ``migration_prohibited`` too.
 * Voluntary moves (rebalancing onto a server that joined) are made only while
   ``migration_prohibited`` does not exist, one backup at a time per topic, never a primary.
+  A move under way when it appears holds where it is (the extra replica stays, the old
+  backup is not removed) until it is gone.  A new term reads ``migration_prohibited`` before
+  its first change.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     loaded live server (ties by name).  With ``voluntary``, a topic whose backup sits on a
     server holding more than one replica above the least loaded one gets a *third* replica
     there (make before break); a topic with three replicas drops the extra old backup only
-    once ``isr[topic]`` shows the newest replica in sync, never the current primary.
+    once ``isr[topic]`` shows the newest replica in sync, never the current primary, and
+    only with ``voluntary`` (without it a move holds where it is).
     """
     isr = isr or {}
     load = {s: 0 for s in live}
@@ -65,7 +69,8 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
         if len(replicas) > REPLICAS:  # a move in progress: finish it once the new one is in
             record = isr.get(topic)
             drop = _leaving(replicas, record)
-            if record is not None and replicas[-1] in record.in_sync and drop is not None:
+            if voluntary and record is not None and replicas[-1] in record.in_sync \
+                    and drop is not None:
                 replicas.remove(drop)
             continue
         while len(replicas) < REPLICAS:
@@ -114,7 +119,7 @@ class BrokerController(Master):
         log.info("controller.leading", controller=self.name, token=ctx.term.token)
         placement = await self._read_placement(session, paths)
         changes_send, changes = trio.open_memory_channel[str](100)
-        state: dict[str, Any] = {"live": None, "topics": None, "prohibited": False,
+        state: dict[str, Any] = {"live": None, "topics": None, "prohibited": None,
                                  "isr": {}, "watching": set()}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_nodes, session, paths, state, changes_send)
@@ -128,8 +133,8 @@ class BrokerController(Master):
                             kind = await changes.receive()
                         if quiet.cancelled_caught:
                             break
-                if state["live"] is None or state["topics"] is None:
-                    continue
+                if None in (state["live"], state["topics"], state["prohibited"]):
+                    continue  # not everything read yet (migration_prohibited included)
                 for _attempt in range(3):  # a conflict re-reads the placement, then again
                     if await self._reconcile(ctx, paths, state, placement):
                         break

@@ -16,6 +16,9 @@ topic's ``primary`` znode (one data watch, plus the ``isr`` znode while nobody i
 * the primary znode is someone else's -> back it up: reset the local log, then pull from the
   primary (``fetch`` with the epoch) until the znode changes.
 
+Every server also watches ``migration_prohibited`` (and shows it in its ``nodes/`` record;
+moves themselves are the controller's decision) and ``shutdown``.
+
 Messages never touch ZooKeeper.  Graceful stop (SIGTERM, or the ``shutdown`` znode naming this
 server or all servers): stop taking over, hand every primary to its in-sync backup once it
 holds the whole log, then leave.
@@ -96,6 +99,8 @@ class BrokerServer(Worker):
         self.following: dict[str, int] = {}
         self.copies: dict[str, str] = {}
         self.stopping = False
+        #: whether ``migration_prohibited`` exists (watched; shown in our ``nodes/`` record)
+        self.migration_prohibited = False
         self._stop = trio.Event()
         self._term_changed = trio.Event()
         self._topic_done = trio.Event()
@@ -123,6 +128,7 @@ class BrokerServer(Worker):
             "address": self.address,
             "pid": os.getpid(),
             "state": "stopping" if self.stopping else "running",
+            "migration_prohibited": self.migration_prohibited,
             "load": len(self.primaries) + len(self.backups),
             "primaries": sorted(self.primaries),
             "backups": sorted(self.backups),
@@ -146,6 +152,7 @@ class BrokerServer(Worker):
                 nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
                 nursery.start_soon(self._report_status, member)
                 nursery.start_soon(self._watch_shutdown, session)
+                nursery.start_soon(self._watch_prohibited, session)
                 async with trio.open_nursery() as topics:
                     topics.start_soon(self._follow_assignments, session, topics)
                     await self._stop.wait()
@@ -181,6 +188,16 @@ class BrokerServer(Worker):
                     log.info("broker.shutdown_requested", server=self.name)
                     self.request_stop()
                     return
+
+    async def _watch_prohibited(self, session: Session) -> None:
+        """Follow ``migration_prohibited`` (central control, as in YMB).  Moves are the
+        controller's decision here; each server shows in its status that it saw the flag,
+        so an operator can tell every server is under it."""
+        async for snap in watch_data(session, self.paths.migration_prohibited):
+            if snap.exists != self.migration_prohibited:
+                log.info("broker.migration_prohibited", server=self.name,
+                         prohibited=snap.exists)
+            self.migration_prohibited = snap.exists
 
     async def _report_status(self, member: Membership) -> None:
         last = b""
