@@ -57,6 +57,27 @@ async def wait_full_isr(session: Session, topics: list[str], live: set[str]) -> 
             nursery.start_soon(one, topic)
 
 
+class Received:
+    """What a subscriber running through the faults received, per topic, in order."""
+
+    def __init__(self, topics: list[str]) -> None:
+        self.got: dict[str, list[int]] = {t: [] for t in topics}
+        self._progress = trio.Event()
+
+    async def collect(self, sub: Subscriber) -> None:
+        async for msg in sub:
+            topic, n = msg.payload.decode().split(":")
+            self.got[topic].append(int(n))
+            sub.ack(msg)
+            self._progress.set()
+            self._progress = trio.Event()
+
+    async def covers(self, load: Load) -> None:
+        """Return once every acknowledged message arrived."""
+        while not all(set(v) <= set(self.got[t]) for t, v in load.acked.items()):
+            await self._progress.wait()
+
+
 async def check_delivery(session: Session, load: Load, name: str) -> Counter[str]:
     """Subscribe from the start: every acknowledged message arrives, in order per topic."""
     want = {t: set(v) for t, v in load.acked.items()}
@@ -95,38 +116,56 @@ async def test_kill9_primary_then_controller_nothing_acked_lost(
             await wait_placed(session, topics)
             await wait_full_isr(session, topics, {"s1", "s2", "s3"})
             load = Load(topics)
-            async with Producer(session, ack_timeout=3.0) as producer, \
-                    trio.open_nursery() as nursery:
-                for topic in topics:
-                    nursery.start_soon(load.run, producer, topic)
-                await load.until(300)
-                # kill -9 the server that is primary for the most topics, under load
-                placed = await primaries(session, topics)
-                victim = Counter(placed.values()).most_common(1)[0][0]
-                cluster.kill9(victim)
-                at_kill = load.total
-                await wait_server_gone(session, victim)
-                await load.until(at_kill + 300)  # the backups took over and ack again
-                live = {"s1", "s2", "s3"} - {victim}
-                # the controller placed new backups on the last live server; they caught up
-                await wait_full_isr(session, topics, live)
-                # kill -9 the active controller; the standby must repair the next failure
-                leader = loads((await session.get(paths.app.rendezvous))[0])["name"]
-                cluster.kill9(leader)
-                cluster.spawn("server", "s4")
-                await cluster.wait_joined(session, "s4")
-                second = sorted(live)[0]
-                cluster.kill9(second)
-                await wait_server_gone(session, second)
-                at_second = load.total
-                await load.until(at_second + 300)
-                await wait_full_isr(session, topics, (live - {second}) | {"s4"})
-                nursery.cancel_scope.cancel()
+            live = Received(topics)  # a subscriber that rides through every failure
+            async with Subscriber(session, "live", topics) as sub, \
+                    trio.open_nursery() as reading:
+                reading.start_soon(live.collect, sub)
+                async with Producer(session, ack_timeout=3.0) as producer, \
+                        trio.open_nursery() as nursery:
+                    for topic in topics:
+                        nursery.start_soon(load.run, producer, topic)
+                    await load.until(300)
+                    await kill_primary_then_controller(session, cluster, topics, load)
+                    nursery.cancel_scope.cancel()
+                await live.covers(load)
+                reading.cancel_scope.cancel()
+            assert sub.resubscribes > 0  # it did follow a failover
+            for topic, seq in live.got.items():
+                assert seq == sorted(set(seq)), f"order or duplicates in {topic}"
             assert producer.retries > 0
             dups = await check_delivery(session, load, "checker")
             assert sum(dups.values()) == 0  # idempotent producer: retries never duplicate
     finally:
         cluster.stop_all()
+
+
+async def kill_primary_then_controller(session: Session, cluster: ProcessCluster,
+                                       topics: list[str], load: Load) -> None:
+    """kill -9 the busiest primary, then the active controller, a new server joins and a
+    second server is killed: each time the load goes on and every topic gets two in-sync
+    replicas again."""
+    paths = BrokerPaths()
+    # kill -9 the server that is primary for the most topics, under load
+    placed = await primaries(session, topics)
+    victim = Counter(placed.values()).most_common(1)[0][0]
+    cluster.kill9(victim)
+    at_kill = load.total
+    await wait_server_gone(session, victim)
+    await load.until(at_kill + 300)  # the backups took over and ack again
+    live = {"s1", "s2", "s3"} - {victim}
+    # the controller placed new backups on the last live server; they caught up
+    await wait_full_isr(session, topics, live)
+    # kill -9 the active controller; the standby must repair the next failure
+    leader = loads((await session.get(paths.app.rendezvous))[0])["name"]
+    cluster.kill9(leader)
+    cluster.spawn("server", "s4")
+    await cluster.wait_joined(session, "s4")
+    second = sorted(live)[0]
+    cluster.kill9(second)
+    await wait_server_gone(session, second)
+    at_second = load.total
+    await load.until(at_second + 300)
+    await wait_full_isr(session, topics, (live - {second}) | {"s4"})
 
 
 async def test_kill9_backup_primary_goes_on_and_new_backup_catches_up(
