@@ -332,6 +332,29 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
         cluster.stop_all()
 
 
+def render_summary(summary: dict[str, Any]) -> str:
+    """The summary as lines, the checked ones marked."""
+    failover = summary.get("failover_s") or {}
+    rows = [
+        ("messages acknowledged", summary["acknowledged"], ""),
+        ("messages received", summary["received"], ""),
+        ("acknowledged but never received", summary["acknowledged_never_received"],
+         "(must be 0)"),
+        ("per-topic order violations", summary["order_violations"], "(must be 0)"),
+        ("duplicates delivered", summary["duplicates_delivered"],
+         f"(reported; producer retries: {summary['producer_retries']})"),
+        (f"failover after kill -9 of {summary['killed_server']}",
+         f"p50 {failover.get('p50')} s, max {failover.get('max')} s",
+         f"({failover.get('topics')} topics)"),
+        (f"controller failover after kill -9 of {summary['killed_controller']}",
+         f"{summary.get('controller_failover_s')} s", ""),
+        ("ZooKeeper transactions per 1,000 messages", summary["zk_writes_per_1000_msgs"], ""),
+        ("elapsed", f"{summary['elapsed_s']} s", "(target: under 120 s)"),
+    ]
+    return "summary:\n" + "\n".join(f"  {name + ':':<52} {value!s:<24} {note}".rstrip()
+                                     for name, value, note in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="demo-broker", description=__doc__.split("\n")[0])
     parser.add_argument("--topics", type=int, default=100)
@@ -351,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     def go(hosts: str) -> dict[str, Any]:
         return trio.run(run_demo, hosts, chroot, out, args.topics, args.seconds)
 
+    began = time.monotonic()
+
     try:
         import os
 
@@ -369,8 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo-broker: FAILED: a phase did not finish in time (logs in {out}/logs)",
               file=sys.stderr)
         return 1
+    summary["elapsed_s"] = round(time.monotonic() - began, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
+    print(render_summary(summary), flush=True)
     print("demo-broker:", "OK - every acknowledged message was received, in order"
           if summary["ok"] else "FAILED - see above", flush=True)
     return 0 if summary["ok"] else 1
