@@ -623,8 +623,8 @@ class CrashingQueue(WorkQueue):
         self.plan, self.claims, self.nursery = plan, claims, nursery
         self.point: str | None = None
 
-    def _ack_transaction(self, claim: Any) -> Transaction:
-        return super()._ack_transaction(claim).create(
+    def _ack_operations(self, claim: Any, finisher: Any, txn: Transaction) -> Transaction:
+        return super()._ack_operations(claim, finisher, txn).create(
             f"/acks/{claim.data.decode()}-", b"", sequence=True
         )
 
@@ -636,12 +636,12 @@ class CrashingQueue(WorkQueue):
             await expire_session(self.session)
         return claim
 
-    async def _ack(self, claim: Any) -> None:
+    async def _ack(self, claim: Any, finisher: Any = None) -> None:
         if self.point == "before_ack":  # expired between the block and the ack
             await expire_session(self.session)
         elif self.point == "during_ack":  # expired while the ack is in flight
             self.nursery.start_soon(expire_session, self.session)
-        await super()._ack(claim)
+        await super()._ack(claim, finisher)
 
 
 @settings(max_examples=10, deadline=None,

@@ -33,6 +33,7 @@ async def node_scope(
     error: Callable[[str], BaseException],
     on_data: DataCheck | None = None,
     keepalive: Callable[[], Awaitable[str | None]] | None = None,
+    watch_after: float = 0.0,
 ) -> AsyncIterator[None]:
     """Run the block while ``path`` exists in session ``session_id`` and that session is
     trusted; otherwise cancel the block and raise ``error(reason)``.
@@ -40,6 +41,10 @@ async def node_scope(
     ``reason`` is ``"node deleted"``, ``"lost"``, ``"suspended"``, what ``on_data``
     returned for the node's current data, or what ``keepalive`` returned: it runs beside the
     block (renewing a lease, say) and returns a reason once the holding cannot be kept.
+
+    ``watch_after``: watch the node only once the block has run that long, for nodes
+    nobody else can delete sooner (a block that ends earlier costs no request).  The
+    session is watched from the start.
     """
     reason: list[str] = []
 
@@ -56,7 +61,7 @@ async def node_scope(
         else:
             nursery.start_soon(_watch_session, session, session_id, end, scope)
             nursery.start_soon(
-                _watch_node, session, path, session_id, on_data, end, scope
+                _watch_node, session, path, session_id, on_data, end, scope, watch_after
             )
             if keepalive is not None:
                 nursery.start_soon(_keep, keepalive, end, scope)
@@ -105,7 +110,10 @@ async def _watch_node(
     on_data: DataCheck | None,
     end: Callable[[str, trio.CancelScope], None],
     scope: trio.CancelScope,
+    watch_after: float = 0.0,
 ) -> None:
+    if watch_after > 0:
+        await trio.sleep(watch_after)  # a deferral (see node_scope), not a synchronisation
     while True:
         fired = trio.Event()
         try:

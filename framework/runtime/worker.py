@@ -38,7 +38,7 @@ import trio
 from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
-from framework.primitives.queue import QueueItem, WorkQueue
+from framework.primitives.queue import Finisher, QueueItem, WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope, wait_gone, watch_children
@@ -338,6 +338,8 @@ class Worker:
         took over a stale marker of ours keeps its own)."""
         if marker:
             self._markers.pop(marker[0].path, None)
+            if marker[0].finisher is not None and marker[0].finisher.applied:
+                return  # deleted with the acknowledgement
             with cleanup_scope(session):
                 try:
                     await session.delete(marker[0].path, version=marker[0].version)
@@ -357,12 +359,15 @@ class Worker:
         await self._mark_running(session, running, task, item, marker)
         self._markers[running] = marker[0]
         record = self.app.result_path(task.key)
+        previous_version: int | None = None  # the record's version, if one exists
         try:
-            previous = TaskResult.decode((await session.get(record))[0])
+            data, stat = await session.get(record)
+            previous = TaskResult.decode(data)
             if previous.ok:
                 log.info("task.duplicate_skipped", task=task.id, key=task.key,
                          done_by=previous.worker)
                 return
+            previous_version = stat.version
         except errors.NoNodeError:
             pass
         self._in_flight += 1
@@ -388,7 +393,24 @@ class Worker:
         except errors.PermanentFailure as exc:
             await self._failed(session, task, exc, started)
             raise _GivenUp() from None
-        await _put(session, record, encoded)
+        # the result is written in the transaction that acknowledges the item (and deletes
+        # our marker), combined with the other slots' acks; if the server refuses the
+        # record's part (a record written meanwhile), it is written alone before the ack
+        mine = marker[0]
+
+        def build(txn: Any) -> None:
+            if previous_version is None:
+                txn.create(record, encoded)
+            else:
+                txn.set(record, encoded, version=previous_version)
+            txn.delete(mine.path, version=mine.version)
+
+        async def fallback() -> None:
+            await _put(session, record, encoded)
+
+        finisher = Finisher(build, fallback)
+        queue.finish_with(item, finisher)
+        mine.finisher = finisher
         self.tasks_done += 1
         metrics.task_finished(self.app.name, True, time.time() - started)
         log.info("task.done", task=task.id, worker=self.name, attempt=task.attempts,
@@ -518,6 +540,7 @@ class _Marker:
     delivery: str
     doc: dict[str, Any]
     version: int = 0
+    finisher: Finisher | None = None  # when set and applied, the ack deleted the marker
 
     def encode(self, progress: dict[str, Any] | None = None) -> bytes:
         return json.dumps({**self.doc, **(progress or {}), "delivery": self.delivery}).encode()

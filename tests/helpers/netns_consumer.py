@@ -94,7 +94,7 @@ async def hold(session: Session, queue: RecordingQueue, commands: Commands) -> N
     await commands.expect("replay")
     claim = queue.claims[name]
     try:
-        await queue._ack_transaction(claim).commit()
+        await queue._ack_operations(claim, None, queue.session.transaction()).commit()
     except TransactionFailedError as exc:
         say("REFUSED", exc.failed_index, type(exc.cause).__name__)
     else:

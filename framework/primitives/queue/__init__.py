@@ -72,13 +72,13 @@ import trio
 from framework import errors
 from framework.errors import ConfigurationError
 from framework.primitives.queue.consumer import Consumer
-from framework.primitives.queue.items import QueueItem
+from framework.primitives.queue.items import Finisher, QueueItem
 from framework.primitives.queue.producer import Producer
 from framework.primitives.queue_lease import LeaseBreaker, Renewal
 from framework.primitives.queue_view import QueueView, is_bucket, parse_item
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
-__all__ = ["MAX_BUCKET_SIZE", "QueueItem", "WorkQueue"]
+__all__ = ["MAX_BUCKET_SIZE", "Finisher", "QueueItem", "WorkQueue"]
 
 #: Largest ``bucket_size``: a bucket's listing must stay under ZooKeeper's 1 MB reply limit
 #: (Java clients cannot read more) with names of up to ~45 bytes.
@@ -176,6 +176,11 @@ class WorkQueue(Producer, Consumer):
         self._contended = False  # the last claim lost a race to another consumer
         self._breaker = LeaseBreaker(session, self.claims_root)
         self._renewals: dict[str, Renewal] = {}
+        self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
+        self._tickets: list[Any] = []  # takes waiting for a claim round
+        self._round: Any = None  # the claim round in flight
+        self._acks: list[Any] = []  # acks waiting for a combined commit
+        self._committing: trio.Event | None = None  # set when the commit in flight ends
         self._bucket: str | None = None  # where this producer puts
         self._bucket_hint = -1  # highest sequence number known taken in it
 

@@ -8,18 +8,19 @@ import math
 import random
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
+import attrs
 import trio
 
 from framework import errors
 from framework.errors import ClaimLost, PermanentFailure
 from framework.logs import get_logger
 from framework.primitives.holding import node_scope
-from framework.primitives.queue.items import Claim, QueueItem
+from framework.primitives.queue.items import Claim, Finisher, QueueItem
 from framework.primitives.queue_lease import LeaseBreaker, Renewal, lease_token, renew
 from framework.primitives.queue_view import Entry, QueueView
-from framework.zk import Session, Transaction, cleanup_bound, cleanup_scope
+from framework.zk import Session, Transaction, cleanup_bound, cleanup_scope, gather
 
 log = get_logger("framework.primitives.queue")
 
@@ -49,6 +50,11 @@ class Consumer:
     _contended: bool
     _breaker: LeaseBreaker
     _renewals: dict[str, Renewal]
+    _finishers: dict[str, Finisher]
+    _tickets: list[_Ticket]
+    _round: _Round | None
+    _acks: list[_Ack]
+    _committing: trio.Event | None
 
     @asynccontextmanager
     async def take(self, *, renew_for: float | None = None) -> AsyncIterator[QueueItem]:
@@ -62,6 +68,7 @@ class Consumer:
         claim = await self._claim()
         entry = claim.entry
         item = QueueItem(entry.key, claim.data, entry.priority, claim.version)
+        self._finishers.pop(entry.key, None)
         keepalive = None
         if self.lease is not None:
             renewal = self._renewals[entry.key] = Renewal()
@@ -74,16 +81,25 @@ class Consumer:
         try:
             async with node_scope(
                 self.session, claim.claim_path, session_id=claim.session_id, error=ClaimLost,
-                keepalive=keepalive,
+                keepalive=keepalive, watch_after=_CLAIM_WATCH_AFTER,
             ):
                 started = True
                 yield item
         except BaseException as exc:
             self._renewals.pop(entry.key, None)
+            self._finishers.pop(entry.key, None)
             await self._fail(claim, exc, started=started)
             raise
         self._renewals.pop(entry.key, None)
-        await self._ack(claim)
+        await self._ack(claim, self._finishers.pop(entry.key, None))
+
+    def finish_with(self, item: QueueItem, finisher: Finisher) -> None:
+        """Commit ``finisher``'s operations in the same transaction as the acknowledgement
+        of ``item`` (held by this queue object), when its block ends without an error: a
+        result record written atomically with the ack, say.  If that transaction is refused
+        while the claim is still ours, ``finisher.fallback()`` runs instead and the item is
+        acknowledged alone after it; ``finisher.applied`` tells which happened."""
+        self._finishers[item.name] = finisher
 
     def renew_for(self, item: QueueItem, seconds: float) -> None:
         """Renew the lease of ``item`` (held by this queue object) for at most ``seconds``
@@ -98,90 +114,142 @@ class Consumer:
         return self._view
 
     async def _claim(self) -> Claim:
-        """Claim the first unclaimed item of an up-to-date list.
+        """Claim the first unclaimed item of an up-to-date list, for this task.
+
+        Concurrent takes of one queue object are combined: the first to arrive while no
+        claim round is in flight leads one, for itself and every take waiting then (up to
+        ``_BATCH``): it reads their items at once (pipelined) and claims them all in one
+        transaction; a take that arrives meanwhile is served by the next round.  A round
+        runs in its leader's task (nothing outlives the takes).
 
         Competing consumers read the same list and go for the same head.  The one that loses
         (its claim's create finds the claim node) does not re-read and race again for the
-        next head: it tries a random item among the next few of the same priority, and starts
-        its next take the same way, so consumers spread out instead of colliding in lockstep.
-        A lone consumer never collides and so takes items in strict order.
+        next head: its next round starts at a random item among the next few of the same
+        priority, so consumers spread out instead of colliding in lockstep.  A lone consumer
+        never collides and so takes items in strict order.
         """
-        view = self._get_view()
-        while True:
-            changed = view.changed
-            try:
-                entries = await view.candidates(self._claiming)
-                if not entries:
-                    # nothing to take: the moment to break leases that ran out (if any
-                    # can run out, wake up when the next one could)
-                    expiry = math.inf
-                    if self.lease is not None:
-                        expiry = await self._breaker.check(await view.claims())
-                    with trio.move_on_at(expiry):
-                        await changed.wait()
+        ticket = _Ticket()
+        self._tickets.append(ticket)
+        try:
+            while ticket.claim is None:
+                current = self._round
+                if current is not None:
+                    await current.over.wait()
                     continue
-                # after a contended take, start at a random item near the head right away
-                index = _spread(entries, -1) if self._contended else 0
-                self._contended = False
-                while index < len(entries):
-                    entry = entries[index]
-                    if entry.key in self._claiming:
-                        index += 1
-                        continue
-                    self._claiming.add(entry.key)
-                    try:
-                        claim = await self._try_claim(view, entry)
-                    finally:
-                        self._claiming.discard(entry.key)
-                    if isinstance(claim, Claim):
-                        return claim
-                    if claim is _GONE:  # our list was older than that item's end: next one
-                        index += 1
-                        continue
-                    self._contended = True
-                    index = _spread(entries, index)
-            except (errors.ConnectionLossError, errors.SessionExpiredError):
-                view.invalidate_all()
-                await self.session.wait_connected()
-
-    async def _try_claim(self, view: QueueView, entry: Entry) -> Claim | object | None:
-        """Our claim; ``_GONE`` if the item is gone (acked, or dead-lettered now); ``None``
-        if another consumer claimed it first."""
-        session = self.session
-        item_path = f"{self.items_root}/{entry.key}"
-        try:
-            data, stat = await session.get(item_path)
-        except errors.NoNodeError:
-            view.forget(entry)
-            return _GONE
-        if self.max_attempts is not None and stat.version >= self.max_attempts:
-            await self._bury_unclaimed(entry, data, stat.version)
-            return _GONE
-        session_id = await session.wait_connected()
-        claim = Claim(
-            entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
-            session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
-        )
-        txn = session.transaction()
-        txn.create(claim.claim_path, claim.token, ephemeral=True)
-        txn.set(item_path, data, version=stat.version)
-        try:
-            try:
-                await txn.commit()
-            except errors.TransactionFailedError:
-                return None  # claimed (or changed) by someone else
-            except errors.SessionExpiredError:
-                return None  # whatever it made went with that session
-            except errors.ConnectionLossError:
-                if not await self._holds(claim):
-                    return None
+                current = self._round = _Round()
+                try:
+                    await self._lead_round(current)
+                finally:
+                    self._round = None
+                    current.over.set()
+                if ticket.claim is None and current.idle is not None:
+                    with trio.move_on_at(current.expiry):
+                        await current.idle.wait()
         except BaseException:
-            # interrupted (cancelled, most likely) while the claim may exist: a claim left
-            # behind would block the item for everyone as long as this session lives
-            await self._abandon(claim)
+            if ticket in self._tickets:
+                self._tickets.remove(ticket)
+            if ticket.claim is not None:  # handed to us as we were cancelled: undo it
+                await self._abandon(ticket.claim)
             raise
-        log.debug("queue.claimed", path=self.path, item=entry.key, attempt=claim.version)
-        return claim
+        self._tickets.remove(ticket)
+        return ticket.claim
+
+    async def _lead_round(self, current: _Round) -> None:
+        """One claim round: claims for the waiting takes, or ``current.idle`` set to the
+        event to wait for when there is nothing to take."""
+        view = self._get_view()
+        try:
+            changed = view.changed
+            entries = await view.candidates(self._claiming)
+            if not entries:
+                # nothing to take: the moment to break leases that ran out (if any
+                # can run out, wake up when the next one could)
+                current.idle = changed
+                if self.lease is not None:
+                    current.expiry = await self._breaker.check(await view.claims())
+                return
+            waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
+            chosen = _choose(entries, len(waiting), self._contended)
+            self._contended = False
+            keys = {entry.key for entry in chosen}
+            self._claiming |= keys
+            try:
+                claims = await self._claim_many(view, chosen)
+            finally:
+                self._claiming -= keys
+        except (errors.ConnectionLossError, errors.SessionExpiredError):
+            view.invalidate_all()
+            await self.session.wait_connected()
+            return
+        for ticket in self._tickets:
+            if not claims:
+                break
+            if ticket.claim is None:
+                ticket.claim = claims.pop(0)
+        for claim in claims:  # the takes that wanted them left meanwhile
+            await self._abandon(claim)
+
+    async def _claim_many(self, view: QueueView, entries: list[Entry]) -> list[Claim]:
+        """Claim ``entries`` in one transaction (their items read at once first); return
+        the claims made.  An entry claimed by someone else first is dropped and the rest
+        tried again; one whose item is gone is forgotten.  Cancelled while claims may
+        exist: they are undone before the cancellation goes on."""
+        session = self.session
+        found: dict[str, tuple[bytes, Any]] = {}
+
+        async def read(entry: Entry) -> None:
+            try:
+                found[entry.key] = await session.get(f"{self.items_root}/{entry.key}")
+            except errors.NoNodeError:
+                view.forget(entry)
+
+        await gather(*[functools.partial(read, entry) for entry in entries])
+        session_id = await session.wait_connected()
+        claims: list[Claim] = []
+        for entry in entries:
+            if entry.key not in found:
+                continue
+            data, stat = found[entry.key]
+            if self.max_attempts is not None and stat.version >= self.max_attempts:
+                await self._bury_unclaimed(entry, data, stat.version)
+                continue
+            claims.append(Claim(
+                entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
+                session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
+            ))
+        try:
+            while claims:
+                txn = session.transaction()
+                for claim in claims:
+                    txn.create(claim.claim_path, claim.token, ephemeral=True)
+                    txn.set(f"{self.items_root}/{claim.entry.key}", claim.data,
+                            version=claim.version - 1)
+                try:
+                    await txn.commit()
+                except errors.TransactionFailedError as exc:
+                    lost = claims.pop(max(exc.failed_index, 0) // 2)
+                    if isinstance(exc.cause, errors.NoNodeError):
+                        view.forget(lost.entry)  # gone (acked): claim the others
+                        continue
+                    # claimed by another consumer first, which likely took its neighbours
+                    # too: a new round starts from a fresh list, at a random place
+                    self._contended = True
+                    return []
+                except errors.SessionExpiredError:
+                    return []  # whatever it made went with that session
+                except errors.ConnectionLossError:
+                    claims = [claim for claim in claims if await self._holds(claim)]
+                for claim in claims:
+                    log.debug("queue.claimed", path=self.path, item=claim.entry.key,
+                              attempt=claim.version)
+                return claims
+            return []
+        except BaseException:
+            # interrupted (cancelled, most likely) while claims may exist: a claim left
+            # behind would block its item for everyone as long as this session lives
+            for claim in claims:
+                await self._abandon(claim)
+            raise
 
     async def _holds(self, claim: Claim) -> bool:
         """Whether our claim node exists, in the session that made it (after a lost reply)."""
@@ -228,20 +296,28 @@ class Consumer:
             txn.set(item_path, claim.data if version == before - 1 else b"", version=version)
         return txn
 
-    async def _finish(self, claim: Claim, build: Callable[[], Transaction]) -> str | None:
+    async def _finish(self, claim: Claim, build: Callable[[], Transaction], *,
+                      sent: bool = False,
+                      refused: Callable[[errors.TransactionFailedError], str] | None = None,
+                      ) -> str | None:
         """Commit ``build()`` - a transaction that ends our claim and holds only while the
         item is at our version - and confirm it.  ``None`` once it is proven applied, else
         why not: ``"lost"`` (the session, and so the claim, ended first), ``"ended"`` (the
-        claim ended), ``"unknown"`` (the reply was lost and the session changed before we
-        could look).  Callers bound it in time."""
+        claim ended, or what ``refused`` says of the refusal), ``"unknown"`` (the reply was
+        lost and the session changed before we could look).  ``sent``: such a transaction
+        was sent already and its reply lost (look before sending it again).  Callers bound
+        it in time."""
         while True:
             if self.session.session_id != claim.session_id:
                 return "lost"
             try:
-                await build().commit()
-                return None
-            except errors.TransactionFailedError:
-                return "ended"
+                if sent:
+                    sent = False
+                else:
+                    await build().commit()
+                    return None
+            except errors.TransactionFailedError as exc:
+                return refused(exc) if refused is not None else "ended"
             except (errors.SessionExpiredError, errors.NotConnectedError):
                 return "unknown"
             except errors.ConnectionLossError:
@@ -264,18 +340,47 @@ class Consumer:
                 return "ended"
             # not applied: send it again
 
-    def _ack_transaction(self, claim: Claim) -> Transaction:
-        """Delete claim and item in one transaction that holds only while the claim is ours."""
-        txn = self.session.transaction()
+    def _ack_operations(self, claim: Claim, finisher: Finisher | None,
+                        txn: Transaction) -> Transaction:
+        """Add to ``txn`` the finisher's operations, then the ack: delete claim and item,
+        which holds only while the claim is ours (the item at our version)."""
+        if finisher is not None:
+            finisher.build(txn)
         return txn.delete(claim.claim_path).delete(
             f"{self.items_root}/{claim.entry.key}", version=claim.version
         )
 
-    async def _ack(self, claim: Claim) -> None:
-        """Acknowledge; raise :class:`ClaimLost` unless the ack is proven applied."""
+    async def _ack(self, claim: Claim, finisher: Finisher | None = None) -> None:
+        """Acknowledge (with ``finisher``'s operations); raise :class:`ClaimLost` unless the
+        ack is proven applied.
+
+        Concurrent acks of one queue object are combined into one transaction (group
+        commit): the first to arrive while none is in flight commits its own and every
+        ack waiting then; if that is refused, the one refused is settled alone and the
+        others are committed again together; after a lost reply each confirms its own."""
         why: str | None = "unconfirmed"
         with cleanup_scope(self.session) as scope:
-            why = await self._finish(claim, functools.partial(self._ack_transaction, claim))
+            ack = _Ack(claim, finisher)
+            self._acks.append(ack)
+            try:
+                while ack.why is _PENDING:
+                    if self._committing is not None:
+                        await self._committing.wait()
+                        continue
+                    self._committing = trio.Event()
+                    try:
+                        await self._commit_acks()
+                    finally:
+                        self._committing.set()
+                        self._committing = None
+            finally:
+                if ack in self._acks:
+                    self._acks.remove(ack)
+            why = ack.why
+            if why is _ALONE:
+                why = await self._ack_alone(ack, sent=False)
+            elif why is _SENT:
+                why = await self._ack_alone(ack, sent=True)
         if scope.cancelled_caught:
             why = "unconfirmed"
         if why is None:
@@ -296,6 +401,65 @@ class Consumer:
         log.warning("queue.claim_lost", path=self.path, item=claim.entry.key, during="ack",
                     why=why)
         raise ClaimLost(reason)
+
+    async def _commit_acks(self) -> None:
+        """Commit the waiting acks (up to ``_BATCH``) in one transaction and settle them:
+        ``None`` (applied), ``_ALONE`` (refused because of it: it settles itself) or
+        ``_SENT`` (reply lost: it confirms its own).  A refusal caused by one ack leaves
+        the others waiting for the next commit."""
+        batch = [a for a in self._acks if a.why is _PENDING][:_BATCH]
+        if len(batch) == 1:
+            batch[0].why = _ALONE
+            return
+        txn = self.session.transaction()
+        ends = []
+        for ack in batch:
+            self._ack_operations(ack.claim, ack.finisher, txn)
+            ends.append(len(txn.operations))
+        try:
+            await txn.commit()
+        except errors.TransactionFailedError as exc:
+            culprit = next(i for i, end in enumerate(ends) if exc.failed_index < end)
+            batch[culprit].why = _ALONE
+            return
+        except errors.ConnectionLossError:
+            for ack in batch:
+                ack.why = _SENT
+            return
+        except (errors.SessionExpiredError, errors.NotConnectedError):
+            for ack in batch:
+                ack.why = "lost" if self.session.session_id != ack.claim.session_id \
+                    else "unknown"
+            return
+        for ack in batch:
+            if ack.finisher is not None:
+                ack.finisher.applied = True
+            ack.why = None
+
+    async def _ack_alone(self, ack: _Ack, *, sent: bool) -> str | None:
+        """Settle one ack by itself: with its finisher's operations, and if those are what
+        the server refused (the claim still ours), after running its fallback instead."""
+        claim, finisher = ack.claim, ack.finisher
+
+        def refused(exc: errors.TransactionFailedError) -> str:
+            if finisher is None:
+                return "ended"
+            txn = self.session.transaction()
+            finisher.build(txn)  # its operations come first in the transaction
+            return "finisher" if 0 <= exc.failed_index < len(txn.operations) else "ended"
+
+        why = await self._finish(
+            claim, lambda: self._ack_operations(claim, finisher, self.session.transaction()),
+            sent=sent, refused=refused,
+        )
+        if why is None and finisher is not None:
+            finisher.applied = True
+        if why == "finisher":
+            assert finisher is not None
+            await finisher.fallback()
+            why = await self._finish(
+                claim, lambda: self._ack_operations(claim, None, self.session.transaction()))
+        return why
 
     async def _fail(self, claim: Claim, exc: BaseException, *, started: bool) -> None:
         """End a delivery that did not succeed: release the claim (the item is delivered
@@ -366,9 +530,6 @@ class Consumer:
         return f"{self.dead_letter}/{entry.claim_name}.{attempts}"
 
 
-#: What ``_try_claim`` returns for an item that is gone.
-_GONE = object()
-
 #: After a lost race, the next attempt is drawn from this many following items.
 _SPREAD = 8
 
@@ -381,3 +542,55 @@ def _spread(entries: list[Entry], lost: int) -> int:
     while end < len(entries) and end - lost <= _SPREAD and entries[end].priority == priority:
         end += 1
     return random.randrange(lost + 1, end) if end > lost + 1 else lost + 1
+
+
+#: At most this many takes are served by one claim round, and acks by one commit.
+_BATCH = 16
+
+#: A claim's node is watched (for a deletion by someone else) only once its block has run
+#: this long.  Nobody else deletes a younger claim: a lease breaker waits a whole lease
+#: (longer than this) without a renewal, and a claim without a lease ends with its session,
+#: which the block's guard watches from the start.  Short tasks so cost no watch at all.
+_CLAIM_WATCH_AFTER = 1.0
+
+
+@attrs.define(eq=False)
+class _Ticket:
+    """A take waiting for a claim round to hand it a claim."""
+
+    claim: Claim | None = None
+
+
+@attrs.define(eq=False)
+class _Round:
+    """A claim round in flight.  ``idle``: the queue had nothing to take; wait for this
+    event (a watched list changed) or until ``expiry`` (a lease may run out)."""
+
+    over: trio.Event = attrs.field(factory=trio.Event)
+    idle: trio.Event | None = None
+    expiry: float = math.inf
+
+
+#: An ack's state: waiting for a commit, to be settled by itself, or sent with its reply lost.
+_PENDING, _ALONE, _SENT = "pending", "alone", "sent"
+
+
+@attrs.define(eq=False)
+class _Ack:
+    """An acknowledgement waiting for a combined commit; ``why`` as ``_finish`` says it, or
+    one of the states above."""
+
+    claim: Claim
+    finisher: Finisher | None
+    why: str | None = _PENDING
+
+
+def _choose(entries: list[Entry], count: int, contended: bool) -> list[Entry]:
+    """``count`` distinct entries to claim: the first ones, or - after a contended round -
+    a run starting at a random place near the head (so competitors spread out)."""
+    start = _spread(entries, -1) if contended else 0
+    start = min(start, len(entries) - 1)
+    chosen = entries[start:start + count]
+    if len(chosen) < count:
+        chosen += entries[:min(start, count - len(chosen))]
+    return chosen

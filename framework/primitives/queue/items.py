@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import attrs
 
 from framework.primitives.queue_view import Entry
+from framework.zk import Transaction
 
 
 @attrs.frozen
@@ -32,6 +33,18 @@ class Claim:
     claim_path: str
     session_id: int
     token: bytes  # the claim node's data: tells our claim from any other
+
+
+@attrs.define(eq=False)
+class Finisher:
+    """Operations to commit atomically with an item's acknowledgement
+    (:meth:`WorkQueue.finish_with`): ``build(txn)`` adds them; if the server refuses them
+    while the claim is still ours, ``await fallback()`` runs instead, before the item is
+    acknowledged alone.  ``applied`` says whether they were committed with the ack."""
+
+    build: Callable[[Transaction], Any]
+    fallback: Callable[[], Awaitable[None]]
+    applied: bool = False
 
 
 @attrs.define
