@@ -152,7 +152,8 @@ async def test_two_items_with_one_task_id_run_once_without_a_false_dead_letter(
     worker = Echo(app, name="w")
     status = await _run(zk_hosts, chroot, master, worker)
     assert status.dead_letters == 0 and status.queue_depth == 0
-    assert master.results["same"].ok and master.results["same"].result == 1
+    # claimed in one round, either copy may win the marker: the other never runs
+    assert master.results["same"].ok and master.results["same"].result in (1, 2)
     assert worker.tasks_done == 1 and worker.tasks_failed == 0
 
 
