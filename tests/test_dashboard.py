@@ -99,16 +99,6 @@ def _spawn(kind: str, hosts: str, chroot: str, name: str, tmp_path: Path) -> sub
     )
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Chromium (Debian's package) under selenium; skipped if not installed."""

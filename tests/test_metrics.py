@@ -8,10 +8,8 @@ import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import trio
 
 from framework import Session
@@ -48,15 +46,6 @@ def _scrape(port: int) -> dict[str, float]:
             samples[match[1]] = float(match[2])
     return samples
 
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 async def test_master_and_worker_metrics(zk_hosts: str, chroot: str, tmp_path: Path,
