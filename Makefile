@@ -50,7 +50,7 @@ demo-broker: zookeeper install
 	$(PY) -m examples.message_broker.demo
 
 # The partitioned Fetch Service at crawl scale: a 200,000-page generated site, 4 fetchers,
-# ZooKeeper as the control plane only (about 7 minutes on 2 cores); output in ./out/crawl/.
+# ZooKeeper as the control plane only (7-12 minutes on 2 cores); output in ./out/crawl/.
 demo-crawl-large: zookeeper install
 	$(PY) -m examples.fetch_service.scale.run --pages 200000
 
