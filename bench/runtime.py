@@ -1,6 +1,7 @@
 """Runtime benchmark, with real processes.
 
-Run: ``.venv/bin/python bench/runtime.py``.
+Run: ``.venv/bin/python bench/runtime.py [--json]`` (``--json``: the rows as a JSON list of
+objects with keys workload, unit, kazoo, ours, ratio).
 
 1. Tasks/s end to end: 1 master + 4 worker processes, trivial tasks (submit -> handled ->
    result recorded -> acknowledged), vs kazoo's ``LockingQueue`` drained by 4 consumer
@@ -202,9 +203,14 @@ async def measure(hosts: str) -> list[Result]:
 
 
 def main() -> None:
+    as_json = "--json" in sys.argv[1:]
     configure_logging(level="warning")
     with zookeeper() as hosts:
         results = trio.run(measure, hosts)
+    if as_json:  # one object per row: workload, unit, kazoo, ours, ratio
+        print(json.dumps([{"workload": r.workload, "unit": r.unit, "kazoo": r.kazoo,
+                           "ours": r.ours, "ratio": r.ratio} for r in results], indent=2))
+        return
     print_results("master/worker runtime vs kazoo recipes (real processes)", results)
 
 
