@@ -334,3 +334,33 @@ async def test_migration_prohibited_is_watched_by_every_server_and_obeyed_by_the
             for name in ("s1", "s2", "s3"):
                 await _wait_status(session, name, False)
             nursery.cancel_scope.cancel()
+
+
+async def test_the_isr_names_the_backups_copy_so_it_may_take_over_unannounced(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
+) -> None:
+    """The primary records the in-sync set in ZooKeeper before its next reply tells the
+    backup it counts.  If the primary dies in between (seen once under load: the topic then
+    had no primary), the backup must still be allowed to take over: the ISR names the copy
+    it counted, and only that copy, of this process, qualifies."""
+    from examples.message_broker.layout import Isr
+
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["y0"])
+            await wait_placed(session, ["y0"])
+            await wait_full_isr(session, ["y0"], {"s1", "s2"})
+            isr = Isr.decode((await session.get(BrokerPaths().isr("y0")))[0])
+            backup = next(s for s in isr.in_sync if s != isr.leader)
+            server = cluster.servers[backup]
+            assert isr.copies[backup] == server.copies["y0"]
+            # the primary's "you are in sync" reply never arrived: only the ISR says so
+            server.complete.discard("y0")
+            assert server._may_take_over("y0", isr)
+            assert not server._may_take_over("y0", Isr(isr.in_sync, isr.leader, isr.term,
+                                                       {backup: "another-copy"}))
+            nursery.cancel_scope.cancel()

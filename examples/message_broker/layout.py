@@ -84,14 +84,21 @@ class Isr:
     in_sync: tuple[str, ...] = ()
     leader: str | None = None
     term: int = 0
+    #: the backups' copies counted in sync (server -> copy token): a backup whose current
+    #: copy is named here may take over even if the primary died before telling it so
+    copies: dict[str, str] = attrs.field(factory=dict)
 
     def encode(self) -> bytes:
-        return dumps({"in_sync": list(self.in_sync), "leader": self.leader, "term": self.term})
+        return dumps({"in_sync": list(self.in_sync), "leader": self.leader, "term": self.term,
+                      "copies": self.copies})
 
     @classmethod
     def decode(cls, data: bytes | None) -> Isr:
         doc = loads(data)
-        return cls(tuple(doc.get("in_sync") or ()), doc.get("leader"), int(doc.get("term", 0)))
+        copies = doc.get("copies") or {}
+        return cls(tuple(doc.get("in_sync") or ()), doc.get("leader"), int(doc.get("term", 0)),
+                   {str(k): str(v) for k, v in copies.items()} if isinstance(copies, dict)
+                   else {})
 
 
 @attrs.frozen

@@ -114,9 +114,11 @@ class PrimaryTopic:
         """Conditionally replace the in-sync set (caller holds the lock).  A takeover
         meanwhile makes it fail: this term is closed and ``not_primary`` raised."""
         self._check_open()
-        if self.isr.in_sync == in_sync and not self.isr_dirty:
+        copies = {s: self.copies[s] for s in in_sync if s in self.copies}
+        if self.isr.in_sync == in_sync and self.isr.copies == copies and not self.isr_dirty:
             return
-        new = Isr(in_sync, self.server, self.isr.term)
+        new = Isr(in_sync, self.server, self.isr.term,
+                  {s: self.copies[s] for s in in_sync if s in self.copies})
         try:
             stat = await self.session.set(self.isr_path, new.encode(), version=self.isr_version)
         except errors.BadVersionError:

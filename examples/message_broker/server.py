@@ -283,13 +283,17 @@ class BrokerServer(Worker):
     def _may_take_over(self, topic: str, isr: Isr) -> bool:
         """Only a server named in ``isr`` whose copy *in this process* was counted in sync
         (or a brand-new topic, term 0): a restarted server reusing a name never takes over
-        with the empty log of its new incarnation."""
+        with the empty log of its new incarnation.  Counted in sync means: the primary told
+        us so, or ``isr`` names our current copy (the primary recorded it, then died before
+        its reply reached us)."""
         if self.stopping or self.name not in isr.in_sync:
             return False
-        return isr.term == 0 or topic in self.complete
+        copy = self.copies.get(topic)
+        return (isr.term == 0 or topic in self.complete
+                or (copy is not None and isr.copies.get(self.name) == copy))
 
     async def _take_over(self, session: Session, topic: str, isr: Isr, version: int) -> None:
-        new = Isr(isr.in_sync, self.name, isr.term + 1)
+        new = Isr(isr.in_sync, self.name, isr.term + 1, isr.copies)
         txn = session.transaction()
         txn.set(self.paths.isr(topic), new.encode(), version=version)
         txn.create(self.paths.primary(topic),
