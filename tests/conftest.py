@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 os.environ.setdefault("FRAMEWORK_LOG_LEVEL", "warning")  # before framework configures logging
 
 import pytest
+import structlog
 
 from framework import Session, ZooKeeperEnsemble
+from framework.logs import configure_logging
 from framework.testing import TcpProxy
 
 SESSION_TIMEOUT = 4.0
@@ -27,6 +29,17 @@ def zk_hosts() -> Iterator[str]:
         return
     with ZooKeeperEnsemble(1) as server:
         yield server.connect_string
+
+
+@pytest.fixture
+def captured_logs() -> Iterator[list[dict[str, object]]]:
+    """Every structlog event of the test, at every level, as dicts (``event`` and keys)."""
+    configure_logging(level="debug")
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        configure_logging(level=os.environ["FRAMEWORK_LOG_LEVEL"])
 
 
 @pytest.fixture

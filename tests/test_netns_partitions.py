@@ -446,3 +446,42 @@ async def test_zookeeper_leader_cut_off_from_its_peers(
           f"{first_new:.2f} s after the cut; "
           f"{sum(ln[0] == 'WROTE' for ln in writer.lines)} writes in one session and one term "
           f"({sum(ln[0] == 'RETRY' for ln in writer.lines)} replies lost)")
+
+
+async def test_sync_makes_a_lagging_follower_catch_up_before_the_read(
+    network: VirtualNetwork, zk: ZooKeeperEnsemble, chroot: str
+) -> None:
+    """``Session.sync`` is a barrier through the leader.  The leader's packets to one
+    follower are dropped (the follower's own packets still reach the leader, and the cut is
+    shorter than syncLimit x tickTime = 2 s, so it stays a follower): a write commits on the
+    leader and the other follower, and a session connected to the lagging follower alone
+    still reads the old value - deterministically, the follower never saw the proposal.
+    ``sync`` from that session does not return until the heal lets the follower catch up;
+    the read after it sees the write."""
+    leader = zk.leader()
+    assert leader is not None
+    lagging = next(m.sid for m in zk.members if m.sid != leader)
+    async with Session(zk.member(leader).address, chroot=chroot) as writer, \
+            Session(zk.member(lagging).address, chroot=chroot) as reader:
+        await writer.create("/synced", b"old")
+        await reader.sync("/synced")
+        assert (await reader.get("/synced"))[0] == b"old"
+        network.partition(f"zk{leader}", f"zk{lagging}", both_ways=False)
+        await writer.set("/synced", b"new")
+        assert (await reader.get("/synced"))[0] == b"old", "the follower was not lagging"
+        synced = trio.Event()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+
+                async def sync_then_mark() -> None:
+                    await reader.sync("/synced")
+                    synced.set()
+
+                nursery.start_soon(sync_then_mark)
+                with trio.move_on_after(0.8):
+                    await synced.wait()
+                assert not synced.is_set(), "sync returned while the follower was cut off"
+                network.heal()
+                await synced.wait()
+        assert (await reader.get("/synced"))[0] == b"new"
+        assert zk.modes()[lagging] == "follower"

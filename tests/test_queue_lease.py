@@ -10,7 +10,7 @@ import trio
 
 from framework import Session
 from framework.errors import ClaimLost, ConfigurationError
-from framework.primitives.queue import WorkQueue
+from framework.primitives.queue import WorkQueue, consumer
 from framework.primitives.queue_lease import lease_of, lease_token
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from tests.test_runtime import nursery_session
@@ -18,13 +18,11 @@ from tests.test_runtime import nursery_session
 LEASE = 1.0
 
 
-async def test_a_stuck_owner_loses_its_claim_and_its_late_ack_is_refused(
-    zk_hosts: str, chroot: str
-) -> None:
-    """A's handler is stuck in a thread (cancellation cannot reach it) and A stops renewing
-    after ``renew_for``; its session stays alive.  B, idle, breaks the lease once it saw the
-    claim unrenewed for a whole lease, takes the item and acks it.  When A's thread returns,
-    its block ends with ClaimLost: its ack never reached the server."""
+async def stuck_owner_then_idle_consumer(zk_hosts: str, chroot: str) -> dict[str, Any]:
+    """A takes the one item with a lease, stops renewing after 0.2 s and blocks in a thread
+    (cancellation cannot reach it) while its session stays alive; B, idle, breaks the lease
+    once it saw the claim unrenewed for a whole lease, takes the item and acks it; then A's
+    thread returns.  What each saw, and whether the queue is empty at the end."""
     unblock = threading.Event()
     outcome: dict[str, Any] = {}
     async with (
@@ -40,6 +38,7 @@ async def test_a_stuck_owner_loses_its_claim_and_its_late_ack_is_refused(
                     outcome["a"] = item.attempts
                     a_took.set()
                     await trio.to_thread.run_sync(unblock.wait)  # not cancellable
+                    outcome["a_block_ended"] = True
             except ClaimLost as exc:
                 outcome["a_error"] = str(exc)
 
@@ -50,10 +49,38 @@ async def test_a_stuck_owner_loses_its_claim_and_its_late_ack_is_refused(
                 async with WorkQueue(b, "/q", lease=LEASE).take() as item:
                     outcome["b"] = (item.data, item.attempts)
                 unblock.set()
-        assert a.session_id is not None  # A's session lived through all of it
-        assert await WorkQueue(b, "/q").size() == 0
+        outcome["a_session_lived"] = a.session_id is not None
+        outcome["empty"] = await WorkQueue(b, "/q").size() == 0
+    return outcome
+
+
+async def test_a_stuck_owner_loses_its_claim_and_its_late_ack_is_refused(
+    zk_hosts: str, chroot: str
+) -> None:
+    """When A's thread returns, its block ends with ClaimLost (its claim watch saw the lease
+    broken): its ack is never sent."""
+    outcome = await stuck_owner_then_idle_consumer(zk_hosts, chroot)
+    assert outcome["a_session_lived"] and outcome["empty"]
     assert outcome["a"] == 1 and outcome["b"] == (b"job", 2)
     assert "lease" in outcome["a_error"] or "node deleted" in outcome["a_error"]
+
+
+async def test_a_late_ack_after_the_lease_was_broken_is_refused_by_the_server(
+    zk_hosts: str, chroot: str, monkeypatch: pytest.MonkeyPatch,
+    captured_logs: list[dict[str, Any]],
+) -> None:
+    """The server, not the owner's watch, is what refuses a late ack: A's claim watch is
+    held back (as if its notification were still in flight), so A's block ends normally
+    after B broke the lease and acknowledged the item; A's ack transaction then reaches the
+    server, is refused there, and A's block ends with ClaimLost.  The item was
+    acknowledged once (by B): nothing is left and nothing was delivered a third time."""
+    monkeypatch.setattr(consumer, "_CLAIM_WATCH_AFTER", 3600.0)
+    outcome = await stuck_owner_then_idle_consumer(zk_hosts, chroot)
+    refused = [e for e in captured_logs
+               if e["event"] == "queue.claim_lost" and e.get("during") == "ack"]
+    assert outcome["empty"] and outcome["a_block_ended"] and outcome["b"] == (b"job", 2)
+    assert "before the item was acknowledged" in outcome["a_error"]
+    assert len(refused) == 1 and refused[0]["why"] == "ended", captured_logs
 
 
 async def test_a_renewed_claim_is_never_broken(zk_hosts: str, chroot: str) -> None:

@@ -143,7 +143,7 @@ async def test_a_lost_reply_to_the_running_marker_does_not_fail_the_task(
 
 
 async def test_two_items_with_one_task_id_run_once_without_a_false_dead_letter(
-    zk_hosts: str, chroot: str
+    zk_hosts: str, chroot: str, captured_logs: list[dict[str, Any]]
 ) -> None:
     """Both copies are taken at once (two slots): the second waits for the first to end,
     then finds its successful result and is acknowledged, never failed or dead-lettered."""
@@ -151,6 +151,9 @@ async def test_two_items_with_one_task_id_run_once_without_a_false_dead_letter(
     master = Jobs(app, [("same", {"n": 1, "sleep": 0.5}), ("same", {"n": 2, "sleep": 0.5})])
     worker = Echo(app, name="w")
     status = await _run(zk_hosts, chroot, master, worker)
+    # the copies really overlapped: one found the other's running/ marker and waited for it
+    waited = [e for e in captured_logs if e["event"] == "task.same_id_running"]
+    assert len(waited) == 1 and waited[0]["task"] == "same", captured_logs
     assert status.dead_letters == 0 and status.queue_depth == 0
     # claimed in one round, either copy may win the marker: the other never runs
     assert master.results["same"].ok and master.results["same"].result in (1, 2)

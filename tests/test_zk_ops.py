@@ -100,8 +100,10 @@ async def test_transaction_commits_atomically(session: Session) -> None:
 
 
 async def test_sync(zk_hosts: str, chroot: str, session: Session) -> None:
-    """After ``sync``, a read sees every write the leader had applied when sync was sent,
-    including another session's; a bad path or a missing node is refused like a read."""
+    """``sync`` goes to the server and returns; a bad path is refused before it leaves.  On
+    a standalone server every read is already up to date, so this cannot show the barrier:
+    ``test_netns_partitions.py::test_sync_makes_a_lagging_follower_catch_up_before_the_read``
+    does, with a follower that deterministically lags."""
     async with Session(zk_hosts, chroot=chroot) as writer:
         for version in range(5):
             await writer.create(f"/s{version}", str(version).encode())
@@ -110,6 +112,8 @@ async def test_sync(zk_hosts: str, chroot: str, session: Session) -> None:
     with pytest.raises(InvalidPathError):
         await session.sync("no-slash")
     await session.sync("/never-created")  # sync needs no node: it is a barrier, not a read
+    with pytest.raises(InvalidPathError):
+        await session.sync("/trailing/")
 
 
 async def test_delete_tree_and_ensure_path(session: Session) -> None:

@@ -22,8 +22,7 @@ from framework import configure_logging, errors
 from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
 from framework.errors import FrameworkError
 from framework.runtime import App
-from framework.runtime.app import check_name
-from framework.zk import Session, watch_children, watch_data
+from framework.zk import Session, validate_name, watch_children, watch_data
 
 # ------------------------------------------------------------------ operations (library)
 
@@ -33,7 +32,7 @@ async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) 
     directories the master and the nodes write into (``plan/``, ``deployed/<shard>/``,
     ``errors/``: nodes never create parents, so nothing of a removed index can come back);
     the master builds and deploys it."""
-    check_name("index name", record.name)
+    validate_name("index name", record.name)
     record.corpus.check_available()
     paths = KattaPaths(App(app))
     await session.ensure_path(paths.indexes)
@@ -63,7 +62,7 @@ async def read_index(session: Session, name: str, app: str = APP_NAME) -> IndexR
 
 async def set_alias(session: Session, alias: str, index: str, app: str = APP_NAME) -> None:
     """Point ``alias`` at ``index`` with one write (clients switch atomically per query)."""
-    check_name("alias", alias)
+    validate_name("alias", alias)
     await read_index(session, index, app)
     path = KattaPaths(App(app)).alias(alias)
     data = json.dumps({"index": index}).encode()
@@ -274,7 +273,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         corpus = CorpusSpec("warc", warc_dir=os.path.abspath(args.warc))
     else:
         corpus = CorpusSpec("generated", docs=args.docs, seed=args.seed)
-    record = IndexRecord(check_name("index name", args.name), args.shards, args.replication,
+    record = IndexRecord(validate_name("index name", args.name), args.shards, args.replication,
                          os.path.abspath(args.store), corpus)
 
     async def work(session: Session) -> IndexRecord | None:

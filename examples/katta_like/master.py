@@ -41,7 +41,7 @@ from examples.katta_like.layout import (
 from examples.katta_like.placement import plan_replicas
 from examples.katta_like.store import ShardStore
 from framework import Master, MasterContext, errors, get_logger
-from framework.primitives.election import is_fence_failure
+from framework.primitives import is_fence_failure
 from framework.zk import Session, watch_children, watch_data
 
 log = get_logger("examples.katta_like.master")

@@ -338,10 +338,10 @@ class Subscriber:
 
     def __init__(self, session: Session, name: str, topics: list[str], *,
                  commit_interval: float = 1.0, paths: BrokerPaths | None = None) -> None:
-        from framework.runtime.app import check_name
+        from framework.zk import validate_name
 
         self.session = session
-        self.name = check_name("subscriber name", name)
+        self.name = validate_name("subscriber name", name)
         self.topics = [check_topic(t) for t in topics]
         self.paths = paths or BrokerPaths()
         self.router = Router(session, self.paths)

@@ -40,7 +40,7 @@ from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import BrokerPaths, Isr, loads
 from framework import FrameworkError, ZooKeeperEnsemble, configure_logging
 from framework.zk import Session, wait_exists, watch_children, watch_data
-from framework.zkserver.launcher import four_letter
+from framework.zkserver import four_letter
 
 PATHS = BrokerPaths()
 SESSION_TIMEOUT = 2.0

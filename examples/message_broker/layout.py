@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from framework.runtime import App
-from framework.runtime.app import check_name
+from framework.zk import validate_name
 
 APP_NAME = "broker"
 
@@ -138,4 +138,4 @@ class BrokerPaths:
 
 def check_topic(name: str) -> str:
     """A topic name, or a clear :class:`ConfigurationError`."""
-    return check_name("topic name", name)
+    return validate_name("topic name", name)

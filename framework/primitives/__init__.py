@@ -8,7 +8,7 @@ SUSPENDED and LOST.
 from framework.primitives.barrier import Barrier
 from framework.primitives.config import ConfigStore, Versioned
 from framework.primitives.double_barrier import DoubleBarrier
-from framework.primitives.election import Election, LeaderInfo, Term
+from framework.primitives.election import Election, LeaderInfo, Term, is_fence_failure
 from framework.primitives.lock import Lock, LockHolding, RevocableLock, request_revoke
 from framework.primitives.membership import Group, Membership
 from framework.primitives.queue import QueueItem, WorkQueue
@@ -36,5 +36,6 @@ __all__ = [
     "TwoPhaseSite",
     "Versioned",
     "WorkQueue",
+    "is_fence_failure",
     "request_revoke",
 ]

@@ -24,6 +24,7 @@ only if the last writer failed.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
@@ -35,7 +36,14 @@ import trio
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives.election import Term, is_fence_failure
-from framework.zk import Session, Transaction, validate_data, validate_path
+from framework.zk import (
+    Session,
+    Transaction,
+    gather,
+    validate_component,
+    validate_data,
+    validate_path,
+)
 
 log = get_logger("framework.primitives.config")
 
@@ -104,7 +112,7 @@ class ConfigStore(Generic[T]):
             raw = config
         fields: dict[str, bytes] = {}
         for key, value in raw.items():
-            _validate_field_name(key)
+            validate_component("configuration field name", key)
             try:
                 blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
             except (TypeError, ValueError) as exc:
@@ -161,26 +169,21 @@ class ConfigStore(Generic[T]):
         claimed = root.version + 1
         # 2. every field node at once; fields of the old configuration that are gone, deleted
         existing = set(await session.children(self.fields_path))
-        failures: list[BaseException] = []
 
         async def apply(build: Any) -> None:
-            try:
-                await self._commit(build(self._transaction(fence)), fence)
-            except errors.FrameworkError as exc:
-                failures.append(exc)
+            await self._commit(build(self._transaction(fence)), fence)
 
-        async with trio.open_nursery() as nursery:
-            for key, blob in fields.items():
-                node = f"{self.fields_path}/{key}"
-                if key in existing:
-                    nursery.start_soon(apply, lambda t, n=node, b=blob: t.set(n, b))
-                else:
-                    nursery.start_soon(apply, lambda t, n=node, b=blob: t.create(n, b))
-            for key in existing - set(fields):
-                node = f"{self.fields_path}/{key}"
-                nursery.start_soon(apply, lambda t, n=node: t.delete(n))
-        if failures:
-            raise failures[0]
+        writes = []
+        for key, blob in fields.items():
+            node = f"{self.fields_path}/{key}"
+            if key in existing:
+                writes.append(functools.partial(apply, lambda t, n=node, b=blob: t.set(n, b)))
+            else:
+                writes.append(functools.partial(apply, lambda t, n=node, b=blob: t.create(n, b)))
+        for key in existing - set(fields):
+            node = f"{self.fields_path}/{key}"
+            writes.append(functools.partial(apply, lambda t, n=node: t.delete(n)))
+        await gather(*writes)
         # 3. a complete configuration again: publish its version with a new ready node
         marker = str(version).encode()
         txn = self._transaction(fence).set(self.path, marker, version=claimed)
@@ -273,21 +276,14 @@ class ConfigStore(Generic[T]):
         except errors.NoNodeError:
             raise _Retry() from None
         values: dict[str, bytes] = {}
-        failures: list[BaseException] = []
 
         async def fetch(name: str) -> None:
             try:
                 values[name], _ = await session.get(f"{self.fields_path}/{name}")
             except errors.NoNodeError:
-                failures.append(_Retry())
-            except errors.ZooKeeperError as exc:
-                failures.append(exc)
+                raise _Retry() from None
 
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(fetch, name)
-        if failures:
-            raise failures[0]
+        await gather(*[functools.partial(fetch, name) for name in names])
         again = await session.exists(self.ready_path)
         if again is None or again.czxid != ready.czxid:
             raise _Retry()
@@ -300,10 +296,3 @@ def _version_of(data: bytes) -> int:
         return int(data or b"0")
     except ValueError:
         raise errors.ConfigurationError(f"not a configuration version: {data!r}") from None
-
-
-def _validate_field_name(key: Any) -> None:
-    if not isinstance(key, str) or not key or "/" in key or key in (".", "..") or (
-        "\x00" in key
-    ):
-        raise errors.ConfigurationError(f"invalid configuration field name {key!r}")

@@ -13,6 +13,7 @@ larger tokens, so workers can reject orders from an older leader.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +30,7 @@ from framework.zk import (
     cleanup_scope,
     create_protected,
     delete_guid_nodes,
+    gather,
     new_guid,
     sequence_of,
     validate_data,
@@ -294,9 +296,7 @@ class Election:
                 return
             found[name] = LeaderInfo(f"{self.path}/{name}", data, stat.czxid)
 
-        async with trio.open_nursery() as nursery:
-            for name in line:
-                nursery.start_soon(fetch, name)
+        await gather(*[functools.partial(fetch, name) for name in line])
         return [found[name] for name in line if name in found]
 
     async def watch_leaders(self) -> AsyncIterator[LeaderInfo | None]:

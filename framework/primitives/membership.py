@@ -9,6 +9,7 @@ data given to :meth:`Membership.update`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,7 +26,9 @@ from framework.zk import (
     cleanup_scope,
     create_protected,
     delete_guid_nodes,
+    gather,
     new_guid,
+    validate_component,
     validate_data,
     validate_path,
     wait_gone,
@@ -96,7 +99,7 @@ class Group:
         previous incarnation of a restarted process, until its session expires).
         """
         if name is not None:
-            _validate_name(name)
+            validate_component("member name", name)
         data = validate_data(data)
         member = Membership(
             name or "", f"{self.path}/{name}" if name else "", data,
@@ -192,9 +195,7 @@ class Group:
             except errors.NoNodeError:
                 pass
 
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(fetch, name)
+        await gather(*[functools.partial(fetch, name) for name in names])
         return dict(sorted(found.items()))
 
     async def watch(self) -> AsyncIterator[dict[str, bytes]]:
@@ -261,8 +262,6 @@ class Group:
         on_data: dict[str, Callable[[Any], None]],
         notifier: Callable[[str | None], Callable[[Any], None]],
     ) -> None:
-        failures: list[BaseException] = []
-
         async def fetch(name: str) -> None:
             callback = on_data.setdefault(name, notifier(name))
             try:
@@ -270,14 +269,8 @@ class Group:
             except errors.NoNodeError:
                 cache.pop(name, None)
                 on_data.pop(name, None)
-            except errors.ZooKeeperError as exc:
-                failures.append(exc)
 
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(fetch, name)
-        if failures:
-            raise failures[0]
+        await gather(*[functools.partial(fetch, name) for name in names])
 
 
 @attrs.define
@@ -307,10 +300,3 @@ class _Pending:
         self.full, self.children, self.names = False, False, set()
         self.wake = trio.Event()
         return (*taken, self.wake)
-
-
-def _validate_name(name: str) -> None:
-    if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or (
-        "\x00" in name
-    ):
-        raise errors.ConfigurationError(f"invalid member name {name!r}")

@@ -40,13 +40,34 @@ def _validate(path: str, allow_root: bool) -> str:
     if path.endswith("/"):
         raise InvalidPathError(f"znode path must not end with '/': {path!r}")
     for part in path[1:].split("/"):
-        if part == "":
-            raise InvalidPathError(f"znode path has an empty component: {path!r}")
-        if part in (".", ".."):
-            raise InvalidPathError(f"znode path has a relative component {part!r}: {path!r}")
-        if "\x00" in part or any(0xD800 <= ord(c) <= 0xF8FF for c in part):
-            raise InvalidPathError(f"znode path has a forbidden character: {path!r}")
+        problem = _component_problem(part)
+        if problem:
+            raise InvalidPathError(f"znode path has {problem}: {path!r}")
     return path
+
+
+def _component_problem(part: str) -> str | None:
+    """What makes ``part`` unusable as one znode name, or None: ZooKeeper's own rules."""
+    if part == "":
+        return "an empty component"
+    if part in (".", ".."):
+        return f"a relative component {part!r}"
+    if "\x00" in part or any(0xD800 <= ord(c) <= 0xF8FF for c in part):
+        return "a forbidden character"
+    return None
+
+
+def validate_component(kind: str, value: object) -> str:
+    """Any single znode name ZooKeeper accepts (no ``/``, not ``.``/``..``, no NUL or
+    reserved characters), for names users choose freely (group members, configuration
+    fields); :class:`ConfigurationError` naming ``kind`` otherwise.  Names the framework
+    builds paths from use the stricter :func:`validate_name`."""
+    if not isinstance(value, str):
+        raise ConfigurationError(f"invalid {kind} {value!r}: a name must be a str")
+    problem = "a '/'" if "/" in value else _component_problem(value)
+    if problem:
+        raise ConfigurationError(f"invalid {kind} {value!r}: it has {problem}")
+    return value
 
 
 def validate_data(data: bytes, *, limit: int = MAX_DATA_BYTES) -> bytes:
