@@ -6,7 +6,13 @@ objects with keys workload, unit, kazoo, ours, ratio).
 1. Tasks/s end to end: 1 master + 4 worker processes, trivial tasks (submit -> handled ->
    result recorded -> acknowledged), vs kazoo's ``LockingQueue`` drained by 4 consumer
    processes (put -> get -> consume; no result records, so it does less work per task).
-2. Master failover after kill -9 of the leader: until the standby's address is published,
+2. The cost of one task, from the server's own counters (``mntr`` before and after the run):
+   requests received and write transactions committed per task (a multi counts once).
+3. Backlog independence: the rate at which 4 x 500 tasks are drained from a backlog of 3,000
+   and from one of 100,000 (the rest stays queued), and ``submit_many`` of the 100,000.
+4. The latency of one task on an idle system: submit -> result recorded and acknowledged
+   (the master's ``wait_idle`` returns), median of 50; kazoo: ``put`` -> the entry is gone.
+5. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
 """
 
@@ -20,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,9 +36,15 @@ from bench.common import Result, print_results, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Rendezvous  # noqa: E402
 from framework.zk import watch_children  # noqa: E402
+from framework.zkserver import four_letter  # noqa: E402
 
 TASKS = 2000
 WORKERS = 4
+DRAIN_EACH = 500
+SMALL_BACKLOG = 3_000  # more than 4 x 500: each worker stops after its 500
+LARGE_BACKLOG = 100_000
+KAZOO_LARGE_EACH = 25
+LATENCY_ROUNDS = 50
 SESSION_TIMEOUT = 2.0
 FAILOVER_ROUNDS = 3
 ENV = os.environ | {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "warning"}
@@ -50,6 +63,22 @@ while True:
         break
     q.consume(); last = time.time()
 c.create(path + "-done/c-", str(last or 0).encode(), sequence=True, makepath=True)
+c.stop()
+"""
+
+KAZOO_DRAINER = """
+import sys, time
+from kazoo.client import KazooClient
+from kazoo.recipe.queue import LockingQueue
+hosts, path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = KazooClient(hosts=hosts, timeout=30.0); c.start()
+q = LockingQueue(c, path)
+first = None
+for _ in range(count):
+    item = q.get()
+    first = first or time.time()
+    q.consume()
+print("DRAINED", first, time.time(), flush=True)
 c.stop()
 """
 
@@ -91,23 +120,157 @@ async def wait_count(session: Session, path: str, count: int) -> None:
             return
 
 
-async def ours_throughput(hosts: str, concurrency: int) -> float:
-    chroot = f"/bench-rt-{time.time_ns()}"
+def server_counters(hosts: str) -> tuple[int, int]:
+    """(requests received, write transactions committed) so far, from the server's ``mntr``
+    (``zk_packets_received``, ``zk_cnt_updatelatency``); the first server of ``hosts``."""
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    stats = dict(line.split("\t", 1) for line in four_letter(int(port), "mntr", host=host)
+                 .splitlines() if "\t" in line)
+    return int(stats["zk_packets_received"]), int(stats["zk_cnt_updatelatency"])
+
+
+@attrs.frozen
+class Run:
+    """One throughput run: tasks/s, and requests and write transactions per task."""
+
+    rate: float
+    requests: float
+    writes: float
+
+
+def cost(hosts: str, before: tuple[int, int], tasks: int) -> tuple[float, float]:
+    after = server_counters(hosts)
+    return (after[0] - before[0]) / tasks, (after[1] - before[1]) / tasks
+
+
+async def start_workers(hosts: str, chroot: str, concurrency: int,
+                        **env: str) -> list[subprocess.Popen]:
     procs = [framework_run(hosts, chroot, "BenchWorker", f"w{i}",
-                           BENCH_CONCURRENCY=str(concurrency)) for i in range(WORKERS)]
+                           BENCH_CONCURRENCY=str(concurrency), **env) for i in range(WORKERS)]
+    async with Session(hosts, chroot=chroot) as s:
+        await wait_count(s, "/apps/bench/workers", WORKERS)
+    return procs
+
+
+async def ours_throughput(hosts: str, concurrency: int) -> Run:
+    chroot = f"/bench-rt-{time.time_ns()}"
+    procs: list[subprocess.Popen] = []
     try:
-        async with Session(hosts, chroot=chroot) as s:
-            await wait_count(s, "/apps/bench/workers", WORKERS)
+        procs += await start_workers(hosts, chroot, concurrency)
+        before = server_counters(hosts)
         master = framework_run(hosts, chroot, "BenchMaster", "m", BENCH_TASKS=str(TASKS))
         procs.append(master)
         out, _ = await trio.to_thread.run_sync(master.communicate)
         elapsed = float(out.split("ELAPSED")[1])
-        return TASKS / elapsed
+        return Run(TASKS / elapsed, *cost(hosts, before, TASKS))
     finally:
         kill_all(procs)
 
 
-async def kazoo_throughput(hosts: str) -> float:
+async def drained_rate(procs: list[subprocess.Popen], each: int = 0) -> float:
+    """Tasks/s over the processes' ``DRAINED <first> <last>`` lines (each drained ``each``
+    tasks, default DRAIN_EACH): from the first task of any to the last task of all."""
+    spans = []
+    for proc in procs:
+        line = await trio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
+        _, first, last = line.split()
+        spans.append((float(first), float(last)))
+    return len(procs) * (each or DRAIN_EACH) / (max(b for _, b in spans) - min(a for a, _ in spans))
+
+
+async def ours_backlog(hosts: str, backlog: int) -> tuple[float, float]:
+    """(submit_many tasks/s, drain tasks/s) for DRAIN_EACH tasks per worker (4 slots each)
+    taken from a queue of ``backlog`` tasks submitted before any worker started."""
+    chroot = f"/bench-bl-{time.time_ns()}"
+    procs: list[subprocess.Popen] = []
+    try:
+        master = framework_run(hosts, chroot, "BenchMaster", "m", BENCH_TASKS=str(backlog),
+                               BENCH_MODE="backlog")
+        procs.append(master)
+        line = await trio.to_thread.run_sync(master.stdout.readline)  # type: ignore[union-attr]
+        submitted = backlog / float(line.split()[1])
+        workers = [framework_run(hosts, chroot, "BenchWorker", f"w{i}", BENCH_CONCURRENCY="4",
+                                 BENCH_STOP_AFTER=str(DRAIN_EACH)) for i in range(WORKERS)]
+        procs += workers
+        return submitted, await drained_rate(workers)
+    finally:
+        kill_all(procs)
+
+
+async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, float]:
+    """The same with kazoo's LockingQueue: ``put_all`` in batches of 1,000 (one multi each),
+    then 4 consumer processes each draining ``each`` (fewer than ours from a large backlog:
+    every get lists the whole queue, so the rate is known well before 500)."""
+    from kazoo.client import KazooClient
+    from kazoo.recipe.queue import LockingQueue
+
+    path = f"/kbl-{time.time_ns()}"
+    client = KazooClient(hosts=hosts, timeout=30.0)
+    await trio.to_thread.run_sync(client.start)
+    procs: list[subprocess.Popen] = []
+    try:
+        queue = LockingQueue(client, path)
+        start = time.perf_counter()
+        for offset in range(0, backlog, 1000):
+            batch = [json.dumps({"n": i}).encode()
+                     for i in range(offset, min(offset + 1000, backlog))]
+            await trio.to_thread.run_sync(queue.put_all, batch)
+        submitted = backlog / (time.perf_counter() - start)
+        procs = [run_cmd("-c", KAZOO_DRAINER, hosts, path, str(each),
+                         stdout=subprocess.PIPE) for _ in range(WORKERS)]
+        return submitted, await drained_rate(procs, each)
+    finally:
+        kill_all(procs)
+        client.stop()
+        client.close()
+
+
+async def ours_latency(hosts: str) -> float:
+    chroot = f"/bench-lat-{time.time_ns()}"
+    procs: list[subprocess.Popen] = []
+    try:
+        procs += await start_workers(hosts, chroot, 4)
+        master = framework_run(hosts, chroot, "BenchMaster", "m",
+                               BENCH_TASKS=str(LATENCY_ROUNDS), BENCH_MODE="latency")
+        procs.append(master)
+        out, _ = await trio.to_thread.run_sync(master.communicate)
+        return statistics.median(float(line.split()[1]) for line in out.splitlines()
+                                 if line.startswith("LATENCY"))
+    finally:
+        kill_all(procs)
+
+
+async def kazoo_latency(hosts: str) -> float:
+    from kazoo.client import KazooClient
+    from kazoo.recipe.queue import LockingQueue
+
+    path = f"/klat-{time.time_ns()}"
+    client = KazooClient(hosts=hosts)
+    await trio.to_thread.run_sync(client.start)
+    queue = LockingQueue(client, path)
+    await trio.to_thread.run_sync(queue.put, b"warm-up")
+    procs = [run_cmd("-c", KAZOO_CONSUMER, hosts, path) for _ in range(WORKERS)]
+    samples = []
+    try:
+        async with Session(hosts) as s:
+            for n in range(LATENCY_ROUNDS):
+                async for snap in watch_children(s, f"{path}/entries"):
+                    if not snap.children:
+                        break
+                start = time.perf_counter()
+                await trio.to_thread.run_sync(queue.put, str(n).encode())
+                async for snap in watch_children(s, f"{path}/entries"):
+                    if not snap.children:
+                        break
+                samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+    finally:
+        kill_all(procs)
+        client.stop()
+        client.close()
+
+
+async def kazoo_throughput(hosts: str) -> Run:
     from kazoo.client import KazooClient
     from kazoo.recipe.queue import LockingQueue
 
@@ -117,6 +280,7 @@ async def kazoo_throughput(hosts: str) -> float:
     queue = LockingQueue(client, path)
     procs: list[subprocess.Popen] = []
     try:
+        before = server_counters(hosts)
         start = time.time()
         for offset in range(0, TASKS, 500):
             batch = [json.dumps({"n": i}).encode() for i in range(offset, min(offset + 500, TASKS))]
@@ -126,7 +290,7 @@ async def kazoo_throughput(hosts: str) -> float:
             await trio.to_thread.run_sync(p.wait)
         done_dir = f"{path}-done"
         done = [float(client.get(f"{done_dir}/{n}")[0]) for n in client.get_children(done_dir)]
-        return TASKS / (max(done) - start)
+        return Run(TASKS / (max(done) - start), *cost(hosts, before, TASKS))
     finally:
         kill_all(procs)
         client.stop()
@@ -188,13 +352,35 @@ async def measure(hosts: str) -> list[Result]:
     kazoo_tp = await kazoo_throughput(hosts)
     ours_1 = await ours_throughput(hosts, 1)
     ours_4 = await ours_throughput(hosts, 4)
+    small = {"kazoo": await kazoo_backlog(hosts, SMALL_BACKLOG, DRAIN_EACH),
+             "ours": await ours_backlog(hosts, SMALL_BACKLOG)}
+    large = {"kazoo": await kazoo_backlog(hosts, LARGE_BACKLOG, KAZOO_LARGE_EACH),
+             "ours": await ours_backlog(hosts, LARGE_BACKLOG)}
+    latency = {"kazoo": await kazoo_latency(hosts), "ours": await ours_latency(hosts)}
     ours_fo = [await ours_failover(hosts) for _ in range(FAILOVER_ROUNDS)]
     kazoo_fo = [await kazoo_failover(hosts) for _ in range(FAILOVER_ROUNDS)]
+    lq = "kazoo: LockingQueue, 4 consumer processes"
+    drained = f"{WORKERS} x {DRAIN_EACH} tasks drained"
     return [
         Result(f"{TASKS} tasks, 1 master + {WORKERS} workers (1 slot each)", "tasks/s",
-               kazoo_tp, ours_1, note="kazoo: LockingQueue, 4 consumer processes"),
+               kazoo_tp.rate, ours_1.rate, note=lq),
         Result(f"{TASKS} tasks, 1 master + {WORKERS} workers (4 slots each)", "tasks/s",
-               kazoo_tp, ours_4, note="kazoo: LockingQueue, 4 consumer processes"),
+               kazoo_tp.rate, ours_4.rate, note=lq),
+        Result("  ZooKeeper requests per task (4 slots)", "requests", kazoo_tp.requests,
+               ours_4.requests, higher_is_better=False,
+               note="mntr zk_packets_received; ours records a result, kazoo does not"),
+        Result("  write transactions per task (4 slots)", "txns", kazoo_tp.writes,
+               ours_4.writes, higher_is_better=False, note="mntr zk_cnt_updatelatency"),
+        Result(f"{drained} from a {SMALL_BACKLOG:,}-task backlog", "tasks/s",
+               small["kazoo"][1], small["ours"][1], note=lq),
+        Result(f"{drained} from a {LARGE_BACKLOG:,}-task backlog", "tasks/s",
+               large["kazoo"][1], large["ours"][1],
+               note=f"kazoo ({WORKERS} x {KAZOO_LARGE_EACH}): every get lists every entry"),
+        Result(f"submit {LARGE_BACKLOG:,} tasks", "tasks/s", large["kazoo"][0],
+               large["ours"][0], note="ours: submit_many, 5,000 a call; kazoo: put_all, 1,000"),
+        Result("one task on an idle system: submit -> done", "ms", latency["kazoo"] * 1000,
+               latency["ours"] * 1000, higher_is_better=False,
+               note=f"median of {LATENCY_ROUNDS}; ours: result recorded and acked"),
         Result("master failover after kill -9", "s", statistics.median(kazoo_fo),
                statistics.median(ours_fo), higher_is_better=False,
                note=f"session timeout {SESSION_TIMEOUT:g}s; median of {FAILOVER_ROUNDS}; "

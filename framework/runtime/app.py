@@ -15,14 +15,18 @@ from ZooKeeper, never from memory::
     assignments/w/  shards assigned to worker ``w`` by the master (fenced writes)
     config/         ready-znode configuration
     done            the job is finished: written (fenced) when ``lead`` returns
+    cancel          the job is cancelled (``framework cancel``): masters and workers drain
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import attrs
 
+from framework import errors
+from framework.zk import Session, gather
 from framework.zk.paths import validate_name
 
 
@@ -54,11 +58,36 @@ class App:
     assignments = property(lambda self: f"{self.base}/assignments")
     config = property(lambda self: f"{self.base}/config")
     done = property(lambda self: f"{self.base}/done")
+    cancel = property(lambda self: f"{self.base}/cancel")
 
     def result_path(self, key: str) -> str:
         """Where the result record of task (or idempotency) ``key`` lives."""
         bucket = hashlib.blake2s(key.encode(), digest_size=1).hexdigest()
         return f"{self.results}/{bucket}/{key}"
 
+    @property
+    def result_buckets(self) -> list[str]:
+        """The 256 bucket names under ``results/`` (``00`` .. ``ff``)."""
+        return [f"{n:02x}" for n in range(256)]
+
     def assignment_dir(self, worker: str) -> str:
         return f"{self.assignments}/{worker}"
+
+
+async def ensure_layout(session: Session, app: App, *paths: str) -> None:
+    """Create ``paths`` and every result bucket if missing (idempotent, cheap once done:
+    one listing).  With the buckets in place, a task's result is written in the same
+    transaction as its acknowledgement; a missing bucket would fail that transaction and
+    cost the slower fallback (result, bucket, result again, ack alone)."""
+    for path in paths:
+        await session.ensure_path(path)
+    await session.ensure_path(app.results)
+    present = set(await session.children(app.results))
+
+    async def create(bucket: str) -> None:
+        try:
+            await session.create(f"{app.results}/{bucket}")
+        except errors.NodeExistsError:
+            pass
+
+    await gather(*[functools.partial(create, b) for b in app.result_buckets if b not in present])

@@ -30,7 +30,7 @@ from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
-from framework.runtime.app import App, check_name
+from framework.runtime.app import App, check_name, ensure_layout
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope
@@ -241,8 +241,7 @@ class Master:
     async def run(self, session: Session) -> None:
         """Campaign, lead, and stand by again after a lost term, until done or stopped."""
         app = self.app
-        for path in (app.masters, app.tasks, app.running, app.results, app.workers):
-            await session.ensure_path(path)
+        await ensure_layout(session, app, app.masters, app.tasks, app.running, app.workers)
         identity = json.dumps({"name": self.name, "address": self.address,
                                "pid": os.getpid(), "host": socket.gethostname()}).encode()
         election = Election(session, app.masters, identity,

@@ -39,7 +39,7 @@ from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
-from framework.runtime.app import App, check_name
+from framework.runtime.app import App, check_name, ensure_layout
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope, wait_gone, watch_children
 
@@ -211,9 +211,8 @@ class Worker:
         """Serve until :meth:`request_stop`; returns after a graceful drain."""
         self.session = session
         app = self.app
-        for path in (app.tasks, app.running, app.results, app.failures, app.dead,
-                     app.assignment_dir(self.name), app.shards):
-            await session.ensure_path(path)
+        await ensure_layout(session, app, app.tasks, app.running, app.failures, app.dead,
+                            app.assignment_dir(self.name), app.shards)
         group = Group(session, app.workers)
         queue = WorkQueue(session, app.tasks, max_attempts=self.max_attempts,
                           dead_letter=app.dead, lease=self.lease)
