@@ -46,13 +46,17 @@ def _validate(path: str, allow_root: bool) -> str:
     return path
 
 
+#: What ZooKeeper refuses in a path: NUL and the surrogate/private-use range it reserves.
+_FORBIDDEN = re.compile("[\x00\ud800-\uf8ff]")
+
+
 def _component_problem(part: str) -> str | None:
     """What makes ``part`` unusable as one znode name, or None: ZooKeeper's own rules."""
     if part == "":
         return "an empty component"
     if part in (".", ".."):
         return f"a relative component {part!r}"
-    if "\x00" in part or any(0xD800 <= ord(c) <= 0xF8FF for c in part):
+    if _FORBIDDEN.search(part):
         return "a forbidden character"
     return None
 
