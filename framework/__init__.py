@@ -40,6 +40,7 @@ _LAZY: dict[str, str] = {
     "App": "framework.runtime",
     "Barrier": "framework.primitives",
     "ChildrenSnapshot": "framework.zk",
+    "Client": "framework.runtime",
     "ConfigStore": "framework.primitives",
     "DataSnapshot": "framework.zk",
     "DoubleBarrier": "framework.primitives",
@@ -96,6 +97,7 @@ if TYPE_CHECKING:
     )
     from framework.runtime import (
         App,
+        Client,
         Master,
         MasterContext,
         Task,
@@ -139,6 +141,7 @@ __all__ = [
     "Barrier",
     "ChildrenSnapshot",
     "ClaimLost",
+    "Client",
     "ConfigStore",
     "ConfigurationError",
     "ConnectionLossError",

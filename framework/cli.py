@@ -6,6 +6,7 @@ Every user mistake ends in one line on stderr and exit status 2, never a stack t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -16,6 +17,9 @@ from framework.errors import FrameworkError
 
 Command = Callable[[argparse.Namespace], int]
 T = TypeVar("T")
+
+#: Default overall deadline of a one-shot command (seconds).
+ONE_SHOT_DEADLINE = 30.0
 
 
 def _cmd_zk(args: argparse.Namespace) -> int:
@@ -47,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from framework.runtime import load_class, run_component
 
-    hosts = zk_hosts_from(args.zk)
+    hosts, chroot = split_chroot(zk_hosts_from(args.zk), args.chroot)
     cls = load_class(args.component)
     component = cls(args.app, name=args.name, address=args.address or "")
     if args.metrics_port is not None:
@@ -55,28 +59,223 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         metrics.serve(args.metrics_port)
     trio.run(lambda: run_component(component, hosts, session_timeout=args.session_timeout,
-                                   chroot=args.chroot))
+                                   chroot=chroot))
     return 0
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
+def _quiet() -> None:
+    """A one-shot reader's own session connect/close events are noise in its output."""
+    from framework.logs import configure_logging
+
+    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
+
+
+def _connect(args: argparse.Namespace, work: Callable[[Any], Awaitable[T]], *,
+             deadline: float | None = ONE_SHOT_DEADLINE) -> T:
+    """``one_shot`` with the command's ``--zk``, ``--chroot`` and ``--connect-timeout``."""
+    _quiet()
+    return one_shot(zk_hosts_from(args.zk), work, chroot=args.chroot,
+                    connect_timeout=args.connect_timeout, deadline=deadline)
+
+
+def _app(name: str) -> Any:
+    from framework.runtime import App
+
+    return App(name)
+
+
+def _console() -> Any:
+    """A terminal's console; into a pipe or file, no width cap (rich would fold every table
+    to 80 columns)."""
     from rich.console import Console
 
-    from framework.logs import configure_logging
-    from framework.runtime import App, gather_status, render_status
+    console = Console()
+    return console if console.is_terminal else Console(width=100_000)
 
-    # a one-shot reader: its own session's connect/close events are noise in a status view
-    configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "warning")
-    hosts = zk_hosts_from(args.zk)
-    app = App(args.app)
 
-    status = one_shot(hosts, lambda s: gather_status(s, app), chroot=args.chroot,
-                      connect_timeout=args.connect_timeout, deadline=args.timeout)
-    if args.json:
-        print(status.to_json())
-    else:
-        Console().print(render_status(status))
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from framework.runtime import gather_status
+
+    app = _app(args.app)
+    if args.watch:
+        return _connect(args, lambda s: _watch_status(s, app, args), deadline=None)
+    status = _connect(args, lambda s: gather_status(s, app), deadline=args.timeout)
+    _show_status(status, args.json)
     return 0 if status.exists else 1
+
+
+def _show_status(status: Any, as_json: bool, console: Any = None) -> None:
+    from framework.runtime import render_status
+
+    if as_json:
+        print(status.to_json(indent=None if console else 2), flush=True)
+    else:
+        (console or _console()).print(render_status(status))
+
+
+async def _watch_status(session: Any, app: Any, args: argparse.Namespace) -> int:
+    """Show the status again at every change of what it watches (at most once per
+    ``--interval`` seconds), until Ctrl-C."""
+    import time
+
+    import trio
+    from rich.rule import Rule
+
+    from framework.runtime import Watches, gather_status
+
+    console = _console()
+    watches = Watches()
+    while True:
+        watches.reset()
+        status = await gather_status(session, app, watches=watches)
+        if not args.json and console.is_terminal:
+            console.clear()
+        elif not args.json:
+            console.print(Rule(time.strftime("%H:%M:%S")))
+        _show_status(status, args.json, console)
+        shown = trio.current_time()
+        await watches.changed.wait()
+        await trio.sleep_until(shown + args.interval)
+
+
+def _cmd_apps(args: argparse.Namespace) -> int:
+    import attrs
+
+    from framework.runtime import list_apps, render_apps
+
+    apps = _connect(args, list_apps, deadline=args.timeout)
+    if args.json:
+        _print_json([attrs.asdict(a) | {"state": a.state} for a in apps])
+    else:
+        _console().print(render_apps(apps))
+    return 0
+
+
+def _cmd_result(args: argparse.Namespace) -> int:
+    import attrs
+    import trio
+
+    from framework.runtime import Client
+
+    async def work(session: Any) -> Any:
+        client = Client(session, args.app)
+        if not args.wait:
+            return await client.result(args.key)
+        try:
+            return await client.result(args.key, wait=True, timeout=args.timeout)
+        except trio.TooSlowError:
+            return None
+
+    record = _connect(args, work, deadline=None if args.wait else args.timeout or
+                      ONE_SHOT_DEADLINE)
+    if record is None:
+        within = f" within {args.timeout:g}s" if args.wait and args.timeout else " (yet)"
+        print(f"framework: no result for task {args.key!r} of {args.app!r}{within}",
+              file=sys.stderr)
+        return 1
+    _print_json(attrs.asdict(record))
+    return 0
+
+
+def _cmd_dead(args: argparse.Namespace) -> int:
+    import attrs
+    from rich.table import Table
+
+    from framework.runtime import Client
+
+    if args.action != "requeue" and (args.all or args.keys):
+        raise FrameworkError(f"dead {args.action} takes no KEY and no --all")
+    if args.action == "requeue" and bool(args.all) == bool(args.keys):
+        raise FrameworkError("dead requeue needs the KEYs of the dead letters, or --all")
+
+    async def work(session: Any) -> list[Any]:
+        from framework.dashboard import actions
+
+        letters = await Client(session, args.app).dead_letters()
+        if args.action == "list":
+            return letters
+        if args.action == "purge":
+            for letter in letters:
+                await actions.discard(session, args.app, letter.name)
+            return letters
+        chosen = letters
+        if not args.all:
+            missing = [k for k in args.keys if not any(k in (d.key, d.name) for d in letters)]
+            if missing:
+                raise FrameworkError(f"no dead letter {missing[0]!r} in {args.app!r} "
+                                     "(`framework dead APP list` shows them)")
+            chosen = [d for d in letters if d.key in args.keys or d.name in args.keys]
+        return [(d, await actions.requeue(session, args.app, d.name)) for d in chosen]
+
+    _app(args.app)
+    done = _connect(args, work, deadline=args.timeout)
+    if args.action == "list":
+        if args.json:
+            _print_json([attrs.asdict(d) for d in done])
+        elif not done:
+            print(f"No dead letters in {args.app!r}.")
+        else:
+            table = Table(title=f"dead letters of {args.app}", title_justify="left")
+            for column in ("key", "attempts", "error", "name"):
+                table.add_column(column, overflow="fold")
+            for d in done:
+                table.add_row(str(d.key), str(d.attempts), str(d.error or "-"), d.name)
+            _console().print(table)
+    elif args.action == "purge":
+        print(f"deleted {len(done)} dead letter(s) of {args.app!r}")
+    else:
+        for letter, item in done:
+            print(f"requeued {letter.key} (dead letter {letter.name}) as {item}")
+        print(f"requeued {len(done)} dead letter(s) of {args.app!r}")
+    return 0
+
+
+def _cmd_purge(args: argparse.Namespace) -> int:
+    from framework.runtime import Client
+
+    app = _app(args.app)
+    found = _connect(args, lambda s: Client(s, app).purge(force=args.force),
+                     deadline=args.timeout)
+    print(f"deleted {app.base}" if found else f"No application {app.name!r} in this ZooKeeper.")
+    return 0 if found else 1
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    import socket
+
+    from framework import errors
+    from framework.runtime import Client
+
+    app = _app(args.app)
+    by = f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        new = _connect(args, lambda s: Client(s, app).cancel(by=by), deadline=args.timeout)
+    except errors.NoNodeError:
+        raise FrameworkError(f"no application {app.name!r} in this ZooKeeper") from None
+    if new:
+        print(f"cancelled {app.name!r}: its masters and workers drain and stop ({app.cancel})")
+    else:
+        print(f"{app.name!r} was already cancelled ({app.cancel})")
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from framework.runtime import Client
+
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        raise FrameworkError(f"PAYLOAD_JSON is not JSON ({exc}): {args.payload!r}") from None
+    _app(args.app)
+    task = _connect(args, lambda s: Client(s, args.app).submit(
+        payload, key=args.key, priority=args.priority, time_limit=args.time_limit),
+        deadline=args.timeout)
+    print(task.id)
+    return 0
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
@@ -86,9 +285,9 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     from framework.logs import configure_logging
 
     configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "info")
-    hosts = zk_hosts_from(args.zk)
+    hosts, chroot = split_chroot(zk_hosts_from(args.zk), args.chroot)
     trio.run(lambda: serve_dashboard(hosts, host=args.host, port=args.port,
-                                     allow_actions=args.allow_actions, chroot=args.chroot,
+                                     allow_actions=args.allow_actions, chroot=chroot,
                                      connect_timeout=args.connect_timeout))
     return 0
 
@@ -103,47 +302,158 @@ def _port(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("framework")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+STATUS_HELP = (
+    "queue depth = tasks queued or being handled; running = tasks being handled now (their "
+    "progress in the running-tasks table); results = tasks finished, successfully or failed "
+    "for good; dead letters = tasks given up and not requeued; a worker's done = tasks that "
+    "process finished successfully since it started; failed = its failed attempts (each "
+    "retry of a task counts again)"
+)
+
+ENVIRONMENT_HELP = (
+    "environment: FRAMEWORK_ZK_HOSTS (the connect string when --zk is not given; now: "
+    "{hosts}), FRAMEWORK_LOG_LEVEL (log level; default: info for run/dashboard, warning for "
+    "the other commands; now: {level})"
+)
+
+
+def _environment_help() -> str:
+    return ENVIRONMENT_HELP.format(
+        hosts=repr(os.environ["FRAMEWORK_ZK_HOSTS"]) if os.environ.get("FRAMEWORK_ZK_HOSTS")
+        else "unset", level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "unset")
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser, *,
+                             connect_timeout: bool = True) -> None:
+    """``--zk``, ``--chroot`` (and ``--connect-timeout``), with their defaults in the help."""
+    parser.add_argument("--zk", metavar="HOSTS",
+                        help="ZooKeeper connect string HOST:PORT[,HOST:PORT...][/CHROOT] "
+                             "(default: $FRAMEWORK_ZK_HOSTS)")
+    parser.add_argument("--chroot", help="ZooKeeper chroot for every path (default: none; "
+                                         "nested inside a /CHROOT of the connect string)")
+    if connect_timeout:
+        parser.add_argument("--connect-timeout", type=_positive_seconds, default=10.0,
+                            metavar="S", help="seconds to connect (default 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="framework",
         description="Distributed master/worker jobs on Apache ZooKeeper.",
+        epilog=_environment_help(),
     )
+    parser.add_argument("--version", action="version", version=f"framework {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, func: Command, help: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                             epilog=_environment_help())
+        cmd.set_defaults(func=func)
+        return cmd
+
     zk = sub.add_parser("zk", help="run a local ZooKeeper in the foreground until Ctrl-C")
     zk.add_argument("--port", type=int, default=2181, help="client port (standalone only)")
     zk.add_argument("--size", type=int, default=1, help="members (1 = standalone, 3 = ensemble)")
     zk.add_argument("--data-dir", default=None, help="keep data here (default: a temp dir)")
     zk.add_argument("--tick-ms", type=int, default=200, help="ZooKeeper tickTime in ms")
     zk.set_defaults(func=_cmd_zk)
-    zk_help = "ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)"
-    run = sub.add_parser("run", help="run a Master or Worker subclass in this process")
+
+    run = command("run", _cmd_run, "run a Master or Worker subclass in this process")
     run.add_argument("component", metavar="MODULE:CLASS", help="e.g. myapp.jobs:Fetcher")
-    run.add_argument("--zk", help=zk_help)
+    add_connection_arguments(run, connect_timeout=False)
     run.add_argument("--app", help="application name (default: the class's app_name)")
     run.add_argument("--name", help="this process's name (default: HOST-PID)")
     run.add_argument("--address", help="address to publish (master) or report (worker)")
-    run.add_argument("--chroot", help="ZooKeeper chroot for every path")
-    run.add_argument("--session-timeout", type=float, default=10.0, help="seconds")
+    run.add_argument("--session-timeout", type=float, default=10.0,
+                     help="seconds (default 10)")
     run.add_argument("--metrics-port", type=_port, default=None,
                      help="serve this process's Prometheus metrics at :PORT/metrics")
-    run.set_defaults(func=_cmd_run)
-    status = sub.add_parser("status", help="show an application's leader, workers and queue")
+
+    apps = command("apps", _cmd_apps, "list the applications with their leader, worker "
+                                      "count, queue depth and state (active, done, cancelled)")
+    add_connection_arguments(apps)
+    apps.add_argument("--json", action="store_true", help="machine-readable output")
+    add_deadline_argument(apps)
+
+    status = command("status", _cmd_status,
+                     "show an application's state, masters, workers, queue and running tasks")
+    status.description = f"{status.description} Counts: {STATUS_HELP}."
     status.add_argument("app", metavar="APP")
-    status.add_argument("--zk", help=zk_help)
-    status.add_argument("--chroot", help="ZooKeeper chroot")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
+    add_connection_arguments(status)
+    status.add_argument("--json", action="store_true",
+                        help="machine-readable output (with --watch: one line per change)")
+    status.add_argument("--watch", action="store_true",
+                        help="show it again at every change (ZooKeeper watches) until Ctrl-C")
+    status.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S",
+                        help="with --watch: at most one re-render per S seconds (default 1)")
     add_deadline_argument(status)
-    status.set_defaults(func=_cmd_status)
-    dash = sub.add_parser("dashboard", help="serve a live web dashboard of every application")
-    dash.add_argument("--zk", help=zk_help)
-    dash.add_argument("--chroot", help="ZooKeeper chroot")
+
+    result = command("result", _cmd_result, "print a task's result record as JSON "
+                                            "(exit status 1 if there is none)")
+    result.add_argument("app", metavar="APP")
+    result.add_argument("key", metavar="KEY", help="the task's id or idempotency key")
+    add_connection_arguments(result)
+    result.add_argument("--wait", action="store_true",
+                        help="wait until it exists (a ZooKeeper watch, no polling)")
+    result.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
+                        help=f"give up after S seconds (default: {ONE_SHOT_DEADLINE:g}; "
+                             "with --wait: no limit)")
+
+    dead = command("dead", _cmd_dead, "list, requeue or delete an application's dead letters")
+    dead.add_argument("app", metavar="APP")
+    dead.add_argument("action", choices=("list", "requeue", "purge"),
+                      help="list: key, attempts, error; requeue: put them back on the task "
+                           "queue; purge: delete them all")
+    dead.add_argument("keys", metavar="KEY", nargs="*",
+                      help="requeue: these tasks (key or dead-letter name)")
+    dead.add_argument("--all", action="store_true", help="requeue: every dead letter")
+    dead.add_argument("--json", action="store_true", help="list: machine-readable output")
+    add_connection_arguments(dead)
+    add_deadline_argument(dead)
+
+    purge = command("purge", _cmd_purge, "delete an application's whole subtree "
+                                         "(refused while masters or workers are alive)")
+    purge.add_argument("app", metavar="APP")
+    purge.add_argument("--force", action="store_true",
+                       help="delete it even though masters or workers are alive")
+    add_connection_arguments(purge)
+    add_deadline_argument(purge)
+
+    cancel = command("cancel", _cmd_cancel,
+                     "cancel an application: its masters and workers drain and stop")
+    cancel.add_argument("app", metavar="APP")
+    add_connection_arguments(cancel)
+    add_deadline_argument(cancel)
+
+    submit = command("submit", _cmd_submit, "queue one task for an application's workers "
+                                            "and print its task id")
+    submit.add_argument("app", metavar="APP")
+    submit.add_argument("payload", metavar="PAYLOAD_JSON", help="the task's payload, as JSON")
+    submit.add_argument("--key", help="task id and idempotency key (default: a new id; a key "
+                                      "with a successful result is not run again)")
+    submit.add_argument("--priority", type=int, default=0,
+                        help="lower is taken first (default 0)")
+    submit.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
+                        help="seconds the handler may take (default: the worker's)")
+    add_connection_arguments(submit)
+    add_deadline_argument(submit)
+
+    dash = command("dashboard", _cmd_dashboard,
+                   "serve a live web dashboard of every application")
+    add_connection_arguments(dash)
     dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
     dash.add_argument("--port", type=_port, default=8321, help="HTTP port (default 8321)")
     dash.add_argument("--allow-actions", action="store_true",
                       help="enable the requeue and discard buttons (read-only otherwise)")
-    dash.add_argument("--connect-timeout", type=float, default=10.0, help="seconds")
-    dash.set_defaults(func=_cmd_dashboard)
     for register in _extra_commands:
         register(sub)
     return parser
@@ -162,10 +472,6 @@ def zk_hosts_from(args_value: str | None) -> str:
             "(start a local server with `python -m framework zk`)"
         )
     return hosts
-
-
-#: Default overall deadline of a one-shot command (seconds).
-ONE_SHOT_DEADLINE = 30.0
 
 
 def add_deadline_argument(parser: argparse.ArgumentParser,
@@ -190,26 +496,100 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def split_chroot(hosts: str, chroot: str | None = None) -> tuple[str, str | None]:
+    """``HOST:PORT[,...]/CHROOT`` -> the hosts and the chroot (``--chroot``, if given too,
+    nested inside the connect string's); a bad chroot is a :class:`FrameworkError`."""
+    from framework.zk import validate_path
+
+    hosts, slash, path = hosts.partition("/")
+    parts = [p.strip("/") for p in ((path if slash else ""), chroot or "") if p.strip("/")]
+    if not parts:
+        return hosts, None
+    full = "/" + "/".join(parts)
+    validate_path(full, allow_root=False)
+    return hosts, full
+
+
+#: Seconds the checks before connecting (name lookup, TCP connect) may take.
+PREFLIGHT_TIMEOUT = 2.0
+
+
+async def preflight(hosts: str, timeout: float = PREFLIGHT_TIMEOUT) -> None:
+    """Fail fast, in one line, when no server of ``hosts`` can be reached: every host name
+    unknown to DNS, or every server refusing the connection.  Anything else (a slow DNS, a
+    silent network) is left to the session's own connect timeout."""
+    import socket
+
+    import trio
+    from kazoo.hosts import collect_hosts
+
+    from framework import errors
+
+    unresolved: list[str] = []
+    refused: list[str] = []
+    pairs = collect_hosts(hosts)[0]
+
+    async def check(host: str, port: int) -> None:
+        try:
+            await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            unresolved.append(host)
+            return
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            # trio raises one OSError for all the addresses tried, each attempt's error in
+            # its cause (an exception group)
+            tried = getattr(exc.__cause__, "exceptions", None) or [exc]
+            if all(isinstance(e, ConnectionRefusedError) for e in tried):
+                refused.append(f"{host}:{port}")
+            return
+        await stream.aclose()
+
+    with trio.move_on_after(timeout):
+        async with trio.open_nursery() as nursery:
+            for host, port in pairs:
+                nursery.start_soon(check, host, port)
+    if unresolved and len(unresolved) == len(pairs):
+        raise errors.NotConnectedError(f"cannot resolve host {unresolved[0]} (DNS lookup "
+                                       f"failed; check the connect string {hosts!r})")
+    if pairs and len(refused) + len(unresolved) == len(pairs):
+        raise errors.NotConnectedError(
+            f"could not connect to ZooKeeper at {hosts}: connection refused by "
+            f"{', '.join(refused)} (is a server running there? `python -m framework zk` "
+            "starts a local one)"
+        )
+
+
 def one_shot(hosts: str, work: Callable[[Any], Awaitable[T]], *, chroot: str | None = None,
-             connect_timeout: float = 10.0, deadline: float = ONE_SHOT_DEADLINE) -> T:
-    """Run ``await work(session)`` in a new trio run, all of it within ``deadline`` seconds.
+             connect_timeout: float = 10.0,
+             deadline: float | None = ONE_SHOT_DEADLINE) -> T:
+    """Run ``await work(session)`` in a new trio run, all of it within ``deadline`` seconds
+    (``None``: connecting within ``connect_timeout``, then no limit).
 
     A one-shot command must never hang: reads wait for a lost connection to come back, so
     without an overall deadline a ZooKeeper that dies mid-command would keep the command
     waiting forever.  Past the deadline (connecting included) :class:`FrameworkError` says
-    so in one line.
+    so in one line.  ``hosts`` may end in ``/CHROOT``; an unknown host name or a refused
+    connection is told at once (:func:`preflight`), not after the connect timeout.
     """
+    import math
+
     import trio
 
     from framework.zk import Session
 
+    hosts, chroot = split_chroot(hosts, chroot)
+    limit = math.inf if deadline is None else deadline
+
     async def run() -> T:
-        with trio.move_on_after(deadline):
-            async with Session(hosts, chroot=chroot,
-                               connect_timeout=min(connect_timeout, deadline)) as session:
+        session = Session(hosts, chroot=chroot, connect_timeout=min(connect_timeout, limit))
+        with trio.move_on_after(limit):
+            await preflight(hosts, min(PREFLIGHT_TIMEOUT, limit))
+            async with session:
                 return await work(session)
         raise FrameworkError(
-            f"ZooKeeper at {hosts} did not answer within {deadline:g}s "
+            f"ZooKeeper at {hosts} did not answer within {limit:g}s "
             "(is it running and reachable? --timeout sets the limit)"
         )
 

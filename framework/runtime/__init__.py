@@ -2,24 +2,39 @@
 
 from framework.runtime.app import App
 from framework.runtime.assignment import plan_assignment
+from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
 from framework.runtime.runner import load_class, run_component
-from framework.runtime.status import AppStatus, gather_status, render_status
+from framework.runtime.status import (
+    AppStatus,
+    AppSummary,
+    Watches,
+    gather_status,
+    list_apps,
+    render_apps,
+    render_status,
+)
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.runtime.worker import Worker
 
 __all__ = [
     "App",
     "AppStatus",
+    "AppSummary",
+    "Client",
+    "DeadLetter",
     "Master",
     "MasterContext",
     "Task",
     "TaskResult",
+    "Watches",
     "Worker",
     "gather_status",
+    "list_apps",
     "load_class",
     "new_task",
     "plan_assignment",
+    "render_apps",
     "render_status",
     "run_component",
 ]

@@ -1,20 +1,62 @@
-"""What ``framework status APP`` shows: one consistent look at an application in ZooKeeper."""
+"""What ``framework status APP`` and ``framework apps`` show: one look at an application in
+ZooKeeper (and, with :class:`Watches`, the watches that say when to look again).
+
+What the counts mean (each one thing):
+
+- **queue depth**: items in the task queue, waiting or being handled (claimed, not acked);
+- **running**: tasks a worker is handling now (``running/`` markers), with their progress;
+- **results**: result records: tasks finished, successfully or failed for good;
+- **dead letters**: tasks given up (failed ``max_attempts`` times, or permanently) and not
+  requeued or discarded since;
+- a worker's **done**: tasks that process finished successfully since it started; its
+  **failed**: failed attempts of that process since it started (a retried task counts once
+  per failed attempt).
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import attrs
+import trio
 from rich.console import Group as RichGroup
 from rich.table import Table
 
 from framework import errors
 from framework.primitives import Election
-from framework.primitives.queue import WorkQueue
+from framework.primitives.queue_view import is_bucket
 from framework.runtime.app import App
-from framework.zk import Session
+from framework.zk import Session, gather
+
+
+class Watches:
+    """Watch callbacks, one per path and kind, that all set :attr:`changed`.
+
+    The same callback object is handed out for a path every time: kazoo keeps a path's
+    callbacks in a set, so re-arming a watch on every look never piles them up.  After
+    :meth:`reset`, a new event is set by the next change of anything watched."""
+
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.changed = trio.Event()
+        self._callbacks: dict[str, Callable[..., None]] = {}
+
+    def __call__(self, path: str) -> Callable[..., None]:
+        callback = self._callbacks.get(path)
+        if callback is None:
+            def callback(*_args: Any) -> None:
+                try:
+                    self._token.run_sync_soon(lambda: self.changed.set())
+                except trio.RunFinishedError:
+                    pass
+            self._callbacks[path] = callback
+        return callback
+
+    def reset(self) -> None:
+        self.changed = trio.Event()
 
 
 @attrs.frozen
@@ -22,7 +64,7 @@ class AppStatus:
     app: str
     exists: bool
     leader: dict[str, Any] | None
-    standbys: int
+    standbys: list[dict[str, Any]]
     workers: dict[str, dict[str, Any]]
     queue_depth: int
     running: dict[str, dict[str, Any]]
@@ -30,9 +72,40 @@ class AppStatus:
     failures: list[dict[str, Any]]
     dead_letters: int
     results: int
+    done: dict[str, Any] | None = None  # the job-done record (``lead`` returned)
+    cancelled: dict[str, Any] | None = None  # the cancel record (``framework cancel``)
 
-    def to_json(self) -> str:
-        return json.dumps(attrs.asdict(self), indent=2, default=str)
+    @property
+    def state(self) -> str:
+        """``cancelled``, ``done``, ``active`` (a leader) or ``no leader``."""
+        if self.cancelled is not None:
+            return "cancelled"
+        if self.done is not None:
+            return "done"
+        return "active" if self.leader else "no leader"
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(attrs.asdict(self) | {"state": self.state}, indent=indent,
+                          default=str)
+
+
+@attrs.frozen
+class AppSummary:
+    """One row of ``framework apps``."""
+
+    name: str
+    leader: str | None
+    masters: int
+    workers: int
+    queue_depth: int
+    done: bool
+    cancelled: bool
+
+    @property
+    def state(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        return "done" if self.done else ("active" if self.leader else "no leader")
 
 
 def _doc(data: bytes) -> dict[str, Any]:
@@ -43,107 +116,228 @@ def _doc(data: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-async def _children(session: Session, path: str) -> list[str]:
+def _arm(watches: Watches | None, path: str) -> Callable[..., None] | None:
+    return watches(path) if watches is not None else None
+
+
+async def _children(session: Session, path: str, watches: Watches | None = None) -> list[str]:
     try:
-        return sorted(await session.children(path))
+        return sorted(await session.children(path, watch=_arm(watches, path)))
     except errors.NoNodeError:
+        if watches is not None and await session.exists(path, watch=watches(path)):
+            watches.changed.set()  # created meanwhile: look again
         return []
 
 
-async def _data(session: Session, path: str) -> dict[str, Any] | None:
+async def _data(session: Session, path: str,
+                watches: Watches | None = None) -> dict[str, Any] | None:
     try:
-        return _doc((await session.get(path))[0])
+        return _doc((await session.get(path, watch=_arm(watches, path)))[0])
     except errors.NoNodeError:
         return None
 
 
-async def gather_status(session: Session, app: App, *, recent_failures: int = 5) -> AppStatus:
-    """Read the application's state (a few dozen reads; fine for a status command)."""
-    if await session.exists(app.base) is None:
-        return AppStatus(app.name, False, None, 0, {}, 0, {}, {}, [], 0, 0)
-    election = Election(session, app.masters)
-    contenders = await election.contenders() if await session.exists(app.masters) else []
-    leader = _doc(contenders[0].identifier) | {"token": contenders[0].token} if contenders else None
-    workers = {}
-    for name in await _children(session, app.workers):
-        doc = await _data(session, f"{app.workers}/{name}")
+async def _record(session: Session, path: str,
+                  watches: Watches | None = None) -> dict[str, Any] | None:
+    """The data of a node that may not exist yet (watched for its creation too)."""
+    if await session.exists(path, watch=_arm(watches, path)) is None:
+        return None
+    return await _data(session, path, watches)
+
+
+async def _docs(session: Session, parent: str, names: list[str],
+                watches: Watches | None = None) -> dict[str, dict[str, Any]]:
+    """The JSON documents of ``parent``'s children ``names`` (read concurrently)."""
+    found: dict[str, dict[str, Any]] = {}
+
+    async def read(name: str) -> None:
+        doc = await _data(session, f"{parent}/{name}", watches)
         if doc is not None:
-            workers[name] = doc
-    running = {}
-    for task_id in await _children(session, app.running):
-        doc = await _data(session, f"{app.running}/{task_id}")
-        if doc is not None:
-            running[task_id] = doc
+            found[name] = doc
+
+    await gather(*[functools.partial(read, n) for n in names])
+    return {name: found[name] for name in names if name in found}
+
+
+async def queue_depth(session: Session, app: App, watches: Watches | None = None) -> int:
+    """Items in the app's task queue, claimed ones included (with ``watches``: every
+    bucket's children watched, so a put or an ack sets ``watches.changed``)."""
+    items = f"{app.tasks}/items"
+    counts: list[int] = []
+
+    async def count(bucket: str) -> None:
+        path = f"{items}/{bucket}"
+        try:
+            if watches is not None:
+                counts.append(len(await session.children(path, watch=watches(path))))
+            else:
+                stat = await session.exists(path)
+                counts.append(stat.numChildren if stat else 0)
+        except errors.NoNodeError:
+            pass
+
+    buckets = [b for b in await _children(session, items, watches) if is_bucket(b)]
+    await gather(*[functools.partial(count, b) for b in buckets])
+    return sum(counts)
+
+
+async def result_count(session: Session, app: App) -> int:
+    """Result records (one stat per bucket, read concurrently)."""
+    counts: list[int] = []
+
+    async def count(bucket: str) -> None:
+        stat = await session.exists(f"{app.results}/{bucket}")
+        counts.append(stat.numChildren if stat else 0)
+
+    await gather(*[functools.partial(count, b) for b in await _children(session, app.results)])
+    return sum(counts)
+
+
+async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
+                        watches: Watches | None = None) -> AppStatus:
+    """Read the application's state.  With ``watches``, the masters, workers (and their
+    reports), running tasks (and their progress), queue, dead letters, failures and the
+    done/cancel records are watched: any change of them sets ``watches.changed``."""
+    if await session.exists(app.base, watch=_arm(watches, app.base)) is None:
+        return AppStatus(app.name, False, None, [], {}, 0, {}, {}, [], 0, 0)
+    await _children(session, app.masters, watches)  # arms the watch of the line
+    contenders = await Election(session, app.masters).contenders()
+    line = [_doc(c.identifier) | {"token": c.token} for c in contenders]
     assignments = {}
     for worker in await _children(session, app.assignments):
         for shard in await _children(session, app.assignment_dir(worker)):
             assignments[shard] = worker
-    failures = []
-    for name in (await _children(session, app.failures))[-recent_failures:]:
-        doc = await _data(session, f"{app.failures}/{name}")
-        if doc is not None:
-            failures.append(doc)
-    results = 0
-    for bucket in await _children(session, app.results):
-        results += len(await _children(session, f"{app.results}/{bucket}"))
-    depth = 0
-    if await session.exists(app.tasks):
-        depth = await WorkQueue(session, app.tasks).size()
+    newest = (await _children(session, app.failures, watches))[-recent_failures:]
     return AppStatus(
         app=app.name,
         exists=True,
-        leader=leader,
-        standbys=max(len(contenders) - 1, 0),
-        workers=workers,
-        queue_depth=depth,
-        running=running,
+        leader=line[0] if line else None,
+        standbys=line[1:],
+        workers=await _docs(session, app.workers, await _children(session, app.workers, watches),
+                            watches),
+        queue_depth=await queue_depth(session, app, watches),
+        running=await _docs(session, app.running, await _children(session, app.running, watches),
+                            watches),
         assignments=assignments,
-        failures=failures,
-        dead_letters=len(await _children(session, app.dead)),
-        results=results,
+        failures=list((await _docs(session, app.failures, newest)).values()),
+        dead_letters=len(await _children(session, app.dead, watches)),
+        results=await result_count(session, app),
+        done=await _record(session, app.done, watches),
+        cancelled=await _record(session, app.cancel, watches),
     )
 
 
+async def list_apps(session: Session, root: str = "/apps") -> list[AppSummary]:
+    """Every application under ``root``, with its leader, processes, queue and state."""
+    names = await _children(session, root)
+    found: dict[str, AppSummary] = {}
+
+    async def summarise(name: str) -> None:
+        app = App(name, root)
+        contenders = await Election(session, app.masters).contenders()
+        leader = _doc(contenders[0].identifier).get("name") if contenders else None
+        found[name] = AppSummary(
+            name=name, leader=str(leader) if contenders else None, masters=len(contenders),
+            workers=len(await _children(session, app.workers)),
+            queue_depth=await queue_depth(session, app),
+            done=await session.exists(app.done) is not None,
+            cancelled=await session.exists(app.cancel) is not None,
+        )
+
+    valid = []
+    for name in names:
+        try:
+            App(name, root)
+            valid.append(name)
+        except errors.ConfigurationError:
+            continue
+    await gather(*[functools.partial(summarise, n) for n in valid])
+    return [found[n] for n in valid if n in found]
+
+
+def render_apps(apps: list[AppSummary]) -> Table | str:
+    if not apps:
+        return "No applications in this ZooKeeper."
+    table = _table(None, "app", "state", "leader", "masters", "workers", "queue depth")
+    for a in apps:
+        table.add_row(a.name, a.state, a.leader or "-", str(a.masters), str(a.workers),
+                      str(a.queue_depth))
+    return table
+
+
+def _table(title: str | None, *columns: str) -> Table:
+    """A table that folds long cells instead of cutting them."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def _master(doc: dict[str, Any]) -> str:
+    where = f"{doc.get('host', '?')}:{doc.get('pid', '?')}"
+    address = f" {doc['address']}" if doc.get("address") else ""
+    return f"{doc.get('name', '-')} ({where}){address} token {doc.get('token')}"
+
+
+def _progress(doc: dict[str, Any]) -> str:
+    done, total = doc.get("done"), doc.get("total")
+    if done is None:
+        return "-"
+    if isinstance(total, (int, float)) and total > 0 and isinstance(done, (int, float)):
+        text = f"{done:g}/{total:g} ({done / total:.0%})"
+    else:
+        text = f"{done:g}" if isinstance(done, (int, float)) else str(done)
+    return f"{text} {doc.get('message') or ''}".strip()
+
+
+def _ago(now: float, at: Any) -> str:
+    return f"{now - at:.0f}s ago" if isinstance(at, (int, float)) else "-"
+
+
 def render_status(status: AppStatus) -> RichGroup | str:
-    """A human-readable view (rich tables)."""
+    """A human-readable view (rich tables; long cells fold, nothing is cut)."""
     if not status.exists:
         return f"No application {status.app!r} in this ZooKeeper."
     now = time.time()
-    leader = status.leader or {}
     summary = Table.grid(padding=(0, 2))
+    summary.add_column(no_wrap=True)
+    summary.add_column(overflow="fold")
     summary.add_row("application", status.app)
-    summary.add_row("leader", f"{leader.get('name', '-')} {leader.get('address', '')}".strip()
-                    + (f" (token {leader['token']})" if leader else " (none)"))
-    summary.add_row("standby masters", str(status.standbys))
+    summary.add_row("state", status.state)
+    summary.add_row("leader", _master(status.leader) if status.leader else "(none)")
+    for doc in status.standbys:
+        summary.add_row("standby", _master(doc))
     summary.add_row("queue depth", str(status.queue_depth))
-    summary.add_row("running tasks", str(len(status.running)))
+    summary.add_row("running", str(len(status.running)))
     summary.add_row("results", str(status.results))
     summary.add_row("dead letters", str(status.dead_letters))
-    workers = Table(title="workers")
-    for column in ("name", "address", "state", "load", "done", "failed", "shards", "health",
-                   "seen"):
-        workers.add_column(column)
+    workers = _table("workers", "name", "address", "state", "load", "done", "failed",
+                     "shards", "health", "seen")
     for name, doc in sorted(status.workers.items()):
         health = doc.get("health", {})
+        load = doc.get("load", 0)
         workers.add_row(
             name, str(doc.get("address", "")), str(doc.get("state", "?")),
-            f"{doc.get('load', 0):.0%}", str(doc.get("done", 0)), str(doc.get("failed", 0)),
+            f"{load:.0%}" if isinstance(load, (int, float)) else str(load),
+            str(doc.get("done", 0)), str(doc.get("failed", 0)),
             ",".join(doc.get("shards", [])) or "-",
             "ok" if health.get("ok", True) else json.dumps(health),
-            f"{now - doc['at']:.0f}s ago" if "at" in doc else "-",
+            _ago(now, doc.get("at")),
         )
     parts: list[Any] = [summary, workers]
+    if status.running:
+        running = _table("running tasks", "task", "worker", "attempt", "progress", "started")
+        for task_id, doc in sorted(status.running.items()):
+            running.add_row(task_id, str(doc.get("worker", "?")), str(doc.get("attempt", "?")),
+                            _progress(doc), _ago(now, doc.get("started")))
+        parts.append(running)
     if status.assignments:
-        shards = Table(title="assignments")
-        shards.add_column("shard")
-        shards.add_column("worker")
+        shards = _table("assignments", "shard", "worker")
         for shard, worker in sorted(status.assignments.items()):
             shards.add_row(shard, worker)
         parts.append(shards)
     if status.failures:
-        failures = Table(title="recent failures")
-        for column in ("task", "worker", "attempt", "error"):
-            failures.add_column(column)
+        failures = _table("recent failures", "task", "worker", "attempt", "error")
         for doc in status.failures:
             failures.add_row(str(doc.get("task_id")), str(doc.get("worker")),
                              str(doc.get("attempts")), str(doc.get("error")))

@@ -1,0 +1,166 @@
+"""``Client``: submit tasks to an application and read their results from any process.
+
+A web application, a script or ``framework submit`` hold a :class:`~framework.zk.Session`
+and a ``Client`` for an app; no master or worker needs to run in that process::
+
+    async with Session(hosts) as session:
+        client = Client(session, "thumbnails")
+        task = await client.submit({"image": 7}, key="img-7")
+        record = await client.result("img-7", wait=True, timeout=60)
+
+A submit is what :meth:`MasterContext.submit` does without the leader's fence: one item put
+in the app's work queue.  With ``key`` the task's id and idempotency key are ``key``, so
+submitting the same key twice runs the task once and ``result(key)`` finds its record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import attrs
+import trio
+
+from framework import errors
+from framework.primitives.queue import WorkQueue
+from framework.runtime.app import App, ensure_layout
+from framework.runtime.tasks import Task, TaskResult, new_task
+from framework.zk import Session, validate_name, wait_exists
+
+
+@attrs.frozen
+class DeadLetter:
+    """A task given up (``dead/<name>``): ``name`` is what requeue and discard take;
+    ``error`` is that of its final failure (from its result record), if recorded."""
+
+    name: str
+    task_id: str | None
+    key: str | None
+    attempts: int
+    priority: int
+    error: str | None
+    payload: Any
+
+
+class Client:
+    """Submit tasks to application ``app`` and read their results, over ``session``."""
+
+    def __init__(self, session: Session, app: App | str) -> None:
+        if not isinstance(session, Session):
+            raise errors.ConfigurationError(
+                f"Client needs a framework Session, got {type(session).__name__}"
+            )
+        self.session = session
+        self.app = app if isinstance(app, App) else App(app)
+        self._queue: WorkQueue | None = None
+
+    async def _work_queue(self) -> WorkQueue:
+        if self._queue is None:
+            # the buckets of the result records too, so the first result is written with
+            # its acknowledgement (see ensure_layout): once per Client
+            await ensure_layout(self.session, self.app, self.app.tasks, self.app.running)
+            self._queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
+        return self._queue
+
+    async def submit(self, payload: Any, *, key: str | None = None,
+                     time_limit: float | None = None, priority: int = 0) -> Task:
+        """Queue one task (``payload``: any JSON value); returns it with its id.
+
+        ``key`` names the task (id and idempotency key): a key that already has a successful
+        result is not run again.  Lower ``priority`` values are taken first.  An app that
+        was cancelled (``framework cancel``) refuses new tasks (:class:`ConfigurationError`).
+        """
+        task = new_task(payload, task_id=key, idempotency_key=key, time_limit=time_limit)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise errors.ConfigurationError(f"priority must be an int, got {priority!r}")
+        if await self.session.exists(self.app.cancel) is not None:
+            raise errors.ConfigurationError(
+                f"application {self.app.name!r} is cancelled: it takes no new tasks "
+                f"(delete {self.app.cancel} or purge the app to start again)"
+            )
+        queue = await self._work_queue()
+        await queue.put(task.encode(), priority=priority)
+        return task
+
+    async def result(self, key: str, *, wait: bool = False,
+                     timeout: float | None = None) -> TaskResult | None:
+        """The result record of task ``key`` (id or idempotency key): a success, or the
+        final failure of a task given up.  ``None`` if there is none yet; with ``wait``,
+        blocks until it is written (a ZooKeeper watch, no polling) and raises
+        :class:`trio.TooSlowError` after ``timeout`` seconds (``None``: no limit)."""
+        validate_name("task key", key)
+        path = self.app.result_path(key)
+        with trio.fail_after(timeout) if wait and timeout is not None else nullcontext():
+            while True:
+                try:
+                    data, _stat = await self.session.get(path)
+                    return TaskResult.decode(data)
+                except errors.NoNodeError:
+                    if not wait:
+                        return None
+                await wait_exists(self.session, path)  # then read it (unless deleted again)
+
+    async def cancel(self, *, by: str = "") -> bool:
+        """Mark the app cancelled (its ``cancel`` node, which masters and workers watch);
+        ``False`` if it already was.  :class:`NoNodeError` if there is no such app."""
+        if await self.session.exists(self.app.base) is None:
+            raise errors.NoNodeError(f"no application {self.app.name!r} in this ZooKeeper")
+        record = json.dumps({"at": time.time(), "by": by}).encode()
+        try:
+            await self.session.create(self.app.cancel, record)
+        except errors.NodeExistsError:
+            return False
+        return True
+
+
+    async def processes(self) -> tuple[int, int]:
+        """How many masters (leader and standbys) and workers of the app are alive."""
+        counts = []
+        for path in (self.app.masters, self.app.workers):
+            try:
+                counts.append(len(await self.session.children(path)))
+            except errors.NoNodeError:
+                counts.append(0)
+        return counts[0], counts[1]
+
+    async def purge(self, *, force: bool = False) -> bool:
+        """Delete the app's whole subtree (queue, results, dead letters, config...);
+        ``False`` if there was none.  Refused (:class:`ConfigurationError`) while a master
+        or worker is alive, unless ``force``: a live process would re-create its nodes."""
+        if await self.session.exists(self.app.base) is None:
+            return False
+        if not force:
+            masters, workers = await self.processes()
+            if masters or workers:
+                raise errors.ConfigurationError(
+                    f"application {self.app.name!r} has {masters} master(s) and {workers} "
+                    "worker(s) alive: stop them first, or pass --force"
+                )
+        await self.session.delete_tree(self.app.base)
+        return True
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        """The app's dead letters, oldest first, each with the error of its final failure."""
+        queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
+        out = []
+        for item in await queue.dead_letters():
+            try:
+                task: Task | None = Task.decode(item.data)
+            except (ValueError, KeyError, TypeError):
+                task = None
+            error = None
+            if task is not None:
+                try:
+                    record = await self.result(task.key)
+                except errors.ConfigurationError:
+                    record = None
+                error = record.error if record is not None and not record.ok else None
+            out.append(DeadLetter(
+                name=f"{item.name.replace('/', '.', 1)}.{item.attempts}",
+                task_id=task.id if task else None, key=task.key if task else None,
+                attempts=item.attempts, priority=item.priority, error=error,
+                payload=task.payload if task else item.data.decode(errors="replace"),
+            ))
+        return out
