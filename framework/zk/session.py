@@ -45,6 +45,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from framework import errors
 from framework.logs import get_logger
+from framework.zk.acl import FROM_ENV, TlsConfig, resolve_security
 from framework.zk.bridge import (
     BridgeHandler,
     Completions,
@@ -95,6 +96,13 @@ class Session:
     second) and still ends every body a third of the session timeout before the server could
     hand what it owned to someone else.  A number (under a third of ``session_timeout``)
     cancels sooner: ``0`` at the first sign of trouble.
+
+    Security (:mod:`framework.zk.acl`; each left out is read from the environment,
+    ``FRAMEWORK_ZK_AUTH``, ``FRAMEWORK_ZK_ACL``, ``FRAMEWORK_ZK_TLS*``): ``auth`` is
+    ``"user:password"`` sent as digest authentication on every connection; ``acl`` is the
+    policy of every znode this session creates (``"open"``, ``"creator"``: only those
+    credentials, ``"creator-read"``: and anyone may read); ``tls`` a :class:`TlsConfig`
+    (or ``True``) to connect to the servers' secure client port.
     """
 
     def __init__(
@@ -106,6 +114,9 @@ class Session:
         connect_timeout: float = 15.0,
         suspended_grace: float | None = None,
         max_in_flight: int = 1024,
+        auth: str | tuple[str, str] | None = FROM_ENV,
+        acl: str | None = FROM_ENV,
+        tls: TlsConfig | bool | None = FROM_ENV,
     ) -> None:
         if not hosts or not isinstance(hosts, str):
             raise errors.ConfigurationError("ZooKeeper hosts must be a non-empty string")
@@ -136,6 +147,8 @@ class Session:
                 f"timeout ({session_timeout:g}s): after that the server may already have "
                 "expired the session and given its locks or leadership to someone else"
             )
+        self.security = resolve_security(auth, acl, tls)
+        self._acl = self.security.acl()
         self.hosts = hosts
         self.chroot = chroot
         self.session_timeout = session_timeout
@@ -163,6 +176,7 @@ class Session:
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
             command_retry={"max_tries": 0},
             handler=BridgeHandler(),
+            **self.security.kazoo_kwargs(),
         )
         self._liveness.install(client._connection)
         client.handler.liveness = self._liveness
@@ -173,7 +187,7 @@ class Session:
             with trio.fail_after(self.connect_timeout):
                 await self.wait_connected()
             if self.chroot:
-                await self.ensure_path(self.chroot)
+                await self._make_chroot(self.chroot)
                 client.chroot = self.chroot  # for transactions, which kazoo still builds
                 self._prefix = self.chroot
         except BaseException as exc:
@@ -182,7 +196,10 @@ class Session:
                 raise errors.NotConnectedError(
                     f"could not connect to ZooKeeper at {self.hosts} within "
                     f"{self.connect_timeout:g}s: is a server running there? "
-                    "(`python -m framework zk` starts a local one)"
+                    "(`python -m framework zk` starts a local one)" + (
+                        "; with TLS: is that the servers' secureClientPort, and does the CA "
+                        "(FRAMEWORK_ZK_TLS_CA) verify their certificate?"
+                        if self.security.tls is not None else "")
                 ) from None
             raise
         return self
@@ -250,6 +267,7 @@ class Session:
                 session_id=_hex(session_id),
                 new_session=session_id != previous_id,
                 hosts=self.hosts,
+                **self.security.describe(),
             )
         elif state is SessionState.SUSPENDED:
             log.warning("zk.session.suspended", session_id=_hex(previous_id), hosts=self.hosts)
@@ -423,7 +441,21 @@ class Session:
                 context = None
                 if isinstance(path, str):
                     context = describe(type(request).__name__, self._relative(path))
-                raise translate(exc, context) from exc
+                raise self._explain(translate(exc, context)) from exc
+
+    def _explain(self, error: BaseException) -> BaseException:
+        """A NoAuth error saying who this session is and how to give it credentials."""
+        if not isinstance(error, errors.NoAuthError):
+            return error
+        if self.security.credentials is None:
+            who = ("this session has no credentials (set FRAMEWORK_ZK_AUTH=user:password, "
+                   "or Session(auth=...))")
+        else:
+            who = (f"this session is authenticated as {self.security.user!r}, which the "
+                   "node's ACL does not allow that")
+        explained = errors.NoAuthError(f"{error}; {who}")
+        explained.__cause__ = error.__cause__
+        return explained
 
     async def _usable(self) -> None:
         """Wait for a connection before sending (sending nothing is always safe)."""
@@ -461,7 +493,7 @@ class Session:
         """
         validate_path(path, allow_root=False)
         data = validate_data(data)
-        request = Create(self._full(path), data, OPEN_ACL_UNSAFE,
+        request = Create(self._full(path), data, self._acl,
                          (1 if ephemeral else 0) | (2 if sequence else 0))
         while True:
             try:
@@ -481,12 +513,34 @@ class Session:
             return
         while True:
             try:
-                await self._call(Create(self._full(path), b"", OPEN_ACL_UNSAFE, 0))
+                await self._call(Create(self._full(path), b"", self._acl, 0))
                 return
             except errors.NodeExistsError:
                 return
             except errors.NoNodeError:
                 await self.ensure_path(path.rsplit("/", 1)[0] or "/")
+            except errors.ConnectionLossError:
+                await self.wait_connected()
+
+    async def _make_chroot(self, chroot: str) -> None:
+        """Create the chroot (with this session's ACL) if missing.  Its missing ancestors are
+        a namespace shared with other applications and are created open: made with a
+        ``creator`` ACL, the first application to create ``/apps`` would keep every other one
+        (with other credentials) from creating its own chroot beside it."""
+        parts = chroot.strip("/").split("/")
+        while True:
+            try:
+                await self._call(Create(chroot, b"", self._acl, 0))
+                return
+            except errors.NodeExistsError:
+                return
+            except errors.NoNodeError:
+                for depth in range(1, len(parts)):
+                    ancestor = "/" + "/".join(parts[:depth])
+                    try:
+                        await self._call(Create(ancestor, b"", OPEN_ACL_UNSAFE, 0))
+                    except errors.NodeExistsError:
+                        pass
             except errors.ConnectionLossError:
                 await self.wait_connected()
 
@@ -573,7 +627,8 @@ class Transaction:
     ) -> Transaction:
         validate_path(path, allow_root=False)
         self._ops.append(
-            ("create", (path, validate_data(data)), {"ephemeral": ephemeral, "sequence": sequence})
+            ("create", (path, validate_data(data)),
+             {"ephemeral": ephemeral, "sequence": sequence, "acl": self._session._acl})
         )
         return self
 
@@ -624,7 +679,7 @@ class Transaction:
         if any(isinstance(r, Exception) for r in results):
             raise errors.TransactionFailedError(
                 [
-                    translate(r, describe(name, args[0]))
+                    session._explain(translate(r, describe(name, args[0])))
                     for r, (name, args, _kwargs) in zip(results, self._ops, strict=True)
                 ]
             )

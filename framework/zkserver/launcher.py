@@ -9,6 +9,11 @@ killed with SIGKILL if the process that started it dies, so tests never leave se
 With ``placement``, each member instead runs inside a given network namespace, bound to an
 address of its own (client port and quorum ports on that address; the connect string names
 those addresses): the multi-host mode of the fault tests (:mod:`framework.testing.netns`).
+
+With ``tls=True``, each member also serves a TLS client port (``secureClientPort``, Netty),
+with a self-signed certificate made by the JDK's ``keytool`` in the ensemble's directory;
+:attr:`ZooKeeperEnsemble.tls_connect_string` names those ports and
+:attr:`ZooKeeperEnsemble.tls_ca` is the certificate (PEM) a client verifies them with.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ from framework.logs import get_logger
 log = get_logger("framework.zkserver")
 
 DEBIAN_JARS = (Path("/usr/share/java/zookeeper.jar"), Path("/usr/share/java/slf4j-simple.jar"))
+#: Debian's zookeeper.jar manifest leaves out netty-codec, which the Netty connection
+#: factory (TLS) needs.
+DEBIAN_EXTRA_JARS = (Path("/usr/share/java/netty-codec.jar"),)
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+#: The password of the generated keystore (it only guards a throwaway test key).
+KEYSTORE_PASSWORD = "framework-test"
 
 
 class ServerStartError(FrameworkError):
@@ -60,7 +71,8 @@ def find_classpath() -> str:
             raise ConfigurationError(f"ZOOKEEPER_HOME={home} holds no ZooKeeper jars")
         return os.pathsep.join(str(j) for j in jars)
     if all(j.exists() for j in DEBIAN_JARS):
-        return os.pathsep.join(str(j) for j in DEBIAN_JARS)
+        jars = [*DEBIAN_JARS, *(j for j in DEBIAN_EXTRA_JARS if j.exists())]
+        return os.pathsep.join(str(j) for j in jars)
     raise ConfigurationError(
         "ZooKeeper is not installed: run `apt-get install zookeeper` (Debian/Ubuntu), or set "
         "ZOOKEEPER_HOME to an unpacked Apache ZooKeeper, or point FRAMEWORK_ZK_HOSTS at a "
@@ -118,10 +130,15 @@ class Member:
     process: subprocess.Popen | None = None
     host: str = "127.0.0.1"  # the address clients and the other members reach it at
     netns: str | None = None  # the network namespace it runs in (None: ours)
+    secure_port: int | None = None  # the TLS client port, when the ensemble has TLS
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.client_port}"
+
+    @property
+    def secure_address(self) -> str | None:
+        return None if self.secure_port is None else f"{self.host}:{self.secure_port}"
 
     @property
     def running(self) -> bool:
@@ -148,6 +165,8 @@ class ZooKeeperEnsemble:
     session-timeout bounds are set low so tests can expire sessions in about a second.
     ``placement`` (one :class:`Placement` per member) runs each member in a network namespace
     of its own, on that namespace's address (``client_address`` is then not used).
+    ``tls=True`` adds a TLS client port to each member (see the module's doc); the plain
+    port stays open (for ``srvr`` and for clients without TLS).
     """
 
     def __init__(
@@ -163,6 +182,7 @@ class ZooKeeperEnsemble:
         heap_mb: int = 256,
         client_address: str = "127.0.0.1",
         placement: Sequence[Placement] | None = None,
+        tls: bool = False,
     ) -> None:
         if size < 1:
             raise ConfigurationError("an ensemble needs at least one member")
@@ -183,16 +203,19 @@ class ZooKeeperEnsemble:
         self.classpath = find_classpath()
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="zk-"))
-        ports = free_ports(3 * size)
+        self.tls = tls
+        per = 4 if tls else 3
+        ports = free_ports(per * size)
         if client_port is not None:
             ports[0] = client_port
         self.members = [
             Member(
                 sid=i + 1,
-                client_port=ports[3 * i],
-                quorum_port=ports[3 * i + 1],
-                election_port=ports[3 * i + 2],
+                client_port=ports[per * i],
+                quorum_port=ports[per * i + 1],
+                election_port=ports[per * i + 2],
                 data_dir=self.base_dir / f"member{i + 1}",
+                secure_port=ports[per * i + 3] if tls else None,
             )
             for i in range(size)
         ]
@@ -206,6 +229,65 @@ class ZooKeeperEnsemble:
     def connect_string(self) -> str:
         """The kazoo/Java connect string naming every member."""
         return ",".join(m.address for m in self.members)
+
+    @property
+    def tls_connect_string(self) -> str:
+        """The connect string naming every member's TLS client port."""
+        if not self.tls:
+            raise ConfigurationError("this ensemble was started without tls=True")
+        return ",".join(m.secure_address for m in self.members if m.secure_address)
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.base_dir / "tls"
+
+    @property
+    def tls_ca(self) -> Path:
+        """The servers' self-signed certificate (PEM): the CA a TLS client trusts."""
+        return self.tls_dir / "ca.pem"
+
+    @property
+    def keystore(self) -> Path:
+        return self.tls_dir / "keystore.p12"
+
+    def _make_keystore(self) -> None:
+        """A PKCS12 keystore with a self-signed key for 127.0.0.1/localhost and every
+        member's address, and its certificate as PEM (made once; kept on restarts)."""
+        if self.keystore.exists():
+            return
+        keytool = Path(self.java).resolve().parent / "keytool"
+        tool = str(keytool) if keytool.exists() else shutil.which("keytool")
+        if tool is None:
+            raise ConfigurationError("TLS needs the JDK's keytool next to java or on PATH")
+        self.tls_dir.mkdir(parents=True, exist_ok=True)
+        hosts = sorted({"127.0.0.1", *(m.host for m in self.members)})
+        san = ",".join(["DNS:localhost", *(f"IP:{h}" for h in hosts)])
+        common = ["-keystore", str(self.keystore), "-storetype", "PKCS12",
+                  "-storepass", KEYSTORE_PASSWORD, "-alias", "zookeeper"]
+        for args in (
+            ["-genkeypair", "-keyalg", "RSA", "-keysize", "2048", "-validity", "30",
+             "-dname", "CN=localhost", "-ext", f"SAN={san}", "-keypass", KEYSTORE_PASSWORD,
+             "-noprompt", *common],
+            ["-exportcert", "-rfc", "-file", str(self.tls_ca), *common],
+        ):
+            done = subprocess.run([tool, *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ServerStartError(f"keytool {args[0]} failed:\n{done.stdout}{done.stderr}")
+
+    def _tls_config(self, member: Member) -> list[str]:
+        if member.secure_port is None:
+            return []
+        return [
+            f"serverCnxnFactory={NETTY_FACTORY}",
+            f"secureClientPort={member.secure_port}",
+            f"secureClientPortAddress={member.host if self.placed else self.client_address}",
+            f"ssl.keyStore.location={self.keystore}",
+            f"ssl.keyStore.password={KEYSTORE_PASSWORD}",
+            "ssl.keyStore.type=PKCS12",
+            f"ssl.trustStore.location={self.tls_ca}",  # whom it trusts with clientAuth
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=none",  # "need": clients must show a certificate it trusts
+        ]
 
     def _config(self, member: Member) -> str:
         lines = [
@@ -221,6 +303,7 @@ class ZooKeeperEnsemble:
             "initLimit=20",
             "syncLimit=10",
             "autopurge.purgeInterval=0",
+            *self._tls_config(member),
         ]
         if self.size > 1:
             lines.append("reconfigEnabled=false")
@@ -235,6 +318,8 @@ class ZooKeeperEnsemble:
         member.data_dir.mkdir(parents=True, exist_ok=True)
         (member.data_dir / "myid").write_text(f"{member.sid}\n")
         cfg = member.data_dir / "zoo.cfg"
+        if self.tls:
+            self._make_keystore()
         cfg.write_text(self._config(member))
         logfile = open(member.data_dir / "server.log", "ab")  # noqa: SIM115 - owned by child
         cmd = [
@@ -301,7 +386,8 @@ class ZooKeeperEnsemble:
             self.stop()
             raise
         log.info("zkserver.started", connect=self.connect_string, size=self.size,
-                 base_dir=str(self.base_dir))
+                 base_dir=str(self.base_dir),
+                 tls_connect=self.tls_connect_string if self.tls else None)
         return self
 
     def stop(self) -> None:
