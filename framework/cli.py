@@ -123,19 +123,23 @@ async def _watch_status(session: Any, app: Any, args: argparse.Namespace) -> int
     import time
 
     import trio
-    from rich.rule import Rule
 
+    from framework import errors
     from framework.runtime import Watches, gather_status
 
     console = _console()
     watches = Watches()
     while True:
         watches.reset()
-        status = await gather_status(session, app, watches=watches)
+        try:
+            status = await gather_status(session, app, watches=watches)
+        except (errors.ConnectionLossError, errors.SessionExpiredError):
+            await session.wait_connected()  # then read everything again, watches re-armed
+            continue
         if not args.json and console.is_terminal:
             console.clear()
         elif not args.json:
-            console.print(Rule(time.strftime("%H:%M:%S")))
+            print(f"--- {time.strftime('%H:%M:%S')} ---", flush=True)
         _show_status(status, args.json, console)
         shown = trio.current_time()
         await watches.changed.wait()
