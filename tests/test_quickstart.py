@@ -1,0 +1,143 @@
+"""README's quick start, run as printed.
+
+The master/worker snippet and its commands are read out of README.md itself (the blocks
+after the ``<!-- quickstart: ... -->`` markers), the snippet is saved where its first line
+says, ZooKeeper is started with the README's ``framework zk`` line and the commands are run
+from that directory, each line as a shell would (``export``, ``&``).  The one liberty taken:
+port 2181 becomes a free port, as other servers may hold 2181 on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from framework.zkserver import free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's bin: `source .venv/bin/activate`
+
+
+def readme_block(marker: str) -> str:
+    """The fenced block right after ``<!-- quickstart: marker -->`` in README.md."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(
+        rf"<!-- quickstart: {re.escape(marker)} -->\s*```\w*\n(.*?)\n```", text, re.S
+    )
+    assert found, f"README.md has no block marked <!-- quickstart: {marker} -->"
+    return found.group(1)
+
+
+def commands(block: str, port: int) -> list[tuple[list[str], bool]]:
+    """Each line of a shell block as ``(argv, in_background)``, 2181 replaced by ``port``."""
+    lines = []
+    for line in block.replace("2181", str(port)).splitlines():
+        argv = shlex.split(line, comments=True)
+        if not argv:
+            continue
+        background = argv[-1] == "&"
+        lines.append((argv[:-1] if background else argv, background))
+    return lines
+
+
+def test_readme_blocks_are_found() -> None:
+    snippet = readme_block("myapp/jobs.py")
+    assert snippet.splitlines()[0] == "# myapp/jobs.py"
+    zk = [argv for argv, _ in commands(readme_block("zookeeper"), 1) if argv[:2] == [
+        "framework", "zk"]]
+    assert len(zk) == 1
+    runs = [argv for argv, bg in commands(readme_block("commands"), 1) if bg]
+    assert sum(argv[:2] == ["framework", "run"] for argv in runs) >= 2
+
+
+async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess.Popen]) -> None:
+    snippet = readme_block("myapp/jobs.py")
+    target = tmp_path / snippet.splitlines()[0].removeprefix("# ")
+    target.parent.mkdir(parents=True)
+    target.write_text(snippet + "\n")
+    port = free_ports(1)[0]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "FRAMEWORK_LOG_LEVEL": "warning"}
+    for name in list(env):
+        if name.startswith("FRAMEWORK_ZK_") or name == "PYTHONPATH":
+            del env[name]  # nothing of the test session's own setup leaks in
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def start(argv: list[str], name: str, **kwargs: object) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                                **kwargs)  # type: ignore[call-overload]
+        procs.append(proc)
+        return proc
+
+    with trio.fail_after(120):
+        # ZooKeeper "in a terminal of its own", as the README starts it
+        [zk_argv] = [argv for argv, _ in commands(readme_block("zookeeper"), port)
+                     if argv[:2] == ["framework", "zk"]]
+        zk = start(zk_argv, "zk", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert zk.stdout is not None
+        while "serving at" not in (line := await trio.to_thread.run_sync(zk.stdout.readline)):
+            assert line, "framework zk exited before serving"
+
+        background: list[tuple[list[str], subprocess.Popen]] = []
+        for n, (argv, in_background) in enumerate(commands(readme_block("commands"), port)):
+            if argv[0] == "export":
+                for assignment in argv[1:]:
+                    name, _, value = assignment.partition("=")
+                    env[name] = value
+                continue
+            assert argv[0] == "framework", f"the test does not know how to run {argv}"
+            if in_background:
+                with open(logs / f"{n}.log", "wb") as log:
+                    background.append((argv, start(argv, str(n), stdout=log,
+                                                   stderr=subprocess.STDOUT)))
+            else:
+                done = await trio.run_process(argv, cwd=tmp_path, env=env, check=False,
+                                              capture_stdout=True, capture_stderr=True)
+                output = (done.stdout + done.stderr).decode()
+                assert done.returncode in (0, 1), output  # 1: the app is not there yet
+                assert "Traceback" not in output, output
+
+        # the job finishes: watch its status (ZooKeeper watches) until the master records it
+        app = "thumbnails"
+        watch = await trio.lowlevel.open_process(
+            ["framework", "status", app, "--watch", "--json", "--interval", "0.1"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE)
+        status: dict = {}
+        buffered = b""
+        try:
+            assert watch.stdout is not None
+            while status.get("state") != "done":
+                chunk = await watch.stdout.receive_some()
+                assert chunk, "framework status --watch exited"
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        status = json.loads(line)
+        finally:
+            watch.kill()
+            await watch.wait()
+        assert status["results"] == 1000
+        assert status["failures"] == [] and status["dead_letters"] == 0
+
+        # both masters exit once the job is recorded; workers stop on SIGTERM
+        masters = [p for argv, p in background if argv[-1].endswith(":Boss")]
+        workers = [p for argv, p in background if p not in masters]
+        assert len(masters) == 2 and workers
+        for proc in masters:
+            assert await trio.to_thread.run_sync(proc.wait) == 0
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in workers:
+            assert await trio.to_thread.run_sync(proc.wait) == 0
+        zk.send_signal(signal.SIGTERM)
+        assert await trio.to_thread.run_sync(zk.wait) == 0
