@@ -5,6 +5,10 @@ after the ``<!-- quickstart: ... -->`` markers), the snippet is saved where its 
 says, ZooKeeper is started with the README's ``framework zk`` line and the commands are run
 from that directory, each line as a shell would (``export``, ``&``).  The one liberty taken:
 port 2181 becomes a free port, as other servers may hold 2181 on a shared machine.
+
+Run a second time with ``FRAMEWORK_ZK_AUTH``/``FRAMEWORK_ZK_ACL=creator-read`` set for the
+masters and workers only: the same commands work unchanged, a viewer without credentials
+still follows the job, and cannot change what the application created.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
+from framework import errors
+from framework.zk import Session
 from framework.zkserver import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +65,10 @@ def test_readme_blocks_are_found() -> None:
     assert sum(argv[:2] == ["framework", "run"] for argv in runs) >= 2
 
 
-async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess.Popen]) -> None:
+@pytest.mark.parametrize("acl", ["open", "creator-read"])
+async def test_quickstart_runs_as_printed(
+    tmp_path: Path, procs: list[subprocess.Popen], acl: str
+) -> None:
     snippet = readme_block("myapp/jobs.py")
     target = tmp_path / snippet.splitlines()[0].removeprefix("# ")
     target.parent.mkdir(parents=True)
@@ -69,6 +79,9 @@ async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess
     for name in list(env):
         if name.startswith("FRAMEWORK_ZK_") or name == "PYTHONPATH":
             del env[name]  # nothing of the test session's own setup leaks in
+    viewer_env = dict(env)  # `framework status` runs without credentials
+    if acl != "open":
+        env |= {"FRAMEWORK_ZK_AUTH": "thumbs:s3cret", "FRAMEWORK_ZK_ACL": acl}
     logs = tmp_path / "logs"
     logs.mkdir()
 
@@ -92,7 +105,7 @@ async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess
             if argv[0] == "export":
                 for assignment in argv[1:]:
                     name, _, value = assignment.partition("=")
-                    env[name] = value
+                    env[name] = viewer_env[name] = value
                 continue
             assert argv[0] == "framework", f"the test does not know how to run {argv}"
             if in_background:
@@ -100,7 +113,7 @@ async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess
                     background.append((argv, start(argv, str(n), stdout=log,
                                                    stderr=subprocess.STDOUT)))
             else:
-                done = await trio.run_process(argv, cwd=tmp_path, env=env, check=False,
+                done = await trio.run_process(argv, cwd=tmp_path, env=viewer_env, check=False,
                                               capture_stdout=True, capture_stderr=True)
                 output = (done.stdout + done.stderr).decode()
                 assert done.returncode in (0, 1), output  # 1: the app is not there yet
@@ -110,7 +123,7 @@ async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess
         app = "thumbnails"
         watch = await trio.lowlevel.open_process(
             ["framework", "status", app, "--watch", "--json", "--interval", "0.1"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE)
+            cwd=tmp_path, env=viewer_env, stdout=subprocess.PIPE)
         status: dict = {}
         buffered = b""
         try:
@@ -128,6 +141,12 @@ async def test_quickstart_runs_as_printed(tmp_path: Path, procs: list[subprocess
             await watch.wait()
         assert status["results"] == 1000
         assert status["failures"] == [] and status["dead_letters"] == 0
+        if acl != "open":
+            async with Session(f"127.0.0.1:{port}", auth=None) as anonymous:
+                with pytest.raises(errors.NoAuthError):
+                    await anonymous.delete(f"/apps/{app}/done")
+                with pytest.raises(errors.NoAuthError):
+                    await anonymous.set(f"/apps/{app}", b"")
 
         # both masters exit once the job is recorded; workers stop on SIGTERM
         masters = [p for argv, p in background if argv[-1].endswith(":Boss")]
