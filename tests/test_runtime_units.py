@@ -130,18 +130,6 @@ def test_importing_the_bridge_loads_no_upper_layer() -> None:
     assert out == "framework.runtime.worker True"
 
 
-def test_a_plain_def_handler_is_refused_at_start() -> None:
-    from framework import ConfigurationError as Refused
-    from framework.runtime import Worker
-
-    class Forgetful(Worker):
-        def handle(self, task):  # type: ignore[no-untyped-def, override]  # no async
-            return 1
-
-    with pytest.raises(Refused, match="handle must be 'async def'"):
-        Forgetful("app")
-
-
 def test_framework_run_imports_from_the_current_directory(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

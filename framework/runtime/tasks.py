@@ -13,6 +13,9 @@ from framework.errors import ConfigurationError, PermanentFailure
 from framework.runtime.app import check_name
 from framework.zk import MAX_DATA_BYTES
 
+#: How many failure records the ``failures/`` ring keeps (each worker deletes the record
+#: this many before its own; the master's retention trims what a crash left behind).
+FAILURE_RING = 200
 
 @attrs.frozen
 class Task:

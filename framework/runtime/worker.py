@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
+import pickle
 import socket
+import threading
 import time
 import traceback
-from contextlib import nullcontext
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import attrs
@@ -40,7 +44,8 @@ from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
 from framework.runtime.app import App, check_name, ensure_layout
-from framework.runtime.tasks import Task, TaskResult, new_task
+from framework.runtime.cancel import wait_cancelled
+from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope, wait_gone, watch_children
 
 log = get_logger("framework.runtime.worker")
@@ -60,9 +65,6 @@ MAX_ERROR_CHARS = 4000
 #: Longest traceback kept in a failure record (its end: the frames nearest the error).
 MAX_TRACEBACK_CHARS = 8000
 
-#: How many failure records the ``failures/`` ring keeps.
-FAILURE_RING = 200
-
 
 class Worker:
     """Base class of an application's workers; override :meth:`handle` / :meth:`serve_shard`.
@@ -75,6 +77,15 @@ class Worker:
     trio loop within it, and is renewed only until the task's time limit and retry backoff
     are over; a worker stuck past that, or whose event loop is blocked, loses the task to
     another worker, and its late acknowledgement is refused by the server).
+
+    ``handle`` may be a plain ``def`` for blocking or CPU-bound work: it then runs in a pool
+    of ``concurrency`` threads (``handler_pool = "thread"``, the default) or processes
+    (``handler_pool = "process"``, with trio-parallel: the class must be importable by name,
+    and the handler gets a copy of the worker with ``app``, ``name``, ``address`` and
+    ``config`` only).  ``time_limit`` holds for both: a thread past its limit fails its task
+    and frees the slot, but a Python thread cannot be killed, so it runs on in the background
+    until it returns (its result is dropped; ``status()["stuck_threads"]`` counts them); a
+    process past its limit is killed.
     """
 
     app_name: str | None = None
@@ -87,6 +98,7 @@ class Worker:
     status_interval: float = 1.0
     suspended_grace: float | None = None  # None: until the session's trust deadline
     lease: float | None = 30.0  # a task's claim is renewed within this (None: no lease)
+    handler_pool: str = "thread"  # where a plain-def handle runs: "thread" or "process"
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -96,12 +108,7 @@ class Worker:
                 f"{type(self).__name__} needs an application: set app_name or pass --app"
             )
         self.app = app if isinstance(app, App) else App(app)
-        for method in ("handle", "serve_shard", "on_config"):
-            if not inspect.iscoroutinefunction(getattr(type(self), method)):
-                raise errors.ConfigurationError(
-                    f"{type(self).__name__}.{method} must be 'async def' (it is a plain "
-                    "function): the runtime awaits it"
-                )
+        self._blocking = _blocking_handler(type(self))
         self.name = check_name("worker name", name or f"{socket.gethostname()}-{os.getpid()}")
         self.address = address
         self.config: Any = None
@@ -115,11 +122,15 @@ class Worker:
         self._stop_requested = trio.Event()
         self._status_dirty = trio.Event()
         self._markers: dict[str, _Marker] = {}  # running/ path -> this worker's marker
+        self._stuck_threads = 0  # handler threads abandoned at their time limit, still running
+        self._threads_lock = threading.Lock()
+        self._processes: Any = None  # the trio-parallel context of a process pool
 
     # ------------------------------------------------------------ for subclasses
 
     async def handle(self, task: Task) -> Any:
-        """Do one task; return a JSON result (it must fit in a znode: keep it small).
+        """Do one task; return a JSON result (it must fit in a znode: keep it small).  A
+        subclass may make it a plain ``def`` (run in the ``handler_pool``).
 
         Raise to fail: the task is retried up to ``max_attempts`` deliveries, except for
         :class:`~framework.errors.PermanentFailure`, which fails it for good at once.  A
@@ -203,6 +214,7 @@ class Worker:
             "done": self.tasks_done,
             "failed": self.tasks_failed,
             "shards": sorted(self._shards),
+            "stuck_threads": self._stuck_threads,
             "health": self.health(),
             "at": time.time(),
         }
@@ -216,12 +228,14 @@ class Worker:
         group = Group(session, app.workers)
         queue = WorkQueue(session, app.tasks, max_attempts=self.max_attempts,
                           dead_letter=app.dead, lease=self.lease)
-        async with group.join(self.name, json.dumps(self.status()).encode()) as member:
+        async with self._handler_pool(), \
+                group.join(self.name, json.dumps(self.status()).encode()) as member:
             log.info("worker.joined", app=app.name, worker=self.name)
             async with trio.open_nursery() as background:
                 background.start_soon(self._report_status, member)
                 background.start_soon(self._follow_config, session)
                 background.start_soon(self._follow_assignments, session)
+                background.start_soon(self._follow_cancel, session)
                 if self.takes_tasks:
                     async with trio.open_nursery() as slots:
                         for _ in range(self.concurrency):
@@ -240,6 +254,30 @@ class Worker:
                     pass  # the group node is ephemeral: it goes with the session
         log.info("worker.stopped", app=app.name, worker=self.name, done=self.tasks_done,
                  failed=self.tasks_failed)
+
+    @asynccontextmanager
+    async def _handler_pool(self) -> AsyncIterator[None]:
+        """The pool a plain-def ``handle`` runs in, for as long as the worker runs.  Its
+        limiter is unbounded: the slots bound the calls, and an abandoned thread keeps its
+        token until it returns."""
+        self._pool_limiter = trio.CapacityLimiter(math.inf)
+        if not (self._blocking and self.handler_pool == "process"):
+            yield
+            return
+        import trio_parallel  # only a process pool needs it
+
+        async with trio_parallel.open_worker_context(grace_period=1.0) as context:
+            self._processes = context
+            try:
+                yield
+            finally:
+                self._processes = None
+
+    async def _follow_cancel(self, session: Session) -> None:
+        """Drain and leave once the app is cancelled (``framework cancel``)."""
+        await wait_cancelled(session, self.app)
+        log.warning("worker.cancelled", app=self.app.name, worker=self.name)
+        self.request_stop()
 
     async def _drain_deadline(self, slots: trio.CancelScope) -> None:
         await self._stop_requested.wait()
@@ -375,7 +413,7 @@ class Worker:
         started = time.time()
         try:
             with trio.fail_after(limit) if limit else nullcontext():
-                value = await self.handle(task)
+                value = await self._call_handler(task)
         except Exception as exc:
             await self._failed(session, task, exc, started)
             # leaving take() with an error hands the item back (or buries it for good)
@@ -415,8 +453,45 @@ class Worker:
         log.info("task.done", task=task.id, worker=self.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
 
+    async def _call_handler(self, task: Task) -> Any:
+        """``handle(task)``: awaited, or a plain ``def`` run in the thread or process pool."""
+        if not self._blocking:
+            return await self.handle(task)
+        if self._processes is not None:
+            fields = {"app": self.app, "name": self.name, "address": self.address,
+                      "config": self.config}
+            # cancelled (time limit, drain timeout): the process is killed
+            return await self._processes.run_sync(_handle_in_process, type(self), fields,
+                                                  task, kill_on_cancel=True,
+                                                  limiter=self._pool_limiter)
+        call = _ThreadCall()
+
+        def run() -> Any:
+            try:
+                return _returned(type(self), self.handle(task))
+            finally:
+                with self._threads_lock:
+                    call.finished = True
+                    if call.abandoned:
+                        self._stuck_threads -= 1
+
+        try:
+            return await trio.to_thread.run_sync(run, abandon_on_cancel=True,
+                                                 limiter=self._pool_limiter)
+        except trio.Cancelled:
+            # a thread cannot be killed: it runs on, its result will be dropped
+            with self._threads_lock:
+                if not call.finished:
+                    call.abandoned = True
+                    self._stuck_threads += 1
+            if call.abandoned:
+                log.warning("task.thread_abandoned", task=task.id, worker=self.name,
+                            stuck_threads=self._stuck_threads)
+            raise
+
     async def _failed(self, session: Session, task: Task, exc: Exception,
                       started: float) -> None:
+        ended = time.time()  # the record's time: not counting the traceback's formatting
         self.tasks_failed += 1
         if isinstance(exc, trio.TooSlowError):
             error = "time limit exceeded"
@@ -434,7 +509,8 @@ class Worker:
         log.warning("task.failed", task=task.id, key=task.key, worker=self.name, error=error,
                     attempt=task.attempts, final=final, exc_info=exc)
         result = TaskResult(task.id, False, self.name, task.attempts, None, error,
-                            started_at=started, key=task.key, traceback=trace)
+                            started_at=started, finished_at=ended, key=task.key,
+                            traceback=trace)
         with cleanup_scope(session):
             try:
                 node = await session.create(f"{self.app.failures}/f-", result.encode(),
@@ -528,6 +604,83 @@ class Worker:
             self._shards.discard(shard)
             self._status_dirty.set()
             log.info("shard.released", worker=self.name, shard=shard)
+
+
+#: Where a plain-def ``handle`` can run (``Worker.handler_pool``).
+HANDLER_POOLS = ("thread", "process")
+
+
+def _blocking_handler(cls: type[Worker]) -> bool:
+    """Whether ``cls.handle`` is a plain ``def`` (run in the handler pool) rather than an
+    ``async def``; a mistake in either is a one-line :class:`ConfigurationError` at start."""
+    name = cls.__name__
+    for method in ("serve_shard", "on_config"):
+        if not inspect.iscoroutinefunction(getattr(cls, method, None)):
+            raise errors.ConfigurationError(
+                f"{name}.{method} must be 'async def' (it is not): the runtime awaits it"
+            )
+    if cls.handler_pool not in HANDLER_POOLS:
+        raise errors.ConfigurationError(
+            f"{name}.handler_pool must be 'thread' or 'process', got {cls.handler_pool!r}"
+        )
+    handle = getattr(cls, "handle", None)
+    if not callable(handle):
+        raise errors.ConfigurationError(
+            f"{name}.handle must be a method ('async def' or 'def'), got a "
+            f"{type(handle).__name__}"
+        )
+    if inspect.iscoroutinefunction(handle):
+        if cls.handler_pool == "process":
+            raise errors.ConfigurationError(
+                f"{name}.handle is 'async def' but handler_pool is 'process': a process "
+                "pool runs a plain 'def handle' (drop the 'async', or the process pool)"
+            )
+        return False
+    if inspect.isasyncgenfunction(handle) or inspect.isgeneratorfunction(handle):
+        raise errors.ConfigurationError(
+            f"{name}.handle must return its result, not yield (it is a generator)"
+        )
+    if inspect.iscoroutinefunction(inspect.unwrap(handle)):
+        raise errors.ConfigurationError(
+            f"{name}.handle is a plain function wrapping an 'async def' (a decorator hides "
+            "the coroutine): make the wrapper 'async def' too"
+        )
+    if cls.handler_pool == "process":
+        try:
+            pickle.dumps(cls)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise errors.ConfigurationError(
+                f"{name} uses handler_pool = 'process', so it must be importable by name "
+                f"(a class at module level): {exc}"
+            ) from None
+    return True
+
+
+def _returned(cls: type[Worker], value: Any) -> Any:
+    """A plain-def handler's value; a coroutine (an async-ness mistake) fails for good."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()  # never awaited: no "coroutine was never awaited" warning
+        raise errors.PermanentFailure(
+            f"{cls.__name__}.handle is a plain 'def' but returned {type(value).__name__}: "
+            "declare it 'async def', or return the result itself"
+        )
+    return value
+
+
+def _handle_in_process(cls: type[Worker], fields: dict[str, Any], task: Task) -> Any:
+    """Run ``cls.handle`` in a pool process, on a bare copy of the worker (no session)."""
+    worker = cls.__new__(cls)
+    worker.__dict__.update(fields)
+    return _returned(cls, cls.handle(worker, task))
+
+
+@attrs.define
+class _ThreadCall:
+    """A handler thread: abandoned (its task failed on time) before it finished?"""
+
+    finished: bool = False
+    abandoned: bool = False
 
 
 @attrs.define
