@@ -12,6 +12,10 @@ app's ``done`` node (a fenced write) and the process exits; a standby elected la
 record and exits too, without running ``lead`` again (delete ``done`` to run the job again).
 ``lead`` raising or being cancelled records nothing: the next leader runs it.  A new master
 always resumes from ZooKeeper, never from memory.
+
+While it leads, the master also applies the app's retention (``results/``, ``dead/``,
+``failures/``: see :mod:`framework.runtime.retention`) every ``retention_interval`` seconds,
+and every master watches the app's ``cancel`` node (:mod:`framework.runtime.cancel`).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name, ensure_layout
 from framework.runtime.assignment import plan_assignment
-from framework.runtime.tasks import Task, TaskResult, new_task
-from framework.zk import Session, cleanup_scope
+from framework.runtime.cancel import is_cancelled, wait_cancelled
+from framework.runtime.retention import Retention, limits_of
+from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
+from framework.zk import Session, cleanup_scope, gather
+from framework.zk.scopes import single_body_error
 
 log = get_logger("framework.runtime.master")
 
@@ -48,6 +55,12 @@ class MasterContext:
     master: Master
     queue: WorkQueue
     config_store: ConfigStore[Any]
+    retention: Retention
+
+    async def apply_retention(self) -> dict[str, int]:
+        """One retention pass now (the runtime runs one every ``retention_interval``);
+        returns how many records of each kind it deleted."""
+        return await self.retention.apply()
 
     # ------------------------------------------------------------ tasks (pull mode)
 
@@ -207,12 +220,24 @@ class Master:
     long a disconnected leader may keep leading (``None``, the default: until the session's
     trust deadline, which rides through a ZooKeeper leader change and still stops the body a
     third of the session timeout before the server can elect another master; a number
-    stops it sooner).
+    stops it sooner).  ``<kind>_retention_count`` / ``<kind>_retention_seconds`` bound the
+    app's result records, dead letters and failure records (``retention_interval``,
+    ``retention_batch``: how often, and how many deletions at most per pass).
     """
 
     app_name: str | None = None
     stable_for: float = 2.0
     suspended_grace: float | None = None
+    # retention (None: no limit); applied by the active master every retention_interval
+    # seconds (None: never), at most retention_batch deletions per pass
+    result_retention_count: int | None = 100_000
+    result_retention_seconds: float | None = 7 * 86400.0
+    dead_retention_count: int | None = 10_000
+    dead_retention_seconds: float | None = 30 * 86400.0
+    failure_retention_count: int | None = FAILURE_RING
+    failure_retention_seconds: float | None = 7 * 86400.0
+    retention_interval: float | None = 60.0
+    retention_batch: int = 1000
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -224,6 +249,12 @@ class Master:
         self.app = app if isinstance(app, App) else App(app)
         self.name = check_name("master name", name or f"{socket.gethostname()}-{os.getpid()}")
         self.address = address
+        self.retention_limits = limits_of(self)  # checked now, not at the first pass
+        if self.retention_interval is not None and not self.retention_interval > 0:
+            raise errors.ConfigurationError(
+                f"retention_interval must be positive seconds or None: "
+                f"{self.retention_interval!r}"
+            )
         self.terms_led = 0
         self._stopping = False
         self._scope: trio.CancelScope | None = None
@@ -246,6 +277,15 @@ class Master:
                                "pid": os.getpid(), "host": socket.gethostname()}).encode()
         election = Election(session, app.masters, identity,
                             suspended_grace=self.suspended_grace)
+        with single_body_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._follow_cancel, session)
+                await self._campaign(session, election, identity)
+                nursery.cancel_scope.cancel()
+        log.info("master.stopped", app=app.name, master=self.name)
+
+    async def _campaign(self, session: Session, election: Election, identity: bytes) -> None:
+        app = self.app
         with trio.CancelScope() as self._scope:
             while not self._stopping:
                 log.info("master.standby", app=app.name, master=self.name)
@@ -257,10 +297,20 @@ class Master:
                     log.warning("master.deposed", app=app.name, master=self.name,
                                 reason=exc.reason)
                     await session.wait_connected()
-        log.info("master.stopped", app=app.name, master=self.name)
+
+    async def _follow_cancel(self, session: Session) -> None:
+        """Resign (or stop standing by) and exit once the app is cancelled."""
+        await wait_cancelled(session, self.app)
+        log.warning("master.cancelled", app=self.app.name, master=self.name)
+        self.request_stop()
 
     async def _lead_term(self, session: Session, term: Term, identity: bytes) -> None:
-        finished = await _job_done(session, self.app)
+        finished, cancelled = await _job_done(session, self.app)
+        if cancelled:
+            # our predecessor may have resigned on the cancel: never start lead() again
+            log.info("master.job_cancelled", app=self.app.name, master=self.name)
+            self.request_stop()
+            return
         if finished is not None:
             log.info("master.job_already_done", app=self.app.name, master=self.name,
                      finished_by=finished.get("master"), at=finished.get("at"))
@@ -272,16 +322,24 @@ class Master:
         try:
             rendezvous = Rendezvous(session, self.app.rendezvous)
             await rendezvous.publish(identity, ephemeral=True)
+            queue = WorkQueue(session, self.app.tasks, dead_letter=self.app.dead,
+                              fence=(term.node, term.version))
             ctx = MasterContext(
                 session=session,
                 app=self.app,
                 term=term,
                 master=self,
-                queue=WorkQueue(session, self.app.tasks, dead_letter=self.app.dead,
-                                fence=(term.node, term.version)),
+                queue=queue,
                 config_store=ConfigStore(session, self.app.config),
+                retention=Retention(session, self.app, term, queue.items_root,
+                                    batch=self.retention_batch, **self.retention_limits),
             )
-            await self.lead(ctx)
+            with single_body_error():
+                async with trio.open_nursery() as nursery:
+                    if self.retention_interval is not None:
+                        nursery.start_soon(ctx.retention.run, self.retention_interval)
+                    await self.lead(ctx)
+                    nursery.cancel_scope.cancel()
             record = json.dumps({"master": self.name, "at": time.time(),
                                  "token": term.token}).encode()
             try:
@@ -302,13 +360,22 @@ class Master:
                     pass
 
 
-async def _job_done(session: Session, app: App) -> dict[str, Any] | None:
-    """The job-done record of ``app`` (``None`` while the job is not finished)."""
-    try:
-        data, _stat = await session.get(app.done)
-    except errors.NoNodeError:
-        return None
-    return _json(data)
+async def _job_done(session: Session, app: App) -> tuple[dict[str, Any] | None, bool]:
+    """The job-done record of ``app`` (``None`` while the job is not finished), and whether
+    the app is cancelled: two reads in one round trip."""
+    found: dict[str, Any] = {}
+
+    async def done() -> None:
+        try:
+            found["done"] = _json((await session.get(app.done))[0])
+        except errors.NoNodeError:
+            pass
+
+    async def cancelled() -> None:
+        found["cancelled"] = await is_cancelled(session, app)
+
+    await gather(done, cancelled)
+    return found.get("done"), found["cancelled"]
 
 
 async def _commit(txn: Any) -> None:
