@@ -46,7 +46,8 @@ class Tasks(Master):
 
 class Blocking(Worker):
     """A plain-def handler in the thread pool: ``block`` blocks the thread (past any time
-    limit), ``coro`` returns a coroutine (an async-ness mistake), else the thread's name."""
+    limit), ``coro`` returns a coroutine (an async-ness mistake), else it reports progress
+    and returns the thread's name."""
 
     concurrency = 1
     max_attempts = 1
@@ -57,6 +58,8 @@ class Blocking(Worker):
             return "late"
         if task.payload == "coro":
             return trio.sleep(0)
+        # progress from the handler's thread: through the worker's trio loop
+        trio.from_thread.run(self.report_progress, task, 1, 2, "half way")
         return threading.current_thread().name
 
 

@@ -78,6 +78,7 @@ async def test_cancel_stops_workers_and_every_master_without_done(zk_hosts: str,
             # a master started after the cancel exits without leading
             late = Endless("stopme", "m3")
             await late.run(s)
+            assert await s.children(app.masters) == []  # every master resigned
     print(f"cancel: 2 masters and 2 workers stopped in {took:.3f} s")
     assert sorted(ended) == ["m1", "m2", "w1", "w2"]
     assert leader.lead_cancelled and standby.terms_led == 0 and late.terms_led == 0

@@ -309,7 +309,7 @@ class Master:
         if cancelled:
             # our predecessor may have resigned on the cancel: never start lead() again
             log.info("master.job_cancelled", app=self.app.name, master=self.name)
-            self.request_stop()
+            self._stopping = True  # returning resigns; the campaign ends
             return
         if finished is not None:
             log.info("master.job_already_done", app=self.app.name, master=self.name,

@@ -85,7 +85,8 @@ class Worker:
     ``config`` only).  ``time_limit`` holds for both: a thread past its limit fails its task
     and frees the slot, but a Python thread cannot be killed, so it runs on in the background
     until it returns (its result is dropped; ``status()["stuck_threads"]`` counts them); a
-    process past its limit is killed.
+    process past its limit is killed.  A thread handler reports progress with
+    ``trio.from_thread.run(self.report_progress, task, done, total)``.
     """
 
     app_name: str | None = None
