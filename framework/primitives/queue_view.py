@@ -5,6 +5,7 @@ Layout (owned by :class:`framework.primitives.queue.WorkQueue`)::
     <path>/items/b-NNNNNNNNNN/i<priority>-<token>-NNNNNNNNNN   items, in buckets of bounded size
     <path>/claims/b-NNNNNNNNNN.i<priority>-<token>-NNNNNNNNNN  ephemeral claim of an item in use
     <path>/puts/p-<guid>                                       ephemeral: orders pipelined puts
+    <path>/waiting/w-<guid>-NNNNNNNNNN                         ephemeral: the line of idle consumers
 
 ``<priority>`` is signed (``+0``, ``-5``); ``<token>`` is the GUID that lets a producer find
 its item after a lost reply (16 hex digits: a batch id and the item's index in the batch);

@@ -75,12 +75,17 @@ class App:
 
 
 async def ensure_layout(session: Session, app: App, *paths: str) -> None:
-    """Create ``paths`` and every result bucket if missing (idempotent, cheap once done:
-    one listing).  With the buckets in place, a task's result is written in the same
-    transaction as its acknowledgement; a missing bucket would fail that transaction and
-    cost the slower fallback (result, bucket, result again, ack alone)."""
+    """Create ``paths`` (an app's directories) if missing."""
     for path in paths:
         await session.ensure_path(path)
+
+
+async def ensure_result_buckets(session: Session, app: App) -> None:
+    """Create every result bucket that is missing (one listing once they all exist).  A
+    worker calls it before its first result: with the buckets in place, a result is written
+    in the same transaction as its task's acknowledgement, where a missing bucket would fail
+    that transaction and cost the slower fallback (result, bucket, result again, ack alone).
+    Apps that record no results (push mode) never get the 256 nodes."""
     await session.ensure_path(app.results)
     present = set(await session.children(app.results))
 

@@ -58,8 +58,6 @@ class Client:
 
     async def _work_queue(self) -> WorkQueue:
         if self._queue is None:
-            # the buckets of the result records too, so the first result is written with
-            # its acknowledgement (see ensure_layout): once per Client
             await ensure_layout(self.session, self.app, self.app.tasks, self.app.running)
             self._queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
         return self._queue

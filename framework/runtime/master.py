@@ -272,7 +272,8 @@ class Master:
     async def run(self, session: Session) -> None:
         """Campaign, lead, and stand by again after a lost term, until done or stopped."""
         app = self.app
-        await ensure_layout(session, app, app.masters, app.tasks, app.running, app.workers)
+        await ensure_layout(session, app, app.masters, app.tasks, app.running, app.results,
+                            app.workers)
         identity = json.dumps({"name": self.name, "address": self.address,
                                "pid": os.getpid(), "host": socket.gethostname()}).encode()
         election = Election(session, app.masters, identity,

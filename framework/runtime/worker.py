@@ -43,7 +43,7 @@ from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
-from framework.runtime.app import App, check_name, ensure_layout
+from framework.runtime.app import App, check_name, ensure_layout, ensure_result_buckets
 from framework.runtime.cancel import wait_cancelled
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope, wait_gone, watch_children
@@ -123,6 +123,7 @@ class Worker:
         self._stop_requested = trio.Event()
         self._status_dirty = trio.Event()
         self._markers: dict[str, _Marker] = {}  # running/ path -> this worker's marker
+        self._result_buckets_ready = False
         self._stuck_threads = 0  # handler threads abandoned at their time limit, still running
         self._threads_lock = threading.Lock()
         self._processes: Any = None  # the trio-parallel context of a process pool
@@ -224,8 +225,8 @@ class Worker:
         """Serve until :meth:`request_stop`; returns after a graceful drain."""
         self.session = session
         app = self.app
-        await ensure_layout(session, app, app.tasks, app.running, app.failures, app.dead,
-                            app.assignment_dir(self.name), app.shards)
+        await ensure_layout(session, app, app.tasks, app.running, app.results, app.failures,
+                            app.dead, app.assignment_dir(self.name), app.shards)
         group = Group(session, app.workers)
         queue = WorkQueue(session, app.tasks, max_attempts=self.max_attempts,
                           dead_letter=app.dead, lease=self.lease)
@@ -446,6 +447,9 @@ class Worker:
         async def fallback() -> None:
             await _put(session, record, encoded)
 
+        if not self._result_buckets_ready:  # once per worker, before its first result
+            await ensure_result_buckets(session, self.app)
+            self._result_buckets_ready = True
         finisher = Finisher(build, fallback)
         queue.finish_with(item, finisher)
         mine.finisher = finisher

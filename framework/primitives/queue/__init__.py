@@ -28,10 +28,14 @@ Delivery is at-least-once:
   delivery that never reached a handler is not counted;
 * a crashed consumer's claims vanish with its session, and the item is delivered again.
 
-Consumers wait on watches, never poll.  Every waiting consumer, in every process, is woken
-by the same watch and competes for the head of the queue, so none is starved (fair); one that
-loses a race tries a random item among the next few instead of racing for the next head in
-lockstep, so competitors spread out.  Within a process, consumer tasks sharing a
+Consumers wait on watches, never poll.  Idle consumers wait in a line
+(:mod:`.line`, ``<path>/waiting/``): only the first two watch the queue, each later one only
+the waiter two places ahead of it, so a put wakes two consumers rather than every idle one
+(no herd), and idle consumers are served in the order they started waiting (fair).  A
+consumer that finds work leaves the line as its claim goes out; busy consumers never wait in
+it.  Consumers that go for the same item race for it; one that loses tries a random item
+among the next few instead of racing for the next head in lockstep, so competitors spread
+out.  Within a process, consumer tasks sharing a
 ``WorkQueue`` share one view and never compete for the same item.  A lone consumer takes
 items in strict order.
 
@@ -80,6 +84,7 @@ from framework import errors
 from framework.errors import ConfigurationError
 from framework.primitives.queue.consumer import Consumer
 from framework.primitives.queue.items import Finisher, QueueItem
+from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.producer import Producer
 from framework.primitives.queue_lease import LeaseBreaker, Renewal
 from framework.primitives.queue_view import QueueView, is_bucket, parse_item
@@ -186,6 +191,8 @@ class WorkQueue(Producer, Consumer):
         self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
         self._tickets: list[Any] = []  # takes waiting for a claim round
         self._round: Any = None  # the claim round in flight
+        self._line = WaitingLine(session, f"{path}/waiting")  # our place among idle takes
+        self._turn: Any = None  # the line check in flight, shared by the idle takes
         self._acks: list[Any] = []  # acks waiting for a combined commit
         self._committing: trio.Event | None = None  # set when the commit in flight ends
         self._bucket: str | None = None  # where this producer puts
@@ -196,6 +203,7 @@ class WorkQueue(Producer, Consumer):
             await gather(
                 lambda: self.session.ensure_path(self.items_root),
                 lambda: self.session.ensure_path(self.claims_root),
+                lambda: self.session.ensure_path(f"{self.path}/waiting"),
             )
             self._ready = True
 

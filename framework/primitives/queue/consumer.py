@@ -18,6 +18,7 @@ from framework.errors import ClaimLost, PermanentFailure
 from framework.logs import get_logger
 from framework.primitives.holding import node_scope
 from framework.primitives.queue.items import Claim, Finisher, QueueItem
+from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue_lease import LeaseBreaker, Renewal, lease_token, renew
 from framework.primitives.queue_view import Entry, QueueView
 from framework.zk import Session, Transaction, cleanup_bound, cleanup_scope, gather
@@ -53,6 +54,8 @@ class Consumer:
     _finishers: dict[str, Finisher]
     _tickets: list[_Ticket]
     _round: _Round | None
+    _line: WaitingLine
+    _turn: tuple[trio.Event, list[bool]] | None
     _acks: list[_Ack]
     _committing: trio.Event | None
 
@@ -122,6 +125,11 @@ class Consumer:
         transaction; a take that arrives meanwhile is served by the next round.  A round
         runs in its leader's task (nothing outlives the takes).
 
+        A take with nothing to take waits in the line of idle consumers
+        (:mod:`.line`): only the first few in line wait for the queue to change, the others
+        for their place to come, so a put wakes a few consumers, not all of them.  A take
+        handed a claim by another take's round stops waiting at once.
+
         Competing consumers read the same list and go for the same head.  The one that loses
         (its claim's create finds the claim node) does not re-read and race again for the
         next head: its next round starts at a random item among the next few of the same
@@ -143,16 +151,36 @@ class Consumer:
                     self._round = None
                     current.over.set()
                 if ticket.claim is None and current.idle is not None:
-                    with trio.move_on_at(current.expiry):
-                        await current.idle.wait()
+                    with trio.CancelScope() as ticket.idle:  # cancelled when handed a claim
+                        if await self._my_turn():
+                            with trio.move_on_at(current.expiry):
+                                await current.idle.wait()
+                    ticket.idle = None
         except BaseException:
             if ticket in self._tickets:
                 self._tickets.remove(ticket)
             if ticket.claim is not None:  # handed to us as we were cancelled: undo it
                 await self._abandon(ticket.claim)
+            if not any(t.claim is None for t in self._tickets):
+                await self._line.leave()  # no take of ours waits any more
             raise
         self._tickets.remove(ticket)
         return ticket.claim
+
+    async def _my_turn(self) -> bool:
+        """:meth:`WaitingLine.turn`, once for all the takes of this object waiting now."""
+        if self._turn is not None:
+            done, answer = self._turn
+            await done.wait()
+            return answer[0]
+        done, answer = trio.Event(), [False]
+        self._turn = (done, answer)
+        try:
+            answer[0] = await self._line.turn()
+        finally:
+            self._turn = None
+            done.set()
+        return answer[0]
 
     async def _lead_round(self, current: _Round) -> None:
         """One claim round: claims for the waiting takes, or ``current.idle`` set to the
@@ -186,6 +214,8 @@ class Consumer:
                 break
             if ticket.claim is None:
                 ticket.claim = claims.pop(0)
+                if ticket.idle is not None:
+                    ticket.idle.cancel()
         for claim in claims:  # the takes that wanted them left meanwhile
             await self._abandon(claim)
 
@@ -193,7 +223,9 @@ class Consumer:
         """Claim ``entries`` in one transaction (their items read at once first); return
         the claims made.  An entry claimed by someone else first is dropped and the rest
         tried again; one whose item is gone is forgotten.  Cancelled while claims may
-        exist: they are undone before the cancellation goes on."""
+        exist: they are undone before the cancellation goes on.  If this object waits in
+        the line of idle consumers, the same transaction deletes its node there: it leaves
+        the line exactly when it gets work."""
         session = self.session
         found: dict[str, tuple[bytes, Any]] = {}
 
@@ -217,6 +249,7 @@ class Consumer:
                 entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
                 session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
             ))
+        place = self._line.place() if session_id == self._line.session_id else None
         try:
             while claims:
                 txn = session.transaction()
@@ -224,9 +257,15 @@ class Consumer:
                     txn.create(claim.claim_path, claim.token, ephemeral=True)
                     txn.set(f"{self.items_root}/{claim.entry.key}", claim.data,
                             version=claim.version - 1)
+                if place is not None:
+                    txn.delete(place)
                 try:
                     await txn.commit()
                 except errors.TransactionFailedError as exc:
+                    if place is not None and exc.failed_index == 2 * len(claims):
+                        place = None  # our place in line is gone: claim without it
+                        self._line.left()
+                        continue
                     lost = claims.pop(max(exc.failed_index, 0) // 2)
                     if isinstance(exc.cause, errors.NoNodeError):
                         view.forget(lost.entry)  # gone (acked): claim the others
@@ -239,6 +278,11 @@ class Consumer:
                     return []  # whatever it made went with that session
                 except errors.ConnectionLossError:
                     claims = [claim for claim in claims if await self._holds(claim)]
+                    if place is not None and claims:
+                        self._line.left()  # applied: our place went with it
+                    return claims
+                if place is not None:
+                    self._line.left()
                 for claim in claims:
                     log.debug("queue.claimed", path=self.path, item=claim.entry.key,
                               attempt=claim.version)
@@ -559,6 +603,7 @@ class _Ticket:
     """A take waiting for a claim round to hand it a claim."""
 
     claim: Claim | None = None
+    idle: trio.CancelScope | None = None  # its wait while there is nothing to take
 
 
 @attrs.define(eq=False)

@@ -1,0 +1,120 @@
+"""The line of idle consumers: only the first few wait for the queue to change (no herd).
+
+Without it, every idle consumer of a queue watches the bucket it would take from, so each put
+wakes all of them: each lists the bucket, reads the item and sends a claim transaction, and
+all but one fail.  With 200 idle workers that was 1,340 requests and 207 write transactions
+per put (``bench/scale.py``).
+
+Layout: ``<queue>/waiting/w-<guid>-NNNNNNNNNN``, ephemeral and sequential, one per
+:class:`~framework.primitives.queue.WorkQueue` object that has a take with nothing to take.
+The first :data:`HEADS` nodes in sequence order are the *heads*: they wait on the queue's
+watched lists as every consumer did before.  Every later waiter watches only the node
+:data:`HEADS` places ahead of it (the seed's "watch the predecessor", generalised to several
+holders as in a semaphore), so a node's deletion wakes at most one waiter.  A consumer leaves
+the line in the transaction that claims work (the delete of its node is one more operation
+of the claim's multi): the next waiter becomes a head only once the item is claimed, so it
+does not go for it too, and a head that loses the race keeps its place.  It joins again at
+the back the next time it finds nothing.
+
+Two heads rather than one: a head whose process stops running its event loop while its
+session lives (a handler blocking the loop) keeps its place; the other head still takes what
+arrives.  Busy consumers never wait in line: a take that finds work claims it at once.
+
+Creates are protected by the GUID in the name (a lost reply is recovered by
+:func:`~framework.zk.create_protected`); an interrupted join deletes what it may have made.
+SUSPENDED: the waits go on (the watches fire when the connection is back, or the caller looks
+again).  LOST: the node went with the session; the next wait joins again.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from framework import errors
+from framework.zk import (
+    Session,
+    basename,
+    cleanup_scope,
+    create_protected,
+    delete_guid_nodes,
+    new_guid,
+    sort_sequential,
+)
+
+#: Waiters that watch the queue itself (see the module doc).
+HEADS = 2
+
+
+@attrs.define(eq=False)
+class WaitingLine:
+    """One queue object's place in the line of idle consumers under ``root``."""
+
+    session: Session
+    root: str
+    node: str | None = None  # our node's full path, while in line
+    session_id: int | None = None  # the session that made it
+
+    async def turn(self) -> bool:
+        """Join the line if not in it; return ``True`` at once if we are a head (the caller
+        waits for the queue to change), else wait until the waiter we watch is gone and
+        return ``False`` (the caller looks at the queue again)."""
+        try:
+            if self.node is None or self.session.session_id != self.session_id:
+                await self._join()
+            assert self.node is not None
+            names = sort_sequential(
+                [n for n in await self.session.children(self.root) if n.startswith("w-")]
+            )
+            mine = basename(self.node)
+            if mine not in names:  # gone with an old session: join again next time
+                self.node = None
+                return False
+            index = names.index(mine)
+            if index < HEADS:
+                return True
+            fired = trio.Event()
+            ahead = f"{self.root}/{names[index - HEADS]}"
+            if await self.session.exists(ahead, watch=self.session.waker(fired)) is None:
+                return False
+            await fired.wait()
+            return False
+        except (errors.ConnectionLossError, errors.SessionExpiredError):
+            await self.session.wait_connected()
+            return False
+
+    async def _join(self) -> None:
+        guid = new_guid()
+        made = False
+        try:
+            with cleanup_scope(self.session):  # a cancelled join must not leave a ghost
+                self.node = await create_protected(
+                    self.session, self.root, "w-", guid=guid, ephemeral=True
+                )
+                self.session_id = self.session.session_id
+                made = True
+        finally:
+            if not made:
+                self.node = None
+                await delete_guid_nodes(self.session, self.root, guid)
+
+    def place(self) -> str | None:
+        """Our node, if we are in line in the current session (for a claim to delete)."""
+        if self.node is not None and self.session.session_id == self.session_id:
+            return self.node
+        return None
+
+    def left(self) -> None:
+        """Our node was deleted (by a claim transaction that included it)."""
+        self.node = None
+
+    async def leave(self) -> None:
+        """Leave the line (shielded, bounded); nothing to do when not in it."""
+        node, self.node = self.node, None
+        if node is None or self.session.session_id != self.session_id:
+            return
+        with cleanup_scope(self.session):
+            try:
+                await self.session.delete(node, missing_ok=True)
+            except errors.ZooKeeperError:
+                pass  # the session ended: so did the node

@@ -1,0 +1,102 @@
+"""The line of idle consumers (issue #13): a put wakes a few consumers, not every idle one.
+
+Counted at the server (``mntr``'s committed write transactions): with 30 idle consumers,
+each put used to cost a claim transaction from every one of them (29 refused).  Now only the
+two heads of the line go for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from framework import Session, WorkQueue
+from framework.primitives.queue.line import HEADS
+from framework.zkserver import four_letter
+
+CONSUMERS = 30
+PUTS = 6
+
+
+def committed_writes(zk_hosts: str) -> int:
+    host, port = zk_hosts.split(",")[0].rsplit(":", 1)
+    for line in four_letter(int(port), "mntr", host=host).splitlines():
+        if line.startswith("zk_cnt_updatelatency\t"):
+            return int(line.split("\t")[1])
+    raise AssertionError("mntr has no zk_cnt_updatelatency")
+
+
+async def wait_for_line(session: Session, length: int) -> None:
+    """Until ``length`` consumers wait in ``/q``'s line (a watch, no polling)."""
+    while True:
+        fired = trio.Event()
+        if len(await session.children("/q/waiting", watch=session.waker(fired))) == length:
+            return
+        await fired.wait()
+
+
+async def test_a_put_wakes_the_heads_of_the_line_not_every_idle_consumer(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """30 consumers wait idle, each holding what it takes.  Each put is taken by one of them;
+    the write transactions per put stay a handful (the put, at most two claims, the
+    taker leaving the line and a loser joining again), not one claim per idle consumer."""
+    taken: list[tuple[str, bytes]] = []
+    got_one = trio.Event()
+    queue = WorkQueue(session, "/q")
+    await queue.size()  # the layout
+    await session.ensure_path("/q/waiting")
+
+    async def consumer(name: str) -> None:
+        nonlocal got_one
+        async with Session(zk_hosts, chroot=chroot) as own:
+            async with WorkQueue(own, "/q").take() as item:
+                taken.append((name, item.data))
+                got_one.set()
+                await trio.sleep_forever()  # hold it: this consumer takes nothing more
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for index in range(CONSUMERS):
+                nursery.start_soon(consumer, f"c{index:02d}")
+            await wait_for_line(session, CONSUMERS)
+            writes = []
+            for n in range(PUTS):
+                before = committed_writes(zk_hosts)
+                got_one = trio.Event()
+                await queue.put(b"item-%d" % n)
+                await got_one.wait()
+                await wait_for_line(session, CONSUMERS - n - 1)  # the line has settled
+                writes.append(committed_writes(zk_hosts) - before)
+            nursery.cancel_scope.cancel()
+    assert sorted(data for _, data in taken) == [b"item-%d" % n for n in range(PUTS)]
+    print(f"\n{CONSUMERS} idle consumers: write transactions per put {writes}")
+    # the put, at most HEADS claims, as many leaving the line and joining again; the first
+    # put also fires the watches every consumer left while it first looked at the queue
+    assert max(writes[1:]) <= 1 + 3 * HEADS, writes  # a herd: about CONSUMERS per put
+
+
+@pytest.mark.parametrize("takes", [1, 4])
+async def test_takes_cancelled_while_waiting_leave_no_ghost_in_line(
+    session: Session, takes: int
+) -> None:
+    """Idle takes of one queue object share one place in line; cancelling them all removes
+    it, and the queue still serves a take that comes later."""
+    queue = WorkQueue(session, "/q")
+    await session.ensure_path("/q/waiting")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for _ in range(takes):
+                nursery.start_soon(_take_once, queue)
+            await wait_for_line(session, 1)
+            nursery.cancel_scope.cancel()
+    assert await session.children("/q/waiting") == []
+    await queue.put(b"later")
+    with trio.fail_after(20):
+        async with queue.take() as item:
+            assert item.data == b"later"
+
+
+async def _take_once(queue: WorkQueue) -> None:
+    async with queue.take():
+        pass
