@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from framework import ConfigurationError, Session
-from framework.zkserver import ZooKeeperEnsemble, four_letter, free_ports
+from framework.zkserver import ServerStartError, ZooKeeperEnsemble, four_letter, free_ports
 
 
 def test_standalone_server_reports_its_mode(zk_hosts: str) -> None:
@@ -23,6 +23,19 @@ def test_missing_installation_gives_a_clear_error(tmp_path, monkeypatch) -> None
     monkeypatch.setenv("ZOOKEEPER_HOME", str(tmp_path))
     with pytest.raises(ConfigurationError, match="no ZooKeeper jars"):
         ZooKeeperEnsemble(1)
+
+
+def test_a_client_port_in_use_is_refused_not_reported_serving(zk_hosts: str) -> None:
+    """A second server on the port of a running one must not take that one's ``srvr``
+    answer for its own: it fails at once, in one line naming the port (the CLI prints it
+    as ``framework: error: ...`` and exits 2)."""
+    port = int(zk_hosts.rsplit(":", 1)[1])
+    with pytest.raises(ServerStartError, match=f"port {port} .* already in use"):
+        ZooKeeperEnsemble(1, client_port=port).start()
+    done = subprocess.run([sys.executable, "-m", "framework", "zk", "--port", str(port)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "already in use" in done.stderr
+    assert "Traceback" not in done.stderr and "serving" not in done.stdout
 
 
 def test_ensemble_kill_restart_and_leader(ensemble: ZooKeeperEnsemble) -> None:

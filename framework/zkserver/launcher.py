@@ -51,6 +51,17 @@ class ServerStartError(FrameworkError):
     """A ZooKeeper member did not come up; the message includes the end of its log."""
 
 
+def _port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 @attrs.frozen
 class Placement:
     """Where one member runs: the IPv4 ``address`` it binds its client and quorum ports to
@@ -377,7 +388,17 @@ class ZooKeeperEnsemble:
         return "\n".join(text.splitlines()[-lines:])
 
     def start(self, timeout: float = 60.0) -> ZooKeeperEnsemble:
-        """Start every member and wait until each one answers ``srvr`` with a mode."""
+        """Start every member and wait until each one answers ``srvr`` with a mode.  A client
+        port already taken (another server on a fixed ``client_port``) is refused first:
+        the ``srvr`` answer would otherwise come from that other server."""
+        for m in self.members:
+            if m.netns is None:
+                for port in (m.client_port, m.secure_port):
+                    if port is not None and not _port_free(m.host, port):
+                        raise ServerStartError(
+                            f"port {port} on {m.host} is already in use (another ZooKeeper?): "
+                            "stop it, or choose another port"
+                        )
         for m in self.members:
             self._launch(m)
         try:
