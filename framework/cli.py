@@ -60,6 +60,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port)
     trio.run(lambda: run_component(component, hosts, session_timeout=args.session_timeout,
                                    chroot=chroot))
+    summary = getattr(component, "summary", None)
+    if summary is not None:  # a master whose lead() returned in this process
+        print(f"job done: {summary['results']:,} result records, "
+              f"{summary['dead_letters']:,} dead-lettered", flush=True)
+        if summary["dead_letters"] and getattr(component, "fail_on_dead_letters", False):
+            return 1
     return 0
 
 

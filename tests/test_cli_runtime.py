@@ -72,6 +72,29 @@ def test_typed_error_raised_in_lead_is_one_line(zk_hosts: str, chroot: str) -> N
     assert line.startswith("framework: error:") and "bytes" in line
 
 
+def test_a_finished_job_prints_its_summary_and_fails_on_dead_letters(
+    zk_hosts: str, chroot: str
+) -> None:
+    """``framework run`` of a master whose job dead-lettered a task prints how the job ended
+    and exits 1; the job-done record carries the same counts."""
+    helpers = os.path.join(os.path.dirname(__file__), "helpers")
+    env = os.environ | {"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "framework", "run", "rt_app:PoisonWorker", "--zk", zk_hosts,
+         "--chroot", chroot], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        result = cli("run", "rt_app:PoisonMaster", "--zk", zk_hosts, "--chroot", chroot,
+                     env={"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"})
+    finally:
+        worker.kill()
+        worker.wait()
+    assert result.returncode == 1, result.stderr
+    assert "job done: 3 result records, 1 dead-lettered" in result.stdout
+    status = cli("status", "rt-poison", "--zk", zk_hosts, "--chroot", chroot, "--json")
+    done = json.loads(status.stdout)["done"]
+    assert (done["results"], done["dead_letters"]) == (3, 1)
+
+
 async def test_one_shot_command_ends_when_zookeeper_stops_answering(proxy: TcpProxy) -> None:
     """ZooKeeper dies mid-command (its connection frozen): the command's overall deadline
     ends it with one clear error instead of waiting for a reconnect forever."""

@@ -20,6 +20,7 @@ and every master watches the app's ``cancel`` node (:mod:`framework.runtime.canc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -223,6 +224,11 @@ class Master:
     stops it sooner).  ``<kind>_retention_count`` / ``<kind>_retention_seconds`` bound the
     app's result records, dead letters and failure records (``retention_interval``,
     ``retention_batch``: how often, and how many deletions at most per pass).
+
+    When ``lead`` returns, the job-done record also says how it ended (``results``: result
+    records, ``dead_letters``: tasks that used up their deliveries), the master logs it, and
+    :attr:`summary` holds it; ``framework run`` prints it and exits 1 if tasks were
+    dead-lettered, unless ``fail_on_dead_letters`` is False.
     """
 
     app_name: str | None = None
@@ -238,6 +244,8 @@ class Master:
     failure_retention_seconds: float | None = 7 * 86400.0
     retention_interval: float | None = 60.0
     retention_batch: int = 1000
+    #: ``framework run`` exits 1 when the finished job dead-lettered tasks
+    fail_on_dead_letters: bool = True
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -256,6 +264,8 @@ class Master:
                 f"{self.retention_interval!r}"
             )
         self.terms_led = 0
+        #: how the job ended (set when ``lead`` returns in this process): results, dead letters
+        self.summary: dict[str, int] | None = None
         self._stopping = False
         self._scope: trio.CancelScope | None = None
 
@@ -341,15 +351,16 @@ class Master:
                         nursery.start_soon(ctx.retention.run, self.retention_interval)
                     await self.lead(ctx)
                     nursery.cancel_scope.cancel()
+            self.summary = await _job_summary(session, self.app)
             record = json.dumps({"master": self.name, "at": time.time(),
-                                 "token": term.token}).encode()
+                                 "token": term.token} | self.summary).encode()
             try:
                 await _commit(term.fenced().create(self.app.done, record))
             except errors.TransactionFailedError as exc:
                 if not isinstance(exc.cause, errors.NodeExistsError):
                     raise
             log.info("master.finished", app=self.app.name, master=self.name,
-                     seconds=round(time.monotonic() - started, 3))
+                     seconds=round(time.monotonic() - started, 3), **self.summary)
         finally:
             metrics.leadership_changed(self.app.name, False)
             with cleanup_scope(session):
@@ -359,6 +370,24 @@ class Master:
                         await session.delete(self.app.rendezvous, version=stat.version)
                 except errors.ZooKeeperError:
                     pass
+
+
+async def _job_summary(session: Session, app: App) -> dict[str, int]:
+    """Result records and dead letters of ``app`` now (once per job: a listing of ``dead/``
+    and one ``exists`` per result bucket, pipelined)."""
+    counts: list[int] = []
+
+    async def count(path: str) -> None:
+        stat = await session.exists(path)
+        counts.append(stat.numChildren if stat else 0)
+
+    try:
+        buckets = await session.children(app.results)
+    except errors.NoNodeError:
+        buckets = []
+    await gather(*[functools.partial(count, f"{app.results}/{b}") for b in buckets])
+    dead = await session.exists(app.dead)
+    return {"results": sum(counts), "dead_letters": dead.numChildren if dead else 0}
 
 
 async def _job_done(session: Session, app: App) -> tuple[dict[str, Any] | None, bool]:

@@ -1,5 +1,6 @@
 """Layer 1: the trio bridge over kazoo (sessions, requests, watches, protected creates)."""
 
+from framework.zk.acl import TlsConfig
 from framework.zk.paths import (
     MAX_DATA_BYTES,
     MAX_REQUEST_BYTES,
@@ -32,6 +33,7 @@ from framework.zk.watches import (
 )
 
 __all__ = [
+    "TlsConfig",
     "cleanup_bound",
     "cleanup_scope",
     "gather",

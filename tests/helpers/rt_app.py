@@ -62,3 +62,24 @@ class OversizedSubmitMaster(Master):
 
     async def lead(self, ctx: MasterContext) -> None:
         await ctx.submit({"blob": "x" * 1_100_000})
+
+
+class PoisonMaster(Master):
+    """Three tasks, one of which always fails: the job ends with one dead letter."""
+
+    app_name = "rt-poison"
+
+    async def lead(self, ctx: MasterContext) -> None:
+        await ctx.submit_many([{"fail": False}, {"fail": True}, {"fail": False}],
+                              keys=["ok-1", "bad", "ok-2"])
+        await ctx.wait_idle()
+
+
+class PoisonWorker(Worker):
+    app_name = "rt-poison"
+    max_attempts = 1
+
+    async def handle(self, task: Task) -> str:
+        if task.payload["fail"]:
+            raise ValueError("poison")
+        return "fine"
