@@ -203,14 +203,13 @@ def _cmd_dead(args: argparse.Namespace) -> int:
         raise FrameworkError("dead requeue needs the KEYs of the dead letters, or --all")
 
     async def work(session: Any) -> list[Any]:
-        from framework.dashboard import actions
-
-        letters = await Client(session, args.app).dead_letters()
+        client = Client(session, args.app)
+        letters = await client.dead_letters()
         if args.action == "list":
             return letters
         if args.action == "purge":
             for letter in letters:
-                await actions.discard(session, args.app, letter.name)
+                await client.discard(letter.name)
             return letters
         chosen = letters
         if not args.all:
@@ -219,7 +218,7 @@ def _cmd_dead(args: argparse.Namespace) -> int:
                 raise FrameworkError(f"no dead letter {missing[0]!r} in {args.app!r} "
                                      "(`framework dead APP list` shows them)")
             chosen = [d for d in letters if d.key in args.keys or d.name in args.keys]
-        return [(d, await actions.requeue(session, args.app, d.name)) for d in chosen]
+        return [(d, await client.requeue(d.name)) for d in chosen]
 
     _app(args.app)
     done = _connect(args, work, deadline=args.timeout)

@@ -18,9 +18,10 @@ from urllib.parse import parse_qs
 import trio
 
 from framework import errors
-from framework.dashboard import actions, prom
+from framework.dashboard import prom
 from framework.dashboard.model import Model
 from framework.logs import get_logger
+from framework.runtime import actions
 from framework.zk import Session
 
 log = get_logger("framework.dashboard.web")

@@ -25,6 +25,7 @@ import trio
 
 from framework import errors
 from framework.primitives.queue import WorkQueue
+from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.zk import Session, validate_name, wait_exists
@@ -138,6 +139,16 @@ class Client:
                 )
         await self.session.delete_tree(self.app.base)
         return True
+
+    async def requeue(self, dead_letter: str) -> str:
+        """Put dead letter ``dead_letter`` (a :attr:`DeadLetter.name`) back in the queue
+        with a fresh count of deliveries; returns the new item's name.  At-least-once: the
+        put comes before the dead letter's delete."""
+        return await actions.requeue(self.session, self.app.name, dead_letter)
+
+    async def discard(self, dead_letter: str) -> None:
+        """Delete dead letter ``dead_letter`` for good."""
+        await actions.discard(self.session, self.app.name, dead_letter)
 
     async def dead_letters(self) -> list[DeadLetter]:
         """The app's dead letters, oldest first, each with the error of its final failure."""

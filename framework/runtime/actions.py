@@ -1,7 +1,8 @@
-"""What a viewer may ask of ZooKeeper: look up a result, requeue or discard a dead letter.
+"""Operations on one app's records: look up a result, requeue or discard a dead letter.
 
-These are the only requests the dashboard makes on a viewer's behalf, one per click; the
-live view itself never reads ZooKeeper per viewer.
+Used by :class:`~framework.runtime.Client` (and so ``framework dead``) and by the dashboard,
+whose only requests on a viewer's behalf are these, one per click (the live view itself
+never reads ZooKeeper per viewer).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from framework.runtime.app import App
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, validate_name
 
-log = get_logger("framework.dashboard.actions")
+log = get_logger("framework.runtime.actions")
 
 
 class ActionError(errors.FrameworkError):
-    """A request the dashboard refuses (unknown dead letter, bad key...): told to the viewer."""
+    """A request refused (unknown dead letter, bad key...): told to the user or viewer."""
 
 
 @attrs.frozen
