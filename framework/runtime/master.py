@@ -342,7 +342,7 @@ class Master:
                 master=self,
                 queue=queue,
                 config_store=ConfigStore(session, self.app.config),
-                retention=Retention(session, self.app, term, queue.items_root,
+                retention=Retention(session, self.app, term, queue,
                                     batch=self.retention_batch, **self.retention_limits),
             )
             with single_body_error():

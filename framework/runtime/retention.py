@@ -30,7 +30,7 @@ import trio
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Term
-from framework.primitives.queue_view import is_bucket
+from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, Stat, gather
@@ -101,14 +101,14 @@ class _Listing:
 class Retention:
     """One term's retention passes over ``app`` (writes fenced by ``term``)."""
 
-    def __init__(self, session: Session, app: App, term: Term, items_root: str, *,
+    def __init__(self, session: Session, app: App, term: Term, queue: WorkQueue, *,
                  results: Limit, dead: Limit, failures: Limit, batch: int = 1000) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise errors.ConfigurationError(f"retention_batch must be an int >= 1: {batch!r}")
         self.session = session
         self.app = app
         self.term = term
-        self.items_root = items_root
+        self.queue = queue  # the app's task queue: what is still queued keeps its record
         self.limits = {"results": results, "dead": dead, "failures": failures}
         self.batch = batch
         self._results = {b: _Listing(f"{app.results}/{b}") for b in app.result_buckets}
@@ -256,29 +256,14 @@ class Retention:
     async def _queued_keys(self) -> set[str]:
         """The keys of every task in the queue (queued, claimed or running).  An item's data
         never changes, so each item is read once per term."""
-        try:
-            buckets = [b for b in await self.session.children(self.items_root) if is_bucket(b)]
-        except errors.NoNodeError:
-            return set()
-        listed: dict[str, list[str]] = {}
-
-        async def list_bucket(bucket: str) -> None:
-            try:
-                listed[bucket] = await self.session.children(f"{self.items_root}/{bucket}")
-            except errors.NoNodeError:
-                pass
-
-        await _bounded(functools.partial(list_bucket, b) for b in buckets)
-        paths = {f"{b}/{n}" for b, names in listed.items() for n in names}
+        paths = set(await self.queue.item_names())
         for gone in set(self._items) - paths:
             del self._items[gone]
 
         async def read(path: str) -> None:
-            try:
-                data, _stat = await self.session.get(f"{self.items_root}/{path}")
-            except errors.NoNodeError:
-                return
-            self._items[path] = _task_key(data) or ""
+            data = await self.queue.item_data(path)
+            if data is not None:
+                self._items[path] = _task_key(data) or ""
 
         await _bounded(functools.partial(read, p) for p in paths - set(self._items))
         return set(self._items.values())

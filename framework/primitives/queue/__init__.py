@@ -237,6 +237,35 @@ class WorkQueue(Producer, Consumer):
         await gather(*[_bind(count, b) for b in names if is_bucket(b)])
         return sum(counts)
 
+    async def item_names(self) -> list[str]:
+        """The names (``<bucket>/<item>``) of every item in the queue now, claimed ones
+        included, in bucket order (one listing per bucket, pipelined: an inspection, not
+        a hot path).  Read an item with :meth:`item_data`."""
+        try:
+            buckets = sorted(b for b in await self.session.children(self.items_root)
+                             if is_bucket(b))
+        except errors.NoNodeError:
+            return []
+        listed: dict[str, list[str]] = {}
+
+        async def list_bucket(bucket: str) -> None:
+            try:
+                listed[bucket] = await self.session.children(f"{self.items_root}/{bucket}")
+            except errors.NoNodeError:
+                pass
+
+        await gather(*[_bind(list_bucket, b) for b in buckets])
+        return [f"{b}/{n}" for b in buckets for n in sorted(listed.get(b, []))]
+
+    async def item_data(self, name: str) -> bytes | None:
+        """The data of item ``name`` (from :meth:`item_names`); ``None`` once it is gone.
+        An item's data never changes while it is queued."""
+        try:
+            data, _stat = await self.session.get(f"{self.items_root}/{name}")
+        except errors.NoNodeError:
+            return None
+        return data
+
     async def dead_letters(self) -> list[QueueItem]:
         """Items moved to the dead-letter path, oldest first."""
         try:
