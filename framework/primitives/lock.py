@@ -140,8 +140,9 @@ async def acquire_node(
 
 async def release_node(session: Session, node: str) -> None:
     """Delete our node; shielded, and bounded by the session timeout (by then the node is
-    deleted or the session that owned it has expired)."""
-    with cleanup_scope(session):
+    deleted or the session that owned it has usually expired; if it has not, the node is
+    deleted when the connection is back: :meth:`Session.delete_later`)."""
+    with cleanup_scope(session) as scope:
         while True:
             try:
                 await session.delete(node, missing_ok=True)
@@ -150,6 +151,8 @@ async def release_node(session: Session, node: str) -> None:
                 continue
             except (errors.SessionExpiredError, errors.NotConnectedError):
                 return
+    if scope.cancelled_caught:
+        session.delete_later(node)
 
 
 def _lost(reason: str) -> BaseException:

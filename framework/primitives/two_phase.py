@@ -245,11 +245,13 @@ class TwoPhaseSite:
                 log.info("two_phase.rejoined", tx=root, site=self.site, status=status.decode())
             outcome = await tx.outcome(deadline)
         finally:
-            with cleanup_scope(session):
+            with cleanup_scope(session) as scope:
                 try:
                     await session.delete(alive, missing_ok=True)
                 except errors.ZooKeeperError:
                     pass
+            if scope.cancelled_caught:
+                session.delete_later(alive)
         log.info("two_phase.outcome", tx=root, site=self.site, outcome=outcome.value)
         return outcome
 

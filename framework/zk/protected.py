@@ -96,19 +96,26 @@ async def delete_guid_nodes(session: Session, parent: str, guid: str) -> None:
     """Delete every child of ``parent`` carrying ``guid``; safe to call from ``finally``.
 
     Shielded from cancellation and bounded in time, so a cancelled acquire never leaks its
-    contender node while the session lives (an expired session removes it anyway).
+    contender node while the session lives (an expired session removes it anyway); past the
+    bound the node is left to :meth:`Session.delete_guid_later`.
     """
-    with cleanup_scope(session):
-        while True:
-            try:
-                names = await session.children(parent)
-                for name in names:
-                    if guid in name:
-                        await session.delete(f"{parent}/{name}", missing_ok=True)
-                return
-            except errors.NoNodeError:
-                return
-            except errors.ConnectionLossError:
-                continue
-            except (errors.SessionExpiredError, errors.NotConnectedError):
-                return
+    with cleanup_scope(session) as scope:
+        await _delete_guid_nodes(session, parent, guid)
+    if scope.cancelled_caught:
+        session.delete_guid_later(parent, guid)
+
+
+async def _delete_guid_nodes(session: Session, parent: str, guid: str) -> None:
+    while True:
+        try:
+            names = await session.children(parent)
+            for name in names:
+                if guid in name:
+                    await session.delete(f"{parent}/{name}", missing_ok=True)
+            return
+        except errors.NoNodeError:
+            return
+        except errors.ConnectionLossError:
+            continue
+        except (errors.SessionExpiredError, errors.NotConnectedError):
+            return

@@ -56,6 +56,7 @@ from framework.zk.bridge import (
     waker,
 )
 from framework.zk.inflight import InFlightLimit
+from framework.zk.leftovers import Leftover, Leftovers
 from framework.zk.liveness import Liveness
 from framework.zk.paths import MAX_REQUEST_BYTES, validate_data, validate_path
 from framework.zk.scopes import single_body_error
@@ -170,6 +171,7 @@ class Session:
     async def __aenter__(self) -> Session:
         self._token = trio.lowlevel.current_trio_token()
         self._completions = Completions(self._token)
+        self._leftovers = Leftovers(self._token)
         client = KazooClient(
             hosts=self.hosts,
             timeout=self.session_timeout,
@@ -259,6 +261,10 @@ class Session:
         self._generation += 1
         self._changed.set()
         self._changed = trio.Event()
+        if state is SessionState.CONNECTED and not self._closed:
+            self._leftovers.connected(self._client, session_id)
+        else:
+            self._leftovers.disconnected()
         if self._closed and state is SessionState.LOST:
             return
         if state is SessionState.CONNECTED:
@@ -599,6 +605,29 @@ class Session:
         """Make the server we are connected to catch up with the leader for ``path``."""
         validate_path(path)
         await self._read(Sync(self._full(path)))
+
+    def delete_later(self, path: str, *, version: int = -1,
+                     session_id: int | None = None) -> None:
+        """Delete ephemeral node ``path`` of session ``session_id`` (default: the current
+        one) as soon as the connection is back in that session; forgotten once it is lost.
+        For a clean-up that gave up while ZooKeeper was unreachable: a session can outlive
+        that (:mod:`framework.zk.leftovers`)."""
+        validate_path(path)
+        owner = session_id if session_id is not None else self._session_id
+        if owner is not None and not self._closed:
+            self._leftovers.add(Leftover(path, owner, version))
+
+    def delete_guid_later(self, parent: str, guid: str) -> None:
+        """:meth:`delete_later` for the child of ``parent`` whose name carries ``guid`` (a
+        protected create whose name we never learned)."""
+        validate_path(parent)
+        if self._session_id is not None and not self._closed:
+            self._leftovers.add(Leftover(parent, self._session_id, guid=guid))
+
+    @property
+    def leftovers(self) -> list[Leftover]:
+        """Nodes waiting for :meth:`delete_later` (diagnostics and tests)."""
+        return self._leftovers.pending if self._client is not None else []
 
     def transaction(self) -> Transaction:
         """Start building a multi-op transaction (all applied, or none)."""

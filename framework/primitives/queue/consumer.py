@@ -320,7 +320,9 @@ class Consumer:
                 why = "lost"  # the session ended: so did the claim
         if scope.cancelled_caught:
             log.warning("queue.claim_left", path=self.path, item=claim.entry.key,
-                        note="not removed within the session timeout; goes with the session")
+                        note="not removed in time: deleted when the connection is back, "
+                             "or with the session")
+            self.session.delete_later(claim.claim_path, session_id=claim.session_id)
         elif why is None:
             log.info("queue.claim_abandoned", path=self.path, item=claim.entry.key)
 
@@ -427,6 +429,9 @@ class Consumer:
                 why = await self._ack_alone(ack, sent=True)
         if scope.cancelled_caught:
             why = "unconfirmed"
+            # if the ack was not applied, our claim still holds the item while this session
+            # lives: let it go as soon as ZooKeeper is back (then it is delivered again)
+            self.session.delete_later(claim.claim_path, session_id=claim.session_id)
         if why is None:
             log.debug("queue.acked", path=self.path, item=claim.entry.key)
             return
@@ -520,7 +525,7 @@ class Consumer:
             )
         )
         why: str | None = "unconfirmed"
-        with cleanup_scope(self.session):
+        with cleanup_scope(self.session) as scope:
             try:
                 if bury:
                     await self.session.ensure_path(self.dead_letter)
@@ -532,6 +537,8 @@ class Consumer:
                 why = await self._finish(claim, functools.partial(build, claim))
             except errors.ZooKeeperError:
                 why = "lost"
+        if scope.cancelled_caught:  # the release was not confirmed: free the item later
+            self.session.delete_later(claim.claim_path, session_id=claim.session_id)
         if why is not None:
             log.info("queue.claim_already_ended", path=self.path, item=entry.key, why=why,
                      error=type(exc).__name__)

@@ -113,8 +113,10 @@ class WaitingLine:
         node, self.node = self.node, None
         if node is None or self.session.session_id != self.session_id:
             return
-        with cleanup_scope(self.session):
+        with cleanup_scope(self.session) as scope:
             try:
                 await self.session.delete(node, missing_ok=True)
             except errors.ZooKeeperError:
                 pass  # the session ended: so did the node
+        if scope.cancelled_caught:  # ZooKeeper unreachable: do it when it is back
+            self.session.delete_later(node, session_id=self.session_id)

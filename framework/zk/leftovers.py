@@ -1,0 +1,129 @@
+"""Ephemeral nodes a bounded clean-up could not delete, deleted once the connection is back.
+
+A clean-up (:func:`~framework.zk.cleanup_scope`) gives up after one session timeout and a
+second.  Usually the session has expired by then and its ephemeral nodes went with it.  But a
+session survives a longer outage when the whole ensemble was unable to expire it (a
+ZooKeeper leader election, a quorum lost for a while): the server resets every session's
+timer when it serves again.  Then the node the clean-up meant to delete - a lock contender, a
+queue claim, a place in a line - is still there, held by a live session, and blocks everyone
+behind it until that session ends.
+
+So a clean-up that gives up hands its node to the session's :class:`Leftovers`: as soon as
+the connection is back *in the same session*, each one is deleted (or, for a node known only
+by the GUID in its name, its parent is listed and the node carrying the GUID deleted).  A
+delete whose reply is lost is sent again at the next reconnection; one that finds the node
+gone (or changed, for a versioned delete) is done.  When the session is lost they are
+forgotten: the server deleted them with it.
+
+No trio task runs this: each step is a kazoo request sent from the trio thread, and its
+completion comes back to the trio thread (``run_sync_soon``) to send the next one, so nothing
+outlives the session's ``async with``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+from kazoo import exceptions as kz
+
+from framework.logs import get_logger
+
+log = get_logger("framework.zk")
+
+#: kazoo errors that mean "not now": the delete is sent again at the next reconnection.
+_RETRY = (kz.ConnectionLoss, kz.SessionExpiredError, kz.ConnectionClosedError,
+          kz.OperationTimeoutError)
+
+
+@attrs.define(eq=False)
+class Leftover:
+    """A node of session ``session_id`` to delete: ``path`` itself, or (with ``guid``) the
+    child of ``path`` whose name carries it.  Paths are relative to the session's chroot."""
+
+    path: str
+    session_id: int
+    version: int = -1
+    guid: str | None = None
+    in_flight: bool = False
+
+
+class Leftovers:
+    """The leftovers of one :class:`~framework.zk.Session` (see the module doc)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._pending: list[Leftover] = []
+        self._client: Any = None
+        self._session_id: int | None = None
+
+    @property
+    def pending(self) -> list[Leftover]:
+        """The leftovers not yet deleted (for tests and diagnostics)."""
+        return list(self._pending)
+
+    def add(self, leftover: Leftover) -> None:
+        self._pending.append(leftover)
+        log.warning("zk.leftover", path=leftover.path, guid=leftover.guid,
+                    note="not deleted in time; deleted when the connection is back")
+        self._sweep()
+
+    def connected(self, client: Any, session_id: int | None) -> None:
+        """The connection is up in session ``session_id`` (trio thread): forget the nodes of
+        other sessions, send the deletes of this one's."""
+        self._client, self._session_id = client, session_id
+        self._pending = [p for p in self._pending if p.session_id == session_id]
+        self._sweep()
+
+    def disconnected(self) -> None:
+        self._client = None
+
+    def _sweep(self) -> None:
+        if self._client is None:
+            return
+        for leftover in self._pending:
+            if leftover.session_id == self._session_id and not leftover.in_flight:
+                self._send(leftover)
+
+    def _send(self, leftover: Leftover) -> None:
+        leftover.in_flight = True
+        client = self._client
+        try:
+            if leftover.guid is None:
+                result = client.delete_async(leftover.path, version=leftover.version)
+            else:
+                result = client.get_children_async(leftover.path)
+        except Exception:  # the client is closing: nothing more to do in this session
+            leftover.in_flight = False
+            return
+
+        def replied(done: Any) -> None:  # on a kazoo thread: hand over to trio, return
+            try:
+                self._token.run_sync_soon(self._replied, leftover, done)
+            except trio.RunFinishedError:
+                pass
+
+        replied.direct_safe = True  # type: ignore[attr-defined]
+        result.rawlink(replied)
+
+    def _replied(self, leftover: Leftover, done: Any) -> None:
+        leftover.in_flight = False
+        if leftover not in self._pending:
+            return
+        try:
+            value = done.get_nowait()
+        except _RETRY:
+            return  # sent again at the next reconnection
+        except kz.KazooException:
+            value = None  # gone, or changed since (a versioned delete): nothing of ours
+        if leftover.guid is not None and value:
+            mine = [name for name in value if leftover.guid in name]
+            if mine:  # now delete the node itself, by its full name
+                self._pending.remove(leftover)
+                found = Leftover(f"{leftover.path}/{mine[0]}", leftover.session_id)
+                self._pending.append(found)
+                self._sweep()
+                return
+        self._pending.remove(leftover)
+        log.info("zk.leftover_deleted", path=leftover.path, guid=leftover.guid)

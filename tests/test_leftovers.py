@@ -1,0 +1,44 @@
+"""Clean-ups that gave up while the ensemble had no quorum finish once it is back (#13).
+
+With two of three members down, no session can expire (nobody leads), so a session lives
+through an outage longer than its clean-ups' bound.  A lock released during the outage keeps
+its contender node, held by a live session, which would block the lock for everyone; the
+session deletes it as soon as it is connected again, in the same session.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from framework import Lock, Session, ZooKeeperEnsemble
+from framework.zk import wait_gone
+
+pytestmark = pytest.mark.ensemble
+
+TIMEOUT = 3.0
+
+
+async def test_a_release_that_gave_up_during_an_outage_is_done_once_zookeeper_is_back(
+    ensemble: ZooKeeperEnsemble,
+) -> None:
+    async with Session(ensemble.connect_string, session_timeout=TIMEOUT) as owner, \
+            Session(ensemble.connect_string, session_timeout=TIMEOUT) as other:
+        await owner.ensure_path("/locks/a")
+        session_id = owner.session_id
+        with trio.fail_after(120):
+            async with Lock(owner, "/locks/a").acquire() as holding:
+                node = holding.node
+                down = [m.sid for m in ensemble.members][:2]
+                for sid in down:
+                    ensemble.kill(sid)  # quorum lost: the release below cannot reach it
+            # the release gave up after its bound and left the node to the session
+            assert [leftover.path for leftover in owner.leftovers] == [node]
+            await trio.to_thread.run_sync(ensemble.restart, down[0])
+            await owner.wait_connected()
+            assert owner.session_id == session_id  # the session lived through the outage
+            await wait_gone(other, node)  # deleted by the owner's session, not expired
+        assert owner.leftovers == []
+        with trio.fail_after(30):
+            async with Lock(other, "/locks/a").acquire():  # nobody blocks it any more
+                pass
