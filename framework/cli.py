@@ -325,7 +325,8 @@ STATUS_HELP = (
     "progress in the running-tasks table); results = tasks finished, successfully or failed "
     "for good; dead letters = tasks given up and not requeued; a worker's done = tasks that "
     "process finished successfully since it started; failed = its failed attempts (each "
-    "retry of a task counts again)"
+    "retry of a task counts again); a listed worker is alive (its session's pings keep its "
+    "node, no status writes needed), changed = when its status last changed"
 )
 
 ENVIRONMENT_HELP = (

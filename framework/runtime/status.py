@@ -312,7 +312,7 @@ def render_status(status: AppStatus) -> RichGroup | str:
     summary.add_row("results", str(status.results))
     summary.add_row("dead letters", str(status.dead_letters))
     workers = _table("workers", "name", "address", "state", "load", "done", "failed",
-                     "shards", "health", "seen")
+                     "shards", "health", "changed")
     for name, doc in sorted(status.workers.items()):
         health = doc.get("health", {})
         load = doc.get("load", 0)
