@@ -231,22 +231,23 @@ async def test_warc_index_outlives_its_crawl(zk_hosts: str, chroot: str, session
 
 async def test_a_late_announcement_does_not_bring_back_a_removed_index(
         session: Session, tmp_path: Path) -> None:
-    """A node that finishes copying a shard after its index was removed does not recreate
-    the index's znodes (it used to create its record with every missing parent)."""
+    """A node that finishes copying a shard after the master removed it does not recreate
+    its znodes: the runtime's ``ready`` never creates parents."""
     from examples.katta_like.layout import KattaPaths
-    from examples.katta_like.node import _announce
     from framework.runtime import App
 
     paths = KattaPaths(App("katta"))
-    await add_index(session, record("gone", tmp_path, shards=2))
-    mine = f"{paths.deployed('gone', 1)}/n0"
-    await _announce(session, mine, b"{}")  # the parents exist while the index does
-    assert await session.exists(mine) is not None
-    await session.delete(mine)
-    await session.delete_tree(paths.index("gone"))  # the master removed the index
-    announced = await _announce(session, mine, b"{}")
-    assert await session.exists(paths.index("gone")) is None
-    assert announced is False
+    node = SearchNode(name="n0")
+    node.session = session
+    deployed = paths.deployed("gone", 1)
+    await session.ensure_path(deployed)  # the master placed the shard
+    async with node.ready("gone.00001", {"address": "x"}) as listed:
+        assert listed and await session.exists(f"{deployed}/n0") is not None
+    assert await session.exists(f"{deployed}/n0") is None  # withdrawn when the block ends
+    await session.delete(deployed)  # the master removed the shard
+    async with node.ready("gone.00001", {"address": "x"}) as listed:
+        assert listed is False
+    assert await session.exists(deployed) is None
 
 
 async def test_a_shard_dropped_mid_copy_leaves_no_local_files(
@@ -261,8 +262,10 @@ async def test_a_shard_dropped_mid_copy_leaves_no_local_files(
     spec = record("ix", tmp_path, shards=1, replication=1)
     ShardStore(spec.store).build_shard("ix", 0, (d for d in documents(spec.corpus)
                                                  if shard_of(d.url, 1) == 0))
-    await add_index(session, spec)
+    paths = KattaPaths(App("katta"))
+    await session.ensure_path(paths.deployed("ix", 0))
     node = SearchNode(name="n0")
+    node.session = session
     node.data_dir = tmp_path / "n0"
     node.address = "127.0.0.1:1"
     scope: list[trio.CancelScope] = []
@@ -274,12 +277,12 @@ async def test_a_shard_dropped_mid_copy_leaves_no_local_files(
         return local
 
     monkeypatch.setattr(node_module, "fetch_shard", fetch_then_unassigned)
-    with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as nursery:
-            scope.append(await nursery.start(node._serve, session, "ix~00000"))
+    shard_spec = json.dumps({"index": "ix", "shard": 0, "store": spec.store}).encode()
+    with trio.fail_after(TIMEOUT), trio.CancelScope() as cancel:
+        scope.append(cancel)
+        await node.serve_shard("ix.00000", shard_spec)
     assert not (node.data_dir / "ix" / "shard-00000").exists()
     assert not node.served
-    paths = KattaPaths(App("katta"))
     assert await session.children(paths.deployed("ix", 0)) == []
 
 

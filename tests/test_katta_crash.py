@@ -116,7 +116,7 @@ async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
             for shard in range(4):
                 observers.start_soon(observe, session, paths.deployed("docs", shard),
                                      serving, None)
-                observers.start_soon(observe, session, f"{paths.plan('docs')}/{shard:05d}",
+                observers.start_soon(observe, session, paths.plan('docs', shard),
                                      None, planned)
             leader = await active_master(session)
             await session.ensure_path(paths.node("n3"))

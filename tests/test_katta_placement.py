@@ -1,12 +1,13 @@
-"""Property test of replicated placement: random join/leave sequences, with nodes that take
-their time to serve what they are given (a new replica serves only some steps later)."""
+"""Property test of the runtime's replicated placement (``framework.runtime.plan_replicas``,
+used by the Katta example): random join/leave sequences, with nodes that take their time to
+serve what they are given (a new replica serves only some steps later)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from examples.katta_like.placement import plan_replicas
+from framework.runtime import plan_replicas
 
 NODES = [f"n{i}" for i in range(7)]
 
@@ -85,3 +86,27 @@ def test_nodes_that_found_a_shard_corrupt_are_never_chosen(
             assert len(set(nodes)) == len(nodes) <= replication + 1
             assert len(nodes) >= min(replication, len(eligible)), "elsewhere, if possible"
         serving = {s: set(n) for s, n in plan.items()}
+
+
+@settings(max_examples=100, deadline=None)
+@given(live=st.sets(st.sampled_from(NODES), min_size=1),
+       replication=st.lists(st.integers(1, 3), min_size=1, max_size=8), data=st.data())
+def test_replication_per_shard(live: set[str], replication: list[int],
+                               data: st.DataObject) -> None:
+    """One R per shard (indexes of different replication share the nodes): each shard
+    converges to its own min(R, live), never above R+1, loads within one at the end."""
+    names = [f"s{n}" for n in range(len(replication))]
+    want = dict(zip(names, replication, strict=True))
+    plan: dict[str, list[str]] = {}
+    serving: dict[str, set[str]] = {}
+    for _ in range(4 * sum(replication) + 4):
+        plan = plan_replicas(names, sorted(live), plan, serving, want)
+        for shard, nodes in plan.items():
+            assert len(set(nodes)) == len(nodes) and set(nodes) <= live
+            assert min(want[shard], len(live)) <= len(nodes) <= want[shard] + 1
+        serving = {s: {n for n in nodes if data.draw(st.booleans()) or n in serving.get(s, ())}
+                   for s, nodes in plan.items()}
+    for _ in range(4 * sum(replication) + 4):  # then every replica comes up
+        plan = plan_replicas(names, sorted(live), plan, serving, want)
+        serving = {s: set(nodes) for s, nodes in plan.items()}
+    assert all(len(plan[s]) == min(want[s], len(live)) for s in names), plan

@@ -17,7 +17,13 @@ from typing import Any
 import trio
 
 from examples.katta_like.corpus import CorpusSpec
-from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, shard_name
+from examples.katta_like.layout import (
+    APP_NAME,
+    MAX_INDEX_NAME,
+    IndexRecord,
+    KattaPaths,
+    shard_name,
+)
 from framework import configure_logging, errors
 from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
 from framework.errors import FrameworkError
@@ -28,26 +34,19 @@ from framework.zk import Session, validate_name, watch_children, watch_data
 
 
 async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) -> None:
-    """Create the index record (state ``building``) and, in the same transaction, the
-    directories the master and the nodes write into (``plan/``, ``deployed/<shard>/``,
-    ``errors/``: nodes never create parents, so nothing of a removed index can come back);
-    the master builds and deploys it."""
+    """Create the index record (state ``building``): the master builds it, then gives its
+    shards to the runtime's replicated placement (which creates their directories: nodes
+    never create parents, so nothing of a removed index can come back)."""
     validate_name("index name", record.name)
+    if len(record.name) > MAX_INDEX_NAME:
+        raise FrameworkError(f"index name {record.name[:20]!r}... is longer than "
+                             f"{MAX_INDEX_NAME} characters")
     record.corpus.check_available()
     paths = KattaPaths(App(app))
     await session.ensure_path(paths.indexes)
-    txn = session.transaction()
-    txn.create(paths.index(record.name), record.encode())
-    txn.create(paths.plan(record.name))
-    txn.create(paths.deployed(record.name))
-    for shard in range(record.shards):
-        txn.create(paths.deployed(record.name, shard))
-    txn.create(paths.errors(record.name))
     try:
-        await txn.commit()
-    except errors.TransactionFailedError:
-        if await session.exists(paths.index(record.name)) is None:
-            raise
+        await session.create(paths.index(record.name), record.encode())
+    except errors.NodeExistsError:
         raise FrameworkError(f"index {record.name!r} already exists "
                              "(remove it first, or deploy a new version under another name "
                              "and switch an alias)") from None
@@ -151,10 +150,10 @@ async def wait_balanced(session: Session, name: str, app: str = APP_NAME) -> dic
         for n in range(record.shards):
             sname = shard_name(n)
             try:
-                data, _ = await session.get(f"{paths.plan(name)}/{sname}", watch=waker)
+                data, _ = await session.get(paths.plan(name, n), watch=waker)
                 plan[sname] = json.loads(data)
             except errors.NoNodeError:
-                await session.exists(f"{paths.plan(name)}/{sname}", watch=waker)
+                await session.exists(paths.plan(name, n), watch=waker)
                 plan[sname] = []
             try:
                 serving[sname] = set(await session.children(paths.deployed(name, n),
@@ -202,19 +201,22 @@ async def gather_status(session: Session, app: str = APP_NAME) -> dict[str, Any]
                 TypeError):
             continue
         shards = {}
+        refused = []
         for n in range(record.shards):
             sname = shard_name(n)
             try:
-                planned = json.loads((await session.get(f"{paths.plan(name)}/{sname}"))[0])
+                planned = json.loads((await session.get(paths.plan(name, n)))[0])
             except errors.NoNodeError:
                 planned = []
             serving = await _children(session, paths.deployed(name, n))
             shards[sname] = {"planned": planned, "serving": serving}
+            refused += [f"{sname}~{node}" for node in
+                        await _children(session, paths.refused(name, n))]
             if record.state in ("deploying", "deployed") and len(serving) < record.replication:
                 under.append(f"{name}/{sname}")
         indexes[name] = {"state": record.state, "error": record.error,
                          "shards": record.shards, "replication": record.replication,
-                         "errors": await _children(session, paths.errors(name)),
+                         "errors": refused,
                          "placement": shards}
     aliases = {}
     for alias in await _children(session, paths.aliases):

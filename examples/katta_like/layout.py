@@ -1,23 +1,22 @@
 """The znode layout of a Katta-like deployment, and its records.
 
 Under the runtime's application root ``/apps/<app>`` (masters/, workers/ = live nodes,
-tasks/ = the index build queue, results/ = build results)::
+tasks/ = the index build queue, results/ = build results; the replicated placement of the
+runtime's push mode, see docs/architecture.md)::
 
     katta/indexes/<index>                 IndexRecord (JSON): shards, replication, corpus,
-                                          state building|deploying|deployed|error, by ctl
-                                          then the master (fenced)
-    katta/indexes/<index>/plan/<shard>    the master's plan: JSON list of nodes (fenced)
-    katta/indexes/<index>/deployed/<shard>/<node>
-                                          written by the node itself, EPHEMERAL, once the
-                                          shard is verified and open: {"address": ...}
-    katta/indexes/<index>/errors/<shard>~<node>
-                                          a node found the shard corrupt (persistent)
-    katta/nodes/<node>/<index>~<shard>    per-node assignment (same fenced multi as the
-                                          plan), so a node watches only its own directory
+                                          state building|deploying|deployed|error|removing,
+                                          by ctl then the master (fenced)
     katta/aliases/<alias>                 {"index": name}: switched with one set (atomic)
+    shards/<index>.<shard>                the runtime's shard: spec {"index", "shard", "store"}
+    plan/<index>.<shard>                  the master's plan: JSON list of nodes (fenced)
+    assignments/<node>/<index>.<shard>    per-node plan (same fenced multi), watched by the node
+    deployed/<index>.<shard>/<node>       EPHEMERAL, by the node once the shard is copied,
+                                          verified and open: {"address", "docs"}
+    refused/<index>.<shard>/<node>        the node found the shard corrupt (persistent)
 
-Ideal state (plan, nodes/) is written by the master; observed state (deployed/) by the nodes;
-clients route by deployed/ only.
+Ideal state (plan, assignments) is written by the master; observed state (deployed/) by the
+nodes; clients route by deployed/ only.
 """
 
 from __future__ import annotations
@@ -46,24 +45,26 @@ class KattaPaths:
         return f"{self.app.base}/katta"
 
     indexes = property(lambda self: f"{self.base}/indexes")
-    nodes = property(lambda self: f"{self.base}/nodes")
     aliases = property(lambda self: f"{self.base}/aliases")
 
     def index(self, name: str) -> str:
         return f"{self.indexes}/{name}"
 
-    def plan(self, name: str) -> str:
-        return f"{self.index(name)}/plan"
+    def plan(self, name: str, shard: int) -> str:
+        """The runtime's plan of one shard of index ``name`` (JSON list of nodes)."""
+        return self.app.plan_path(replica_name(name, shard))
 
-    def deployed(self, name: str, shard: int | None = None) -> str:
-        path = f"{self.index(name)}/deployed"
-        return path if shard is None else f"{path}/{shard_name(shard)}"
+    def deployed(self, name: str, shard: int) -> str:
+        """The serving records of one shard of index ``name``."""
+        return self.app.deployed_dir(replica_name(name, shard))
 
-    def errors(self, name: str) -> str:
-        return f"{self.index(name)}/errors"
+    def refused(self, name: str, shard: int) -> str:
+        """The nodes that found one shard of index ``name`` corrupt."""
+        return self.app.refused_dir(replica_name(name, shard))
 
     def node(self, node: str) -> str:
-        return f"{self.nodes}/{node}"
+        """A node's assignments (``<index>.<shard>`` children)."""
+        return self.app.assignment_dir(node)
 
     def alias(self, name: str) -> str:
         return f"{self.aliases}/{name}"
@@ -90,12 +91,17 @@ def shard_name(shard: int) -> str:
     return f"{shard:05d}"
 
 
-def assignment_name(index: str, shard: int) -> str:
-    return f"{index}~{shard_name(shard)}"
+#: Longest index name: ``<index>.<shard>`` must fit a runtime shard name (100 characters).
+MAX_INDEX_NAME = 90
 
 
-def parse_assignment(name: str) -> tuple[str, int]:
-    index, _, shard = name.rpartition("~")
+def replica_name(index: str, shard: int) -> str:
+    """The runtime's name of one shard of an index (its shard number has no ``.``)."""
+    return f"{index}.{shard_name(shard)}"
+
+
+def parse_replica(name: str) -> tuple[str, int]:
+    index, _, shard = name.rpartition(".")
     return index, int(shard)
 
 
@@ -111,6 +117,7 @@ class IndexRecord:
     state: str = "building"
     error: str = ""
     purge: bool = False  # removing: delete the store files too
+    built: bool = False  # every shard was built (its shards stay placed in state error)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.shards <= 1000:

@@ -7,14 +7,16 @@ Settings come from the environment: ``KATTA_STORE`` (the shard store, default
 
 Guarantees:
 
-* It serves exactly the shards the master assigned to it (``katta/nodes/<me>/``), and only
-  while its ZooKeeper session is trusted: when the session is SUSPENDED past its trust
-  deadline or LOST, every shard is dropped at once - the HTTP endpoint answers 503 for it and
-  the deployment record is withdrawn (or goes with the session) - so clients use another
-  replica.  Once reconnected it follows its assignments again.
-* A shard is announced as serving (ephemeral ``deployed/<shard>/<me>``) only after it was
-  copied to local disk, verified against its manifest checksum and opened.  A corrupt shard
-  is reported under ``errors/`` and never served.
+* It serves exactly the shards the master assigned to it (the runtime's
+  ``assignments/<me>/<index>.<shard>``, followed by :class:`Worker`), and only while its
+  ZooKeeper session is trusted: when the session is SUSPENDED past its trust deadline or
+  LOST, the runtime cancels every shard at once - the HTTP endpoint answers "not serving"
+  for it and the deployment record goes with the session - so clients use another replica.
+  Once reconnected it follows its assignments again.
+* A shard is announced as serving (the runtime's ephemeral ``deployed/<index>.<shard>/<me>``,
+  through :meth:`Worker.ready`) only after it was copied to local disk, verified against its
+  manifest checksum and opened.  A corrupt shard is refused (the runtime's ``refused/``) and
+  never served.
 * Dropping a shard (unassigned, index removed) withdraws the record first, then closes the
   searcher, then deletes the local files.
 """
@@ -34,13 +36,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from examples.katta_like.corpus import documents, shard_of
-from examples.katta_like.layout import (
-    APP_NAME,
-    IndexRecord,
-    KattaPaths,
-    parse_assignment,
-    shard_name,
-)
+from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths
 from examples.katta_like.store import (
     CorruptShard,
     GlobalStats,
@@ -51,7 +47,7 @@ from examples.katta_like.store import (
 )
 from framework import Worker, errors, get_logger
 from framework.runtime import Task
-from framework.zk import Session, watch_children
+from framework.zk import Session
 
 log = get_logger("examples.katta_like.node")
 
@@ -124,83 +120,43 @@ class SearchNode(Worker):
                 self.asgi, config, shutdown_trigger=trio.sleep_forever,  # type: ignore[arg-type]
                 task_status=task_status))
             log.info("node.http", node=self.name, address=self.address)
-            nursery.start_soon(self._follow_plan, session)
             await super().run(session)
             nursery.cancel_scope.cancel()
 
-    async def _follow_plan(self, session: Session) -> None:
-        mine = self.paths.node(self.name)
-        await session.ensure_path(mine)
-        while True:
-            await session.wait_connected()
-            try:
-                async with session.guard(suspended_grace=self.suspended_grace):
-                    async with trio.open_nursery() as nursery:
-                        scopes: dict[str, trio.CancelScope] = {}
-                        async for snap in watch_children(session, mine):
-                            wanted = set(snap.children)
-                            for name in set(scopes) - wanted:
-                                scopes.pop(name).cancel()
-                            for name in sorted(wanted - set(scopes)):
-                                scopes[name] = await nursery.start(self._serve, session, name)
-            except errors.SessionInterrupted as exc:
-                log.warning("node.shards_dropped", node=self.name, reason=exc.reason,
-                            shards=len(self.served))
-                self.served.clear()
-                self.status_changed()
+    # ------------------------------------------------------------ serving (push mode)
 
-    async def _serve(self, session: Session, assignment: str,
-                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            index, shard = parse_assignment(assignment)
+    async def serve_shard(self, shard: str, spec: bytes) -> None:
+        """Serve one assigned shard (the runtime's replicated push mode): copy it to local
+        disk, verify it, open it, then say it is ready (the runtime writes the serving
+        record); unassigned, the record is withdrawn, the searcher closed, the local copy
+        deleted.  A corrupt shard is refused (PermanentFailure): never served here."""
+        doc = json.loads(spec)
+        index, number, store = str(doc["index"]), int(doc["shard"]), ShardStore(doc["store"])
+        local = self.data_dir / index / shard_dir_name(number)
+        try:  # from here on, however this ends, the local copy goes
             try:
-                record = IndexRecord.decode((await session.get(self.paths.index(index)))[0])
-            except errors.NoNodeError:
-                return
-            except (ValueError, KeyError, TypeError, errors.ConfigurationError) as exc:
-                log.error("shard.bad_index_record", node=self.name, index=index,
+                await trio.to_thread.run_sync(fetch_shard, store, index, number,
+                                              self.data_dir)
+                searcher = await trio.to_thread.run_sync(ShardSearcher, local)
+            except (CorruptShard, OSError, ValueError) as exc:
+                log.error("shard.corrupt", node=self.name, index=index, shard=number,
                           error=str(exc))
-                return  # not served; one bad record must not stop the node's other shards
-            store = ShardStore(record.store)
-            local = self.data_dir / index / shard_dir_name(shard)
-            deployed = f"{self.paths.deployed(index, shard)}/{self.name}"
-            announcing = False
-            try:  # from here on, however this ends, the local copy goes
-                try:
-                    await trio.to_thread.run_sync(fetch_shard, store, index, shard,
-                                                  self.data_dir)
-                    searcher = await trio.to_thread.run_sync(ShardSearcher, local)
-                except (CorruptShard, OSError, ValueError) as exc:
-                    log.error("shard.corrupt", node=self.name, index=index, shard=shard,
-                              error=str(exc))
-                    await _report(session, f"{self.paths.errors(index)}/"
-                                  f"{shard_name(shard)}~{self.name}",
-                                  json.dumps({"node": self.name,
-                                              "error": str(exc)[:2000]}).encode())
-                    return
-                self.served[(index, shard)] = searcher
-                announcing = True  # from here on our record may exist (a reply can be lost)
-                if not await _announce(session, deployed, json.dumps(
-                        {"address": self.address, "docs": searcher.searcher.num_docs}).encode()):
-                    log.info("shard.index_gone", node=self.name, index=index, shard=shard)
+                raise errors.PermanentFailure(f"corrupt shard {index}/{number}: {exc}"
+                                              ) from None
+            self.served[(index, number)] = searcher
+            info = {"address": self.address, "docs": searcher.searcher.num_docs}
+            async with self.ready(shard, info) as listed:
+                if not listed:
+                    log.info("shard.index_gone", node=self.name, index=index, shard=number)
                     return
                 self.status_changed()
-                log.info("shard.serving", node=self.name, index=index, shard=shard)
+                log.info("shard.serving", node=self.name, index=index, shard=number)
                 await trio.sleep_forever()
-            finally:
-                served = self.served.pop((index, shard), None) is not None
-                if served:  # it stopped serving now (the record's withdrawal may wait)
-                    self.status_changed()
-                if announcing:
-                    with trio.CancelScope(shield=True), trio.move_on_after(2):
-                        try:
-                            await session.delete(deployed, missing_ok=True)
-                        except errors.ZooKeeperError:
-                            pass  # ephemeral: goes with the session
-                shutil.rmtree(local, ignore_errors=True)
-                if served:
-                    log.info("shard.dropped", node=self.name, index=index, shard=shard)
+        finally:
+            if self.served.pop((index, number), None) is not None:
+                self.status_changed()  # it stopped serving now (after its record went)
+                log.info("shard.dropped", node=self.name, index=index, shard=number)
+            shutil.rmtree(local, ignore_errors=True)
 
     # ------------------------------------------------------------ HTTP/JSON
 
@@ -259,32 +215,3 @@ class SearchNode(Worker):
         except ValueError as exc:
             return 400, {"error": f"bad query syntax: {exc}"}
         return 200, {"shards": answers}
-
-
-async def _announce(session: Session, path: str, data: bytes) -> bool:
-    """Create our ephemeral record (replacing a leftover of our own previous session);
-    ``False`` if the index is gone.  Never creates parents: ``katta index`` creates them
-    with the record and the master deletes them with it, so a late announcement cannot
-    bring back the znodes of a removed index."""
-    while True:
-        try:
-            await session.create(path, data, ephemeral=True)
-            return True
-        except errors.NoNodeError:
-            return False
-        except errors.NodeExistsError:
-            stat = await session.exists(path)
-            if stat is not None and stat.ephemeralOwner == session.session_id:
-                return True
-            if stat is not None:
-                await session.delete(path, version=stat.version, missing_ok=True)
-
-
-async def _report(session: Session, path: str, data: bytes) -> None:
-    """Write an error record (persistent); nothing if the index is gone."""
-    try:
-        await session.create(path, data)
-    except errors.NodeExistsError:
-        await session.set(path, data)
-    except errors.NoNodeError:
-        pass

@@ -1,9 +1,10 @@
 """Layer 4: the master/worker runtime (subclass ``Master`` and ``Worker``)."""
 
 from framework.runtime.app import App
-from framework.runtime.assignment import plan_assignment
+from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
+from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.status import (
     AppStatus,
@@ -25,6 +26,7 @@ __all__ = [
     "DeadLetter",
     "Master",
     "MasterContext",
+    "ReplicatedPlacement",
     "Task",
     "TaskResult",
     "Watches",
@@ -32,8 +34,10 @@ __all__ = [
     "gather_status",
     "list_apps",
     "load_class",
+    "commit_fenced",
     "new_task",
     "plan_assignment",
+    "plan_replicas",
     "render_apps",
     "render_status",
     "run_component",

@@ -13,6 +13,9 @@ from ZooKeeper, never from memory::
     failures/       recent task failures (a bounded ring of sequential nodes)
     shards/         desired long-lived shards (push mode), data = shard spec
     assignments/w/  shards assigned to worker ``w`` by the master (fenced writes)
+    plan/<shard>    replicated push mode: the workers planned for the shard (JSON list)
+    deployed/<s>/w  replicated push mode: EPHEMERAL, worker ``w`` serves shard ``s``
+    refused/<s>/w   replicated push mode: worker ``w`` cannot serve shard ``s`` (persistent)
     config/         ready-znode configuration
     done            the job is finished: written (fenced) when ``lead`` returns
     cancel          the job is cancelled (``framework cancel``): masters and workers drain
@@ -56,6 +59,9 @@ class App:
     failures = property(lambda self: f"{self.base}/failures")
     shards = property(lambda self: f"{self.base}/shards")
     assignments = property(lambda self: f"{self.base}/assignments")
+    plan = property(lambda self: f"{self.base}/plan")
+    deployed = property(lambda self: f"{self.base}/deployed")
+    refused = property(lambda self: f"{self.base}/refused")
     config = property(lambda self: f"{self.base}/config")
     done = property(lambda self: f"{self.base}/done")
     cancel = property(lambda self: f"{self.base}/cancel")
@@ -72,6 +78,18 @@ class App:
 
     def assignment_dir(self, worker: str) -> str:
         return f"{self.assignments}/{worker}"
+
+    def plan_path(self, shard: str) -> str:
+        """The replicated plan of ``shard``: JSON list of its workers."""
+        return f"{self.plan}/{shard}"
+
+    def deployed_dir(self, shard: str) -> str:
+        """The serving records of ``shard``: one ephemeral child per serving worker."""
+        return f"{self.deployed}/{shard}"
+
+    def refused_dir(self, shard: str) -> str:
+        """The workers that refused ``shard`` (``serve_shard`` raised PermanentFailure)."""
+        return f"{self.refused}/{shard}"
 
 
 async def ensure_layout(session: Session, app: App, *paths: str) -> None:

@@ -26,7 +26,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import trio
@@ -38,6 +38,7 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name, ensure_layout
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
+from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
 from framework.runtime.retention import Retention, limits_of
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope, gather
@@ -164,6 +165,31 @@ class MasterContext:
                     continue  # changed again: restart the stability timer
                 await self.rebalance(set(shards), set(latest))
                 latest = await receive.receive()
+
+    def replicated(self, *, node_grace: float, max_moves: int = 2,
+                   stable_for: float | None = None) -> ReplicatedPlacement:
+        """A replicated placement loop for shards that change while it runs: call its
+        ``set_shards`` whenever the wanted shards change, and ``await`` its ``run``."""
+        return ReplicatedPlacement(self, node_grace=node_grace, max_moves=max_moves,
+                                   stable_for=stable_for)
+
+    async def run_replicated(self, shards: Mapping[str, bytes],
+                             replication: int | Mapping[str, int], *, node_grace: float,
+                             max_moves: int = 2, stable_for: float | None = None,
+                             on_step: StepHook | None = None) -> NoReturn:
+        """Keep ``replication`` serving replicas of every shard on live workers, forever
+        (replicated push mode; see :mod:`framework.runtime.replicated`).
+
+        Workers serve with ``serve_shard`` and say when a replica is ready with
+        ``async with self.ready(shard, info)``; the plan never lowers the number of
+        serving replicas to move one (the new one serves before the old one goes, at most
+        ``max_moves`` moves at a time), a lost worker keeps its replicas for ``node_grace``
+        seconds, a new leader waits ``stable_for`` (default ``Master.stable_for``) and
+        resumes from ZooKeeper.  Every write is one multi fenced by the election node."""
+        placement = self.replicated(node_grace=node_grace, max_moves=max_moves,
+                                    stable_for=stable_for)
+        placement.set_shards(shards, replication)
+        await placement.run(on_step)
 
     async def _feed_workers(self, send: trio.MemorySendChannel[Any]) -> None:
         async for workers in self.watch_workers():
@@ -408,13 +434,7 @@ async def _job_done(session: Session, app: App) -> tuple[dict[str, Any] | None, 
     return found.get("done"), found["cancelled"]
 
 
-async def _commit(txn: Any) -> None:
-    try:
-        await txn.commit()
-    except errors.TransactionFailedError as exc:
-        if exc.failed_index == 0:
-            raise errors.LeadershipLost("fenced write refused: no longer the leader") from exc
-        raise
+_commit = commit_fenced
 
 
 def _json(data: bytes) -> dict[str, Any]:

@@ -140,8 +140,44 @@ class Worker:
         raise NotImplementedError(f"{type(self).__name__} takes tasks but has no handle()")
 
     async def serve_shard(self, shard: str, spec: bytes) -> None:
-        """Serve one assigned shard until cancelled (push mode).  Default: hold it idle."""
+        """Serve one assigned shard until cancelled (push mode).  Default: hold it idle.
+
+        Replicated push mode (``MasterContext.run_replicated``): once the shard can be
+        served, enter ``async with self.ready(shard, info) as listed:`` and serve inside it.
+        Raise :class:`~framework.errors.PermanentFailure` if this worker can never serve
+        it (a corrupt copy, say): the runtime records the refusal and the master places
+        the shard elsewhere.  Any other error is logged and the shard served again after
+        a backoff, as long as it stays assigned."""
         await trio.sleep_forever()
+
+    @asynccontextmanager
+    async def ready(self, shard: str, info: Any = None) -> AsyncIterator[bool]:
+        """Say that this worker serves ``shard`` for as long as the block runs: the runtime
+        creates the ephemeral ``deployed/<shard>/<worker>`` record with ``info`` (bytes, or
+        JSON), and withdraws it when the block ends (unassigned, error, stop) - before
+        the code after the block runs, so a serving record never outlives the serving.
+        When the session cannot be trusted the block is cancelled at once and the record
+        left to the server (it goes with the session): nothing waits on ZooKeeper then.
+        Yields False, creating nothing, when the shard is no longer wanted (its
+        ``deployed/<shard>`` directory is gone): return then."""
+        session = self.session
+        if session is None:
+            raise errors.NotConnectedError("the worker is not running")
+        path = f"{self.app.deployed_dir(shard)}/{self.name}"
+        data = info if isinstance(info, bytes) else json.dumps(info or {}).encode()
+        listed = False
+        try:
+            listed = await _announce(session, path, data)
+            if listed:
+                log.info("shard.ready", worker=self.name, shard=shard)
+            yield listed
+        finally:
+            if listed and session.connected:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    try:
+                        await session.delete(path, missing_ok=True)
+                    except errors.ZooKeeperError:
+                        pass  # ephemeral: it goes with the session
 
     async def on_config(self, config: Any) -> None:
         """Called with each new complete configuration (the paper's ready-znode protocol)."""
@@ -587,6 +623,9 @@ class Worker:
                     return
                 except errors.SessionInterrupted:
                     raise  # the session cannot be trusted: every shard stops
+                except errors.PermanentFailure as exc:
+                    await self._refuse(session, shard, exc)
+                    await trio.sleep_forever()  # until unassigned: never retried here
                 except Exception as exc:
                     failures += 1
                     delay = min(self.backoff_base * 2 ** (failures - 1), self.backoff_max)
@@ -594,6 +633,19 @@ class Worker:
                               error=f"{type(exc).__name__}: {exc}", retry_in=delay,
                               exc_info=exc)
                     await trio.sleep(delay)
+
+    async def _refuse(self, session: Session, shard: str, exc: Exception) -> None:
+        """Record that this worker cannot serve ``shard`` (replicated push mode): a
+        persistent ``refused/<shard>/<worker>``, never creating parents."""
+        log.error("shard.refused", worker=self.name, shard=shard, error=str(exc))
+        data = json.dumps({"worker": self.name, "error": str(exc)[:MAX_ERROR_CHARS]}).encode()
+        path = f"{self.app.refused_dir(shard)}/{self.name}"
+        try:
+            await session.create(path, data)
+        except errors.NodeExistsError:
+            await session.set(path, data)
+        except errors.NoNodeError:
+            pass  # not a replicated shard, or no longer wanted
 
     async def _serve_once(self, session: Session, shard: str) -> None:
         try:
@@ -728,6 +780,23 @@ async def _marker_owner(session: Session, path: str) -> tuple[str, int, int] | N
         except (ValueError, AttributeError):
             delivery = ""
         return delivery, stat.ephemeralOwner, stat.version
+
+
+async def _announce(session: Session, path: str, data: bytes) -> bool:
+    """Create our ephemeral serving record (replacing a leftover of an earlier session of
+    ours); ``False`` if its directory is gone.  Never creates parents."""
+    while True:
+        try:
+            await session.create(path, data, ephemeral=True)
+            return True
+        except errors.NoNodeError:
+            return False
+        except errors.NodeExistsError:
+            stat = await session.exists(path)
+            if stat is not None and stat.ephemeralOwner == session.session_id:
+                return True
+            if stat is not None:
+                await session.delete(path, version=stat.version, missing_ok=True)
 
 
 async def _put(session: Session, path: str, data: bytes) -> None:

@@ -1,0 +1,280 @@
+"""Replicated push mode: keep R serving replicas of every shard on the live workers.
+
+The leading master runs a :class:`ReplicatedPlacement` (``MasterContext.run_replicated``, or
+``MasterContext.replicated()`` for a set of shards that changes while it runs).  It keeps,
+under the app (see :mod:`framework.runtime.app`)::
+
+    shards/<shard>                  the shard's spec (bytes for the workers)       (fenced)
+    plan/<shard>                    JSON list of the workers planned for it         (fenced)
+    assignments/<worker>/<shard>    the same plan per worker                        (fenced)
+    deployed/<shard>/<worker>       EPHEMERAL, by the worker once it serves the shard
+    refused/<shard>/<worker>        by a worker whose serve_shard raised PermanentFailure
+
+Its view comes from watches only: group membership (live workers), each shard's
+``deployed/`` and ``refused/`` children.  On any change it computes the next plan with
+:func:`~framework.runtime.assignment.plan_replicas` and writes what differs - new shards with
+their directories, plans, assignment changes - in one multi fenced by the leader's election
+node.  A worker that leaves still counts as live for ``node_grace`` seconds (safe mode; the
+only timer); at start the leader waits ``stable_for`` seconds and resumes from ZooKeeper.
+A shard no longer wanted gets an empty plan; once nobody serves it, its znodes go (one more
+fenced multi).  Workers never create the parents of their records, so a record written late
+cannot bring back a removed shard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import trio
+
+from framework import errors
+from framework.logs import get_logger
+from framework.primitives import is_fence_failure
+from framework.runtime.app import check_name
+from framework.runtime.assignment import plan_replicas
+from framework.zk import watch_children
+
+if TYPE_CHECKING:
+    from framework.runtime.master import MasterContext
+
+log = get_logger("framework.runtime.replicated")
+
+#: Called after every placement step (the view is current): react to serving records.
+StepHook = Callable[["ReplicatedPlacement"], Awaitable[None]]
+
+
+class ReplicatedPlacement:
+    """The leader's replicated placement loop (see the module docstring).
+
+    Readable view, kept by watches: :attr:`live` (workers in the group, not stopped),
+    :attr:`plan` (shard -> workers), :attr:`serving` (shard -> workers with a deployment
+    record), :attr:`refused` (shard -> workers), :attr:`known` (shards with znodes)."""
+
+    def __init__(self, ctx: MasterContext, *, node_grace: float, max_moves: int = 2,
+                 stable_for: float | None = None) -> None:
+        if not 0 <= node_grace < math.inf:
+            raise errors.ConfigurationError(f"node_grace must be finite seconds >= 0, "
+                                            f"not {node_grace!r}")
+        if max_moves < 1:
+            raise errors.ConfigurationError(f"max_moves must be 1 or more, not {max_moves!r}")
+        self.ctx = ctx
+        self.node_grace = node_grace
+        self.max_moves = max_moves
+        self.stable_for = ctx.master.stable_for if stable_for is None else stable_for
+        self.live: set[str] = set()
+        self.plan: dict[str, list[str]] = {}
+        self.serving: dict[str, set[str]] = {}
+        self.refused: dict[str, set[str]] = {}
+        self.known: dict[str, bytes] = {}  # shard -> spec as written
+        self._wanted: dict[str, bytes] = {}
+        self._replication: dict[str, int] = {}
+        self._lost_at: dict[str, float] = {}
+        self._dirs: set[str] = set()  # assignments/<w> known to exist (this term)
+        self._watchers: dict[str, trio.CancelScope] = {}
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------ the desired state
+
+    def set_shards(self, shards: Mapping[str, bytes], replication: int | Mapping[str, int]
+                   ) -> None:
+        """The shards wanted now (name -> spec) and R (one for all, or per shard); the
+        loop writes the difference at its next step.  Shards left out are unplaced, then
+        their znodes deleted once nobody serves them."""
+        for shard in shards:
+            check_name("shard name", shard)
+        wanted = {s: replication if isinstance(replication, int) else replication[s]
+                  for s in shards}
+        for shard, r in wanted.items():
+            if r < 1:
+                raise errors.ConfigurationError(f"replication of {shard!r} must be 1 or more")
+        self._wanted = dict(shards)
+        self._replication = wanted
+        self._changed.set()
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self, on_step: StepHook | None = None) -> NoReturn:
+        """Place forever (until the term ends); ``on_step`` runs after every step."""
+        session = self.ctx.session
+        app = self.ctx.app
+        for path in (app.shards, app.plan, app.deployed, app.refused, app.assignments):
+            await session.ensure_path(path)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._load()
+            nursery.start_soon(self._watch_workers)
+            await trio.sleep(self.stable_for)  # safe mode: let the live set settle
+            log.info("replicated.leading", app=app.name, workers=len(self.live),
+                     shards=len(self.known))
+            failures = 0
+            while True:
+                self._changed = trio.Event()
+                now = trio.current_time()
+                try:
+                    await self._step(now)
+                    failures = 0
+                except (errors.TransactionFailedError, errors.NoNodeError,
+                        errors.NodeExistsError, errors.ConnectionLossError) as exc:
+                    # our memory disagrees with ZooKeeper (a reply lost, say): re-read it
+                    failures += 1
+                    log.warning("replicated.step_failed", app=app.name, error=str(exc))
+                    await trio.sleep(min(0.05 * 2 ** failures, 2.0))
+                    await session.wait_connected()
+                    await self._load()
+                    continue
+                if on_step is not None:
+                    await on_step(self)
+                # a lost worker whose grace ended has been acted on: forget it; wake up when
+                # the next grace ends (a timer, not polling: nothing else changes then)
+                for worker, lost in list(self._lost_at.items()):
+                    if lost + self.node_grace <= now:
+                        del self._lost_at[worker]
+                expiries = [t + self.node_grace for t in self._lost_at.values()]
+                with trio.move_on_at(min(expiries, default=math.inf)):
+                    await self._changed.wait()
+
+    async def _load(self) -> None:
+        """Resume from ZooKeeper: the shards, their plans (never from memory)."""
+        session = self.ctx.session
+        app = self.ctx.app
+        self.known, self.plan = {}, {}
+        for shard in await session.children(app.shards):
+            try:
+                self.known[shard] = (await session.get(f"{app.shards}/{shard}"))[0]
+                data = (await session.get(app.plan_path(shard)))[0]
+                self.plan[shard] = [str(w) for w in json.loads(data)] if data else []
+            except errors.NoNodeError:
+                pass
+            except ValueError:
+                self.plan[shard] = []
+            if shard not in self.plan:  # written by run_shards, say: give it directories
+                for path in (app.plan_path(shard), app.deployed_dir(shard),
+                             app.refused_dir(shard)):
+                    await session.ensure_path(path)
+                await session.set(app.plan_path(shard), b"[]")
+                self.plan[shard] = []
+        self._dirs.clear()
+        for shard in set(self._watchers) - set(self.known):
+            self._watchers.pop(shard).cancel()
+        for shard in self.known:
+            self._watch_shard(shard)
+
+    def _watch_shard(self, shard: str) -> None:
+        if shard in self._watchers or self._nursery is None:
+            return
+        scope = trio.CancelScope()
+        self._watchers[shard] = scope
+
+        async def follow(path: str, table: dict[str, set[str]]) -> None:
+            async for snap in watch_children(self.ctx.session, path):
+                table[shard] = set(snap.children)
+                self._changed.set()
+
+        async def both() -> None:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(follow, self.ctx.app.deployed_dir(shard), self.serving)
+                    nursery.start_soon(follow, self.ctx.app.refused_dir(shard), self.refused)
+
+        self._nursery.start_soon(both)
+
+    async def _watch_workers(self) -> None:
+        async for workers in self.ctx.watch_workers():
+            live = {w for w, doc in workers.items() if doc.get("state") != "stopped"}
+            for gone in self.live - live:
+                self._lost_at[gone] = trio.current_time()
+                log.warning("replicated.worker_lost", app=self.ctx.app.name, worker=gone,
+                            grace=self.node_grace)
+            for new in live - self.live:
+                self._lost_at.pop(new, None)
+            self.live = live
+            self._changed.set()
+
+    # ------------------------------------------------------------ one step
+
+    async def _step(self, now: float) -> None:
+        """Compute the next plan and write what differs: one fenced multi (+ one to delete
+        shards nobody serves any more, + one create per worker first planned this term)."""
+        app = self.ctx.app
+        session = self.ctx.session
+        grace = {w for w, t in self._lost_at.items() if now < t + self.node_grace}
+        target = plan_replicas(self._wanted, self.live | grace, self.plan, self.serving,
+                               self._replication, excluded=self.refused,
+                               max_moves=self.max_moves)
+        for shard in set(self.known) - set(self._wanted):
+            target[shard] = []  # no longer wanted: unplace it
+        for worker in sorted({w for ws in target.values() for w in ws} - self._dirs):
+            await session.ensure_path(app.assignment_dir(worker))
+            self._dirs.add(worker)
+        txn = self.ctx.term.fenced()
+        writes = 0
+        for shard, workers in sorted(target.items()):
+            old = self.plan.get(shard, [])
+            if shard not in self.known:
+                spec = self._wanted[shard]
+                txn.create(f"{app.shards}/{shard}", spec)
+                txn.create(app.plan_path(shard), json.dumps(workers).encode())
+                txn.create(app.deployed_dir(shard))
+                txn.create(app.refused_dir(shard))
+                writes += 1
+            elif shard in self._wanted and self._wanted[shard] != self.known[shard]:
+                txn.set(f"{app.shards}/{shard}", self._wanted[shard])
+                writes += 1
+            if workers == old and shard in self.known:
+                continue
+            if shard in self.known:
+                txn.set(app.plan_path(shard), json.dumps(workers).encode())
+            for worker in set(old) - set(workers):
+                txn.delete(f"{app.assignment_dir(worker)}/{shard}")
+            for worker in set(workers) - set(old):
+                txn.create(f"{app.assignment_dir(worker)}/{shard}")
+            writes += 1
+        if writes:
+            await commit_fenced(txn)
+            moves = sum(len(set(target[s]) ^ set(self.plan.get(s, []))) for s in target)
+            for shard in target:
+                if shard not in self.known:
+                    self.known[shard] = self._wanted[shard]
+                    self._watch_shard(shard)
+                elif shard in self._wanted:
+                    self.known[shard] = self._wanted[shard]
+            self.plan.update(target)
+            log.info("replicated.plan_written", app=app.name, shards=len(target),
+                     changes=moves)
+        await self._forget_unserved()
+
+    async def _forget_unserved(self) -> None:
+        """Delete the znodes of shards no longer wanted that nobody serves (one multi)."""
+        app = self.ctx.app
+        gone = sorted(s for s in set(self.known) - set(self._wanted)
+                      if not self.plan.get(s) and not self.serving.get(s))
+        if not gone:
+            return
+        txn = self.ctx.term.fenced()
+        for shard in gone:
+            for worker in sorted(self.refused.get(shard, ())):
+                txn.delete(f"{app.refused_dir(shard)}/{worker}")
+            txn.delete(app.refused_dir(shard))
+            txn.delete(app.deployed_dir(shard))  # fails if a record came meanwhile: retried
+            txn.delete(app.plan_path(shard))
+            txn.delete(f"{app.shards}/{shard}")
+        await commit_fenced(txn)
+        for shard in gone:
+            self._watchers.pop(shard).cancel()
+            for table in (self.known, self.plan, self.serving, self.refused):
+                table.pop(shard, None)
+        log.info("replicated.shards_removed", app=app.name, shards=gone)
+
+
+async def commit_fenced(txn: Any) -> None:
+    """Commit a fenced transaction; a refused fence is :class:`LeadershipLost`."""
+    try:
+        await txn.commit()
+    except errors.TransactionFailedError as exc:
+        if is_fence_failure(exc):
+            raise errors.LeadershipLost("fenced write refused: no longer the leader") from exc
+        raise
