@@ -1,0 +1,190 @@
+"""Replicated push mode of the runtime (``MasterContext.run_replicated``, ``Worker.ready``)
+with in-process masters and workers on a real ZooKeeper."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+
+from framework import PermanentFailure, Session
+from framework.runtime import App, Master, MasterContext, ReplicatedPlacement, Worker
+from framework.testing import expire_session
+from framework.zk import wait_exists, wait_gone, watch_children, watch_data
+
+GRACE = 1.0
+SHARDS = {f"s{i}": f"spec-{i}".encode() for i in range(4)}
+
+
+class Replica(Worker):
+    """Serves a shard after a short load; refuses the shards in ``refuse``."""
+
+    def __init__(self, *args: Any, refuse: frozenset[str] = frozenset(), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.refuse = refuse
+        self.specs: dict[str, bytes] = {}
+
+    async def serve_shard(self, shard: str, spec: bytes) -> None:
+        if shard in self.refuse:
+            raise PermanentFailure(f"{self.name} cannot open {shard}")
+        await trio.sleep(0.05)  # copying, opening...
+        async with self.ready(shard, {"worker": self.name}) as listed:
+            if listed:
+                self.specs[shard] = spec
+                await trio.sleep_forever()
+        self.specs.pop(shard, None)
+
+
+class Replicated(Master):
+    stable_for = 0.3
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.steps: list[dict[str, list[str]]] = []
+        self.stepped = trio.Event()
+
+    async def lead(self, ctx: MasterContext) -> None:
+        async def step(placement: ReplicatedPlacement) -> None:
+            self.steps.append({s: list(w) for s, w in placement.plan.items()})
+            self.stepped.set()
+
+        await ctx.run_replicated(SHARDS, 2, node_grace=GRACE, on_step=step)
+
+
+async def run_with_session(hosts: str, chroot: str, component: Any, scope: trio.CancelScope,
+                           sessions: dict[str, Session],
+                           task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    with scope:
+        async with Session(hosts, chroot=chroot, session_timeout=4.0) as s:
+            sessions[component.name] = s
+            task_status.started()
+            await component.run(s)
+
+
+async def read_plan(session: Session, app: App) -> dict[str, list[str]]:
+    return {s: json.loads((await session.get(app.plan_path(s)))[0]) for s in SHARDS}
+
+
+async def wait_plan(session: Session, app: App, check: Any) -> dict[str, list[str]]:
+    """Wait (watches on every deployment directory and plan) until ``check(plan,
+    serving)`` holds; returns the plan."""
+    while True:
+        changed = trio.Event()
+        waker = session.waker(changed)
+        plan: dict[str, list[str]] = {}
+        serving: dict[str, set[str]] = {}
+        for shard in SHARDS:
+            stat = await session.exists(app.plan_path(shard), watch=waker)
+            if stat is None:
+                plan[shard], serving[shard] = [], set()
+                continue
+            plan[shard] = json.loads((await session.get(app.plan_path(shard), watch=waker))[0])
+            serving[shard] = set(await session.children(app.deployed_dir(shard), watch=waker))
+        if check(plan, serving):
+            return plan
+        await changed.wait()
+
+
+def replicated(plan: dict[str, list[str]], serving: dict[str, set[str]],
+               workers: set[str]) -> bool:
+    return all(len(plan[s]) == 2 and set(plan[s]) == serving[s] and serving[s] <= workers
+               for s in SHARDS)
+
+
+async def test_lost_worker_re_replicated_after_grace_and_new_master_resumes(
+        zk_hosts: str, chroot: str, session: Session) -> None:
+    app = App("rep")
+    sessions: dict[str, Session] = {}
+    scopes = {n: trio.CancelScope() for n in ("w1", "w2", "w3", "m1", "m2")}
+    least: dict[str, int] = {}  # fewest serving replicas seen per shard, after deployment
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            workers = {n: Replica("rep", name=n) for n in ("w1", "w2", "w3")}
+            for name, worker in workers.items():
+                await nursery.start(run_with_session, zk_hosts, chroot, worker, scopes[name],
+                                    sessions)
+            m1 = Replicated("rep", name="m1")
+            await nursery.start(run_with_session, zk_hosts, chroot, m1, scopes["m1"],
+                                sessions)
+            plan = await wait_plan(session, app, lambda p, s: replicated(p, s, set(workers)))
+            loads = sorted(sum(w in nodes for nodes in plan.values()) for w in workers)
+            assert loads == [2, 3, 3], plan
+            assert workers["w1"].specs.get("s0", SHARDS["s0"]) == SHARDS["s0"]
+
+            async def observe(shard: str) -> None:
+                async for snap in watch_children(session, app.deployed_dir(shard)):
+                    least[shard] = min(least.get(shard, 99), len(snap.children))
+
+            async with trio.open_nursery() as observers:
+                for shard in SHARDS:
+                    observers.start_soon(observe, shard)
+                # w3 dies: its session expires (its records go), it never comes back
+                victim = "w3"
+                held = {s for s, nodes in plan.items() if victim in nodes}
+                assert held
+                await expire_session(sessions[victim])
+                scopes[victim].cancel()
+                lost = trio.current_time()
+                # during the grace the plan keeps w3 (safe mode)
+                async for snap in watch_data(session, app.plan_path(sorted(held)[0])):
+                    if snap.data and victim not in json.loads(snap.data):
+                        break
+                assert trio.current_time() - lost >= GRACE * 0.8
+                survivors = {"w1", "w2"}
+                plan = await wait_plan(session, app, lambda p, s: replicated(p, s, survivors))
+                observers.cancel_scope.cancel()
+            assert set(least) == set(SHARDS) and min(least.values()) >= 1, least
+            # the master goes; a new master resumes the plan from ZooKeeper: no moves
+            m1.request_stop()
+            m2 = Replicated("rep", name="m2")
+            await nursery.start(run_with_session, zk_hosts, chroot, m2, scopes["m2"],
+                                sessions)
+            await m2.stepped.wait()
+            assert m2.steps[0] == plan, (m2.steps[0], plan)
+            assert await read_plan(session, app) == plan
+            nursery.cancel_scope.cancel()
+
+
+async def test_refused_and_removed_shards(zk_hosts: str, chroot: str, session: Session) -> None:
+    """A worker that refuses a shard (PermanentFailure) records it and is never planned for
+    it again; shards taken out of the wanted set are unplaced, then their znodes deleted;
+    a serving record is never written for a shard that is gone."""
+    app = App("rep2")
+    wanted = trio.Event()
+
+    class Changing(Master):
+        stable_for = 0.2
+
+        async def lead(self, ctx: MasterContext) -> None:
+            placement = ctx.replicated(node_grace=0.2)
+            placement.set_shards(SHARDS, 2)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(placement.run)
+                await wanted.wait()
+                placement.set_shards({"s0": SHARDS["s0"]}, 2)
+
+    sessions: dict[str, Session] = {}
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            for name in ("w1", "w2", "w3"):
+                worker = Replica("rep2", name=name, refuse=frozenset({"s0"} if name == "w1"
+                                                                     else ()))
+                await nursery.start(run_with_session, zk_hosts, chroot, worker,
+                                    trio.CancelScope(), sessions)
+            await nursery.start(run_with_session, zk_hosts, chroot, Changing("rep2", name="m"),
+                                trio.CancelScope(), sessions)
+            await wait_exists(session, f"{app.refused_dir('s0')}/w1")
+            plan = await wait_plan(session, app, lambda p, s: replicated(p, s, {"w1", "w2",
+                                                                                "w3"}))
+            assert "w1" not in plan["s0"], plan
+            wanted.set()
+            for shard in ("s1", "s2", "s3"):
+                for path in (f"{app.shards}/{shard}", app.plan_path(shard),
+                             app.deployed_dir(shard), app.refused_dir(shard)):
+                    await wait_gone(session, path)
+            assert set(await session.children(app.shards)) == {"s0"}
+            for worker in ("w1", "w2", "w3"):
+                assert set(await session.children(app.assignment_dir(worker))) <= {"s0"}
+            nursery.cancel_scope.cancel()
+
