@@ -7,7 +7,8 @@ objects with keys workload, unit, kazoo, ours, ratio).
    result recorded -> acknowledged), vs kazoo's ``LockingQueue`` drained by 4 consumer
    processes (put -> get -> consume; no result records, so it does less work per task).
 2. The cost of one task, from the server's own counters (``mntr`` before and after the run):
-   requests received and write transactions committed per task (a multi counts once).
+   requests received and write transactions committed per task (a multi counts once), and
+   the share of the server's write capacity (creates/s with 200 in flight) the run used.
 3. Backlog independence: the rate at which 4 x 500 tasks are drained from a backlog of 3,000
    and from one of 100,000 (the rest stays queued), and ``submit_many`` of the 100,000.
 4. The latency of one task on an idle system: submit -> result recorded and acknowledged
@@ -161,7 +162,7 @@ async def ours_throughput(hosts: str, concurrency: int) -> Run:
         master = framework_run(hosts, chroot, "BenchMaster", "m", BENCH_TASKS=str(TASKS))
         procs.append(master)
         out, _ = await trio.to_thread.run_sync(master.communicate)
-        elapsed = float(out.split("ELAPSED")[1])
+        elapsed = float(out.split("ELAPSED")[1].split()[0])
         return Run(TASKS / elapsed, *cost(hosts, before, TASKS))
     finally:
         kill_all(procs)
@@ -223,6 +224,17 @@ async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, flo
         kill_all(procs)
         client.stop()
         client.close()
+
+
+async def server_write_rate(hosts: str) -> float:
+    """Creates/s the server commits from one client keeping 200 in flight (its write
+    capacity on this machine, the physical limit a task's write transactions share)."""
+    from bench.bridge import ours_concurrent
+
+    async with Session(hosts) as session:
+        await session.ensure_path("/bench/con")
+        await ours_concurrent(session, "create", 1000, 200)  # warm-up
+        return await ours_concurrent(session, "create", 4000, 200)
 
 
 async def ours_latency(hosts: str) -> float:
@@ -357,6 +369,7 @@ async def measure(hosts: str) -> list[Result]:
     large = {"kazoo": await kazoo_backlog(hosts, LARGE_BACKLOG, KAZOO_LARGE_EACH),
              "ours": await ours_backlog(hosts, LARGE_BACKLOG)}
     latency = {"kazoo": await kazoo_latency(hosts), "ours": await ours_latency(hosts)}
+    capacity = await server_write_rate(hosts)
     ours_fo = [await ours_failover(hosts) for _ in range(FAILOVER_ROUNDS)]
     kazoo_fo = [await kazoo_failover(hosts) for _ in range(FAILOVER_ROUNDS)]
     lq = "kazoo: LockingQueue, 4 consumer processes"
@@ -371,6 +384,10 @@ async def measure(hosts: str) -> list[Result]:
                note="mntr zk_packets_received; ours records a result, kazoo does not"),
         Result("  write transactions per task (4 slots)", "txns", kazoo_tp.writes,
                ours_4.writes, higher_is_better=False, note="mntr zk_cnt_updatelatency"),
+        Result("  share of the server's write capacity used (4 slots)", "%",
+               100 * kazoo_tp.rate * kazoo_tp.writes / capacity,
+               100 * ours_4.rate * ours_4.writes / capacity,
+               note=f"tasks/s x txns per task / {capacity:,.0f} creates/s (200 in flight)"),
         Result(f"{drained} from a {SMALL_BACKLOG:,}-task backlog", "tasks/s",
                small["kazoo"][1], small["ours"][1], note=lq),
         Result(f"{drained} from a {LARGE_BACKLOG:,}-task backlog", "tasks/s",
