@@ -44,7 +44,13 @@ from examples.fetch_service.scale import layout
 from examples.fetch_service.state import APP_NAME as LEVELS_APP
 from examples.fetch_service.state import CrawlPaths
 from examples.fetch_service.warc import iter_stored
-from framework import ConfigurationError, FrameworkError, ZooKeeperEnsemble, configure_logging
+from framework import (
+    ConfigurationError,
+    FrameworkError,
+    NoNodeError,
+    ZooKeeperEnsemble,
+    configure_logging,
+)
 from framework.primitives import Group
 from framework.runtime import App
 from framework.zk import Session, wait_exists
@@ -141,9 +147,14 @@ def _zk_numbers(hosts: str) -> tuple[int, int]:
 
 
 async def count_znodes(session: Session, path: str) -> int:
-    """Znodes at and below ``path`` (walks the tree)."""
+    """Znodes at and below ``path`` (walks the tree; an ephemeral node that goes while it
+    is walked - a process leaving - is not counted)."""
+    try:
+        children = await session.children(path)
+    except NoNodeError:
+        return 0
     total = 1
-    for child in await session.children(path):
+    for child in children:
         total += await count_znodes(session, f"{path.rstrip('/')}/{child}")
     return total
 
