@@ -100,3 +100,40 @@ async def test_takes_cancelled_while_waiting_leave_no_ghost_in_line(
 async def _take_once(queue: WorkQueue) -> None:
     async with queue.take():
         pass
+
+
+async def test_a_stuck_head_does_not_stall_the_line(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """The first place in line belongs to a consumer that never takes anything (its process
+    blocked while its session lives).  Three consumers wait behind it; three items put one
+    after another are all taken: each time the active head leaves, the next waiter (which
+    watches the two nodes ahead of it, the stuck one included) becomes a head."""
+    queue = WorkQueue(session, "/q")
+    await queue.size()
+    await session.ensure_path("/q/waiting")
+    async with Session(zk_hosts, chroot=chroot) as stuck:
+        await stuck.create("/q/waiting/w-0123456789abcdef0123456789abcdef-", ephemeral=True,
+                           sequence=True)
+        taken: list[bytes] = []
+        got_one = trio.Event()
+
+        async def consumer() -> None:
+            nonlocal got_one
+            async with Session(zk_hosts, chroot=chroot) as own:
+                async with WorkQueue(own, "/q").take() as item:
+                    taken.append(item.data)
+                    got_one.set()
+                    await trio.sleep_forever()
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(consumer)
+                await wait_for_line(session, 4)
+                for n in range(3):
+                    got_one = trio.Event()
+                    await queue.put(b"item-%d" % n)
+                    await got_one.wait()
+                nursery.cancel_scope.cancel()
+    assert sorted(taken) == [b"item-0", b"item-1", b"item-2"]

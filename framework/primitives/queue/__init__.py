@@ -30,7 +30,7 @@ Delivery is at-least-once:
 
 Consumers wait on watches, never poll.  Idle consumers wait in a line
 (:mod:`.line`, ``<path>/waiting/``): only the first two watch the queue, each later one only
-the waiter two places ahead of it, so a put wakes two consumers rather than every idle one
+the two waiters just ahead of it, so a put wakes two consumers rather than every idle one
 (no herd), and idle consumers are served in the order they started waiting (fair).  A
 consumer that finds work leaves the line as its claim goes out; busy consumers never wait in
 it.  Consumers that go for the same item race for it; one that loses tries a random item

@@ -8,9 +8,11 @@ per put (``bench/scale.py``).
 Layout: ``<queue>/waiting/w-<guid>-NNNNNNNNNN``, ephemeral and sequential, one per
 :class:`~framework.primitives.queue.WorkQueue` object that has a take with nothing to take.
 The first :data:`HEADS` nodes in sequence order are the *heads*: they wait on the queue's
-watched lists as every consumer did before.  Every later waiter watches only the node
-:data:`HEADS` places ahead of it (the seed's "watch the predecessor", generalised to several
-holders as in a semaphore), so a node's deletion wakes at most one waiter.  A consumer leaves
+watched lists as every consumer did before.  Every later waiter watches only the
+:data:`HEADS` nodes immediately ahead of it (the seed's "watch the predecessor", generalised
+to several holders): while those exist, at least :data:`HEADS` nodes are ahead of it, so it
+cannot be a head; when one goes it looks again.  A node's deletion wakes at most
+:data:`HEADS` waiters, however long the line.  A consumer leaves
 the line in the transaction that claims work (the delete of its node is one more operation
 of the claim's multi): the next waiter becomes a head only once the item is claimed, so it
 does not go for it too, and a head that loses the race keeps its place.  It joins again at
@@ -18,7 +20,8 @@ the back the next time it finds nothing.
 
 Two heads rather than one: a head whose process stops running its event loop while its
 session lives (a handler blocking the loop) keeps its place; the other head still takes what
-arrives.  Busy consumers never wait in line: a take that finds work claims it at once.
+arrives, and when it leaves, the next waiter (which watches both) becomes a head.  Busy
+consumers never wait in line: a take that finds work claims it at once.
 
 Creates are protected by the GUID in the name (a lost reply is recovered by
 :func:`~framework.zk.create_protected`); an interrupted join deletes what it may have made.
@@ -57,8 +60,8 @@ class WaitingLine:
 
     async def turn(self) -> bool:
         """Join the line if not in it; return ``True`` at once if we are a head (the caller
-        waits for the queue to change), else wait until the waiter we watch is gone and
-        return ``False`` (the caller looks at the queue again)."""
+        waits for the queue to change), else wait until one of the waiters we watch is gone
+        and return ``False`` (the caller looks at the queue again)."""
         try:
             if self.node is None or self.session.session_id != self.session_id:
                 await self._join()
@@ -74,9 +77,10 @@ class WaitingLine:
             if index < HEADS:
                 return True
             fired = trio.Event()
-            ahead = f"{self.root}/{names[index - HEADS]}"
-            if await self.session.exists(ahead, watch=self.session.waker(fired)) is None:
-                return False
+            wake = self.session.waker(fired)  # one callback object: one watcher per node
+            for ahead in names[index - HEADS:index]:
+                if await self.session.exists(f"{self.root}/{ahead}", watch=wake) is None:
+                    return False  # gone already: look again
             await fired.wait()
             return False
         except (errors.ConnectionLossError, errors.SessionExpiredError):
