@@ -42,3 +42,23 @@ async def test_a_release_that_gave_up_during_an_outage_is_done_once_zookeeper_is
         with trio.fail_after(30):
             async with Lock(other, "/locks/a").acquire():  # nobody blocks it any more
                 pass
+
+
+async def test_a_leftover_deletes_only_a_node_this_session_owns_holding_what_it_held(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """A claim node of the same name made since (by another consumer, or by us with a new
+    token) is never deleted by a leftover; ours, unchanged, is."""
+    async with Session(zk_hosts, chroot=chroot) as other:
+        await other.create("/theirs", b"token-a", ephemeral=True)
+        await session.create("/reclaimed", b"token-b", ephemeral=True)
+        await session.create("/ours", b"token-c", ephemeral=True)
+        session.delete_later("/theirs", data=b"token-a")  # owned by the other session
+        session.delete_later("/reclaimed", data=b"token-old")  # ours, but a new claim
+        session.delete_later("/ours", data=b"token-c")
+        with trio.fail_after(10):
+            await wait_gone(session, "/ours")
+        # their reads were answered before ours (one connection, in order): settled, kept
+        assert {left.path for left in session.leftovers} <= {"/ours"}
+        assert await session.exists("/theirs") is not None
+        assert await session.exists("/reclaimed") is not None

@@ -9,11 +9,14 @@ queue claim, a place in a line - is still there, held by a live session, and blo
 behind it until that session ends.
 
 So a clean-up that gives up hands its node to the session's :class:`Leftovers`: as soon as
-the connection is back *in the same session*, each one is deleted (or, for a node known only
-by the GUID in its name, its parent is listed and the node carrying the GUID deleted).  A
-delete whose reply is lost is sent again at the next reconnection; one that finds the node
-gone (or changed, for a versioned delete) is done.  When the session is lost they are
-forgotten: the server deleted them with it.
+the connection is back *in the same session*, each one is read and deleted at the version
+read, only if this session owns it (``ephemeralOwner``) and, when the caller said what it
+holds, only if it still holds that (a queue claim's token: a claim node of the same name made
+since by us or by another consumer is never touched).  A node known only by the GUID in its
+name is found by listing its parent after a ``sync`` (a lagging follower must not hide it).
+A step whose reply is lost is sent again at the next reconnection; a node found gone, not
+ours or changed is done.  When the session is lost they are forgotten: the server deleted
+them with it.
 
 No trio task runs this: each step is a kazoo request sent from the trio thread, and its
 completion comes back to the trio thread (``run_sync_soon``) to send the next one, so nothing
@@ -44,9 +47,10 @@ class Leftover:
 
     path: str
     session_id: int
-    version: int = -1
+    data: bytes | None = None  # what the node must still hold to be deleted (None: any)
     guid: str | None = None
     in_flight: bool = False
+    step: str = "start"  # start -> (sync -> list ->) get -> delete
 
 
 class Leftovers:
@@ -82,18 +86,27 @@ class Leftovers:
     def _sweep(self) -> None:
         if self._client is None:
             return
-        for leftover in self._pending:
+        for leftover in list(self._pending):
             if leftover.session_id == self._session_id and not leftover.in_flight:
                 self._send(leftover)
 
-    def _send(self, leftover: Leftover) -> None:
-        leftover.in_flight = True
+    def _send(self, leftover: Leftover, version: int = -1) -> None:
         client = self._client
+        current = getattr(client, "client_id", None)
+        if current is None or current[0] != leftover.session_id:
+            return  # kazoo is already in another session (trio will hear of it next)
+        leftover.in_flight = True
+        if leftover.step == "start":
+            leftover.step = "sync" if leftover.guid is not None else "get"
         try:
-            if leftover.guid is None:
-                result = client.delete_async(leftover.path, version=leftover.version)
-            else:
+            if leftover.step == "sync":
+                result = client.sync_async(leftover.path)
+            elif leftover.step == "list":
                 result = client.get_children_async(leftover.path)
+            elif leftover.step == "get":
+                result = client.get_async(leftover.path)
+            else:
+                result = client.delete_async(leftover.path, version=version)
         except Exception:  # the client is closing: nothing more to do in this session
             leftover.in_flight = False
             return
@@ -113,17 +126,30 @@ class Leftovers:
             return
         try:
             value = done.get_nowait()
-        except _RETRY:
-            return  # sent again at the next reconnection
+        except _RETRY:  # sent again at the next reconnection, from a fresh read
+            leftover.step = {"delete": "get", "list": "sync"}.get(leftover.step, leftover.step)
+            return
         except kz.KazooException:
-            value = None  # gone, or changed since (a versioned delete): nothing of ours
-        if leftover.guid is not None and value:
-            mine = [name for name in value if leftover.guid in name]
-            if mine:  # now delete the node itself, by its full name
-                self._pending.remove(leftover)
-                found = Leftover(f"{leftover.path}/{mine[0]}", leftover.session_id)
-                self._pending.append(found)
-                self._sweep()
+            value = None  # gone, or changed since: nothing of ours to delete
+            leftover.step = "done"
+        if leftover.step == "sync":
+            leftover.step = "list"
+            self._send(leftover)
+            return
+        if leftover.step == "list":
+            mine = [name for name in value or () if leftover.guid in name]
+            if mine:  # now the node itself, by its full name
+                leftover.path, leftover.guid = f"{leftover.path}/{mine[0]}", None
+                leftover.step = "get"
+                self._send(leftover)
+                return
+        elif leftover.step == "get":
+            data, stat = value
+            if stat.ephemeralOwner == leftover.session_id and (
+                leftover.data is None or data == leftover.data
+            ):
+                leftover.step = "delete"
+                self._send(leftover, version=stat.version)
                 return
         self._pending.remove(leftover)
-        log.info("zk.leftover_deleted", path=leftover.path, guid=leftover.guid)
+        log.info("zk.leftover_done", path=leftover.path, guid=leftover.guid)

@@ -606,16 +606,17 @@ class Session:
         validate_path(path)
         await self._read(Sync(self._full(path)))
 
-    def delete_later(self, path: str, *, version: int = -1,
+    def delete_later(self, path: str, *, data: bytes | None = None,
                      session_id: int | None = None) -> None:
         """Delete ephemeral node ``path`` of session ``session_id`` (default: the current
-        one) as soon as the connection is back in that session; forgotten once it is lost.
-        For a clean-up that gave up while ZooKeeper was unreachable: a session can outlive
-        that (:mod:`framework.zk.leftovers`)."""
+        one) as soon as the connection is back in that session, if that session owns it and
+        (with ``data``) it still holds ``data``; forgotten once the session is lost.  For a
+        clean-up that gave up while ZooKeeper was unreachable: a session can outlive that
+        (:mod:`framework.zk.leftovers`)."""
         validate_path(path)
         owner = session_id if session_id is not None else self._session_id
         if owner is not None and not self._closed:
-            self._leftovers.add(Leftover(path, owner, version))
+            self._leftovers.add(Leftover(path, owner, data))
 
     def delete_guid_later(self, parent: str, guid: str) -> None:
         """:meth:`delete_later` for the child of ``parent`` whose name carries ``guid`` (a

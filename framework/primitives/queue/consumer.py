@@ -165,6 +165,10 @@ class Consumer:
                 await self._line.leave()  # no take of ours waits any more
             raise
         self._tickets.remove(ticket)
+        if self._line.node is not None and not any(t.claim is None for t in self._tickets):
+            # handed a claim by another take's round while our join was in flight (that
+            # round's multi could not include our place): nobody of ours waits any more
+            await self._line.leave()
         return ticket.claim
 
     async def _my_turn(self) -> bool:
@@ -322,7 +326,8 @@ class Consumer:
             log.warning("queue.claim_left", path=self.path, item=claim.entry.key,
                         note="not removed in time: deleted when the connection is back, "
                              "or with the session")
-            self.session.delete_later(claim.claim_path, session_id=claim.session_id)
+            self.session.delete_later(claim.claim_path, data=claim.token,
+                                      session_id=claim.session_id)
         elif why is None:
             log.info("queue.claim_abandoned", path=self.path, item=claim.entry.key)
 
@@ -431,7 +436,8 @@ class Consumer:
             why = "unconfirmed"
             # if the ack was not applied, our claim still holds the item while this session
             # lives: let it go as soon as ZooKeeper is back (then it is delivered again)
-            self.session.delete_later(claim.claim_path, session_id=claim.session_id)
+            self.session.delete_later(claim.claim_path, data=claim.token,
+                                      session_id=claim.session_id)
         if why is None:
             log.debug("queue.acked", path=self.path, item=claim.entry.key)
             return
@@ -538,7 +544,8 @@ class Consumer:
             except errors.ZooKeeperError:
                 why = "lost"
         if scope.cancelled_caught:  # the release was not confirmed: free the item later
-            self.session.delete_later(claim.claim_path, session_id=claim.session_id)
+            self.session.delete_later(claim.claim_path, data=claim.token,
+                                      session_id=claim.session_id)
         if why is not None:
             log.info("queue.claim_already_ended", path=self.path, item=entry.key, why=why,
                      error=type(exc).__name__)

@@ -65,11 +65,15 @@ class WaitingLine:
         try:
             if self.node is None or self.session.session_id != self.session_id:
                 await self._join()
-            assert self.node is not None
+            node = self.node
+            if node is None:
+                return False
             names = sort_sequential(
                 [n for n in await self.session.children(self.root) if n.startswith("w-")]
             )
-            mine = basename(self.node)
+            if self.node != node:  # left meanwhile (another take's claim): look again
+                return False
+            mine = basename(node)
             if mine not in names:  # gone with an old session: join again next time
                 self.node = None
                 return False
