@@ -138,6 +138,7 @@ async def test_lost_worker_re_replicated_after_grace_and_new_master_resumes(
             # the master goes; a new master resumes the plan from ZooKeeper: no moves
             m1.request_stop()
             m2 = Replicated("rep", name="m2")
+            m2.stable_for = 0.0  # its first step must still wait for the live workers
             await nursery.start(run_with_session, zk_hosts, chroot, m2, scopes["m2"],
                                 sessions)
             await m2.stepped.wait()

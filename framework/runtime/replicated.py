@@ -72,6 +72,7 @@ class ReplicatedPlacement:
         self._wanted: dict[str, bytes] = {}
         self._replication: dict[str, int] = {}
         self._lost_at: dict[str, float] = {}
+        self._workers_known = trio.Event()  # the first listing of the workers is in
         self._dirs: set[str] = set()  # assignments/<w> known to exist (this term)
         self._watchers: dict[str, trio.CancelScope] = {}
         self._changed = trio.Event()
@@ -107,6 +108,12 @@ class ReplicatedPlacement:
             self._nursery = nursery
             await self._load()
             nursery.start_soon(self._watch_workers)
+            # never plan from an empty live set: wait for the first listing of the workers,
+            # and give every planned worker missing from it the grace of a lost one
+            await self._workers_known.wait()
+            started = trio.current_time()
+            for worker in {w for ws in self.plan.values() for w in ws} - self.live:
+                self._lost_at.setdefault(worker, started)
             await trio.sleep(self.stable_for)  # safe mode: let the live set settle
             log.info("replicated.leading", app=app.name, workers=len(self.live),
                      shards=len(self.known))
@@ -192,6 +199,7 @@ class ReplicatedPlacement:
             for new in live - self.live:
                 self._lost_at.pop(new, None)
             self.live = live
+            self._workers_known.set()
             self._changed.set()
 
     # ------------------------------------------------------------ one step
