@@ -156,8 +156,9 @@ class Worker:
         creates the ephemeral ``deployed/<shard>/<worker>`` record with ``info`` (bytes, or
         JSON), and withdraws it when the block ends (unassigned, error, stop) - before
         the code after the block runs, so a serving record never outlives the serving.
-        When the session cannot be trusted the block is cancelled at once and the record
-        left to the server (it goes with the session): nothing waits on ZooKeeper then.
+        When the session cannot be trusted the block is cancelled at once and nothing
+        waits on ZooKeeper: the record goes with the session, or, if the session survives,
+        is withdrawn as soon as it is connected again (:meth:`Session.delete_later`).
         Yields False, creating nothing, when the shard is no longer wanted (its
         ``deployed/<shard>`` directory is gone): return then."""
         session = self.session
@@ -166,18 +167,26 @@ class Worker:
         path = f"{self.app.deployed_dir(shard)}/{self.name}"
         data = info if isinstance(info, bytes) else json.dumps(info or {}).encode()
         listed = False
+        created_in: int | None = None
         try:
             listed = await _announce(session, path, data)
+            created_in = session.session_id
             if listed:
                 log.info("shard.ready", worker=self.name, shard=shard)
             yield listed
         finally:
-            if listed and session.connected:
+            withdrawn = False
+            if listed and session.connected and session.session_id == created_in:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     try:
                         await session.delete(path, missing_ok=True)
+                        withdrawn = True
                     except errors.ZooKeeperError:
-                        pass  # ephemeral: it goes with the session
+                        pass
+            if listed and not withdrawn and created_in is not None:
+                # not now (suspended, or no reply in time): as soon as the session is back,
+                # if it survived; if it did not, the record went with it
+                session.delete_later(path, data=data, session_id=created_in)
 
     async def on_config(self, config: Any) -> None:
         """Called with each new complete configuration (the paper's ready-znode protocol)."""
