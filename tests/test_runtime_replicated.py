@@ -189,3 +189,32 @@ async def test_refused_and_removed_shards(zk_hosts: str, chroot: str, session: S
                 assert set(await session.children(app.assignment_dir(worker))) <= {"s0"}
             nursery.cancel_scope.cancel()
 
+
+
+async def test_a_plan_that_disagrees_with_the_assignments_is_resumed_from_them(
+        zk_hosts: str, chroot: str, session: Session) -> None:
+    """A shard whose plan says nobody although a worker holds its assignment (placed by
+    ``run_shards``, or a plan write lost with its reply): the new leader starts from the
+    assignments that exist, instead of re-creating one and failing on it forever."""
+    app = App("rep")
+    for path in (app.shards, app.plan, app.deployed, app.refused, app.assignment_dir("w1")):
+        await session.ensure_path(path)
+    for shard, spec in SHARDS.items():
+        await session.create(f"{app.shards}/{shard}", spec)
+        await session.create(app.plan_path(shard), b"[]")
+        await session.create(app.deployed_dir(shard))
+        await session.create(app.refused_dir(shard))
+        await session.create(f"{app.assignment_dir('w1')}/{shard}")
+    sessions: dict[str, Session] = {}
+    scopes = {n: trio.CancelScope() for n in ("w1", "w2", "m1")}
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            workers = {n: Replica("rep", name=n) for n in ("w1", "w2")}
+            for name, worker in workers.items():
+                await nursery.start(run_with_session, zk_hosts, chroot, worker, scopes[name],
+                                    sessions)
+            master = Replicated("rep", name="m1")
+            await nursery.start(run_with_session, zk_hosts, chroot, master, scopes["m1"],
+                                sessions)
+            await wait_plan(session, app, lambda p, s: replicated(p, s, set(workers)))
+            nursery.cancel_scope.cancel()

@@ -130,8 +130,7 @@ class ReplicatedPlacement:
                     failures += 1
                     log.warning("replicated.step_failed", app=app.name, error=str(exc))
                     await trio.sleep(min(0.05 * 2 ** failures, 2.0))
-                    await session.wait_connected()
-                    await self._load()
+                    await self._reload()
                     continue
                 if on_step is not None:
                     await on_step(self)
@@ -143,6 +142,16 @@ class ReplicatedPlacement:
                 expiries = [t + self.node_grace for t in self._lost_at.values()]
                 with trio.move_on_at(min(expiries, default=math.inf)):
                     await self._changed.wait()
+
+    async def _reload(self) -> None:
+        """:meth:`_load` again, as often as the connection drops while it reads."""
+        while True:
+            await self.ctx.session.wait_connected()
+            try:
+                await self._load()
+                return
+            except errors.ConnectionLossError:
+                continue
 
     async def _load(self) -> None:
         """Resume from ZooKeeper: the shards, their plans (never from memory)."""
@@ -164,6 +173,20 @@ class ReplicatedPlacement:
                     await session.ensure_path(path)
                 await session.set(app.plan_path(shard), b"[]")
                 self.plan[shard] = []
+        # the assignments that exist are what a step's creates and deletes must match (a
+        # plan written by someone else, or lost with a reply, may say otherwise): keep the
+        # recorded order, drop what is not assigned, add what is
+        assigned: dict[str, set[str]] = {}
+        for worker in await session.children(app.assignments):
+            try:
+                for shard in await session.children(app.assignment_dir(worker)):
+                    assigned.setdefault(shard, set()).add(worker)
+            except errors.NoNodeError:
+                pass
+        for shard, recorded in self.plan.items():
+            actual = assigned.get(shard, set())
+            self.plan[shard] = [w for w in recorded if w in actual] + sorted(
+                actual - set(recorded))
         self._dirs.clear()
         for shard in set(self._watchers) - set(self.known):
             self._watchers.pop(shard).cancel()
