@@ -62,6 +62,18 @@ async def run_with_session(hosts: str, chroot: str, component: Any, scope: trio.
             await component.run(s)
 
 
+async def start_all(nursery: trio.Nursery, hosts: str, chroot: str, names: tuple[str, ...],
+                    scopes: dict[str, trio.CancelScope], sessions: dict[str, Session],
+                    ) -> tuple[dict[str, Replica], Replicated]:
+    """Start the workers ``names`` and master ``m1``, each with its own session."""
+    workers = {n: Replica("rep", name=n) for n in names}
+    for name, worker in workers.items():
+        await nursery.start(run_with_session, hosts, chroot, worker, scopes[name], sessions)
+    master = Replicated("rep", name="m1")
+    await nursery.start(run_with_session, hosts, chroot, master, scopes["m1"], sessions)
+    return workers, master
+
+
 async def read_plan(session: Session, app: App) -> dict[str, list[str]]:
     return {s: json.loads((await session.get(app.plan_path(s)))[0]) for s in SHARDS}
 
@@ -100,13 +112,8 @@ async def test_lost_worker_re_replicated_after_grace_and_new_master_resumes(
     least: dict[str, int] = {}  # fewest serving replicas seen per shard, after deployment
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            workers = {n: Replica("rep", name=n) for n in ("w1", "w2", "w3")}
-            for name, worker in workers.items():
-                await nursery.start(run_with_session, zk_hosts, chroot, worker, scopes[name],
-                                    sessions)
-            m1 = Replicated("rep", name="m1")
-            await nursery.start(run_with_session, zk_hosts, chroot, m1, scopes["m1"],
-                                sessions)
+            workers, m1 = await start_all(nursery, zk_hosts, chroot, ("w1", "w2", "w3"),
+                                          scopes, sessions)
             plan = await wait_plan(session, app, lambda p, s: replicated(p, s, set(workers)))
             loads = sorted(sum(w in nodes for nodes in plan.values()) for w in workers)
             assert loads == [2, 3, 3], plan
@@ -209,12 +216,7 @@ async def test_a_plan_that_disagrees_with_the_assignments_is_resumed_from_them(
     scopes = {n: trio.CancelScope() for n in ("w1", "w2", "m1")}
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            workers = {n: Replica("rep", name=n) for n in ("w1", "w2")}
-            for name, worker in workers.items():
-                await nursery.start(run_with_session, zk_hosts, chroot, worker, scopes[name],
-                                    sessions)
-            master = Replicated("rep", name="m1")
-            await nursery.start(run_with_session, zk_hosts, chroot, master, scopes["m1"],
-                                sessions)
+            workers, _master = await start_all(nursery, zk_hosts, chroot, ("w1", "w2"),
+                                               scopes, sessions)
             await wait_plan(session, app, lambda p, s: replicated(p, s, set(workers)))
             nursery.cancel_scope.cancel()
