@@ -26,7 +26,7 @@ from framework.errors import (
     DataTooLargeError,
     NoNodeError,
 )
-from framework.primitives.queue import QueueItem, WorkQueue
+from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.primitives.queue import producer as queue_producer
 from framework.testing import TcpProxy, expire_session
 from framework.zk import Transaction
@@ -376,14 +376,19 @@ def interfere(monkeypatch: pytest.MonkeyPatch) -> Interfere:
     return Interfere(monkeypatch)
 
 
+@pytest.mark.parametrize("extras", [False, True])
 @pytest.mark.parametrize("action", ["cancel", "reply lost, then cancel"])
 async def test_cancelled_claim_leaves_no_claim_and_no_count(
-    zk_hosts: str, chroot: str, session: Session, interfere: Interfere, action: str
+    zk_hosts: str, chroot: str, session: Session, interfere: Interfere, action: str,
+    extras: bool,
 ) -> None:
     """A take() cancelled while its claim is being applied (or while it checks the claim
-    after a lost reply) removes the claim: another consumer gets the item at once, as its
-    first delivery (with max_attempts=1 a counted lost delivery would dead-letter it)."""
-    q = WorkQueue(session, "/q", max_attempts=1)
+    after a lost reply) removes the claim, and the claim's extras if it had any: another
+    consumer gets the item at once, as its first delivery (with max_attempts=1 a counted
+    lost delivery would dead-letter it)."""
+    await session.ensure_path("/markers")
+    claim_with = _marker_extras(session, []) if extras else None
+    q = WorkQueue(session, "/q", max_attempts=1, claim_with=claim_with)
     await q.put(b"job")
     with trio.fail_after(15):
         with trio.CancelScope() as scope:
@@ -392,10 +397,45 @@ async def test_cancelled_claim_leaves_no_claim_and_no_count(
                 pytest.fail("the block must not run")
         assert scope.cancelled_caught and rule.left == 0
         assert await session.children("/q/claims") == []
+        assert await session.children("/markers") == []
         async with Session(zk_hosts, chroot=chroot) as other:
             async with WorkQueue(other, "/q", max_attempts=1).take() as item:
                 assert (item.data, item.attempts) == (b"job", 1)
     assert await q.size() == 0 and await q.dead_letters() == []
+
+
+def _marker_extras(session: Session, made: list[str]) -> Callable[[QueueItem], ClaimExtras]:
+    """Claim extras as the runtime uses them: an ephemeral marker per delivery."""
+
+    def claim_with(item: QueueItem) -> ClaimExtras:
+        path = f"/markers/{item.data.decode()}"
+        made.append(path)
+        return ClaimExtras(lambda txn: txn.create(path, b"m", ephemeral=True),
+                           lambda txn: txn.delete(path, version=0), path)
+
+    return claim_with
+
+
+async def test_claim_extras_are_committed_with_the_claim_or_dropped(session: Session) -> None:
+    """Extras go in the claim's transaction and come back with the item; extras the server
+    refuses (their node exists) are dropped and the item is claimed all the same."""
+    await session.ensure_path("/markers")
+    made: list[str] = []
+    q = WorkQueue(session, "/q", claim_with=_marker_extras(session, made))
+    await q.put(b"a")
+    await q.put(b"b")
+    await session.create("/markers/b", b"someone else's")
+    with trio.fail_after(10):
+        async with q.take() as item:
+            assert item.data == b"a" and item.extras is not None
+            assert item.extras.payload == "/markers/a"
+            data, stat = await session.get("/markers/a")
+            assert data == b"m" and stat.ephemeralOwner == session.session_id
+        async with q.take() as item:
+            assert item.data == b"b" and item.extras is None  # refused: claimed without
+            assert (await session.get("/markers/b"))[0] == b"someone else's"
+    assert made == ["/markers/a", "/markers/b"]
+    assert await q.size() == 0
 
 
 @pytest.mark.parametrize("action", ["lost", "reply lost"])

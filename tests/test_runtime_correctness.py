@@ -36,20 +36,21 @@ async def test_wait_idle_ends_when_the_last_item_is_buried_unclaimed(
     zk_hosts: str, chroot: str
 ) -> None:
     """An item whose previous consumer died holding it has used its last delivery: the next
-    consumer buries it without claiming it, which changes nothing under ``running/``."""
+    consumer buries it without claiming it, which changes nothing under ``running/``
+    (``wait_idle`` watches the newest queued item itself)."""
     app = App("buried")
     checked = trio.Event()
 
     class Waiter(Master):
         async def lead(self, ctx: MasterContext) -> None:
-            size = ctx.queue.size
+            newest_item = ctx.queue.newest_item
 
-            async def counting_size(**kw: Any) -> int:
-                depth = await size(**kw)
+            async def looking(**kw: Any) -> str | None:
+                newest = await newest_item(**kw)
                 checked.set()  # wait_idle has looked once: the bury happens after this
-                return depth
+                return newest
 
-            ctx.queue.size = counting_size  # type: ignore[method-assign]
+            ctx.queue.newest_item = looking  # type: ignore[method-assign]
             await ctx.wait_idle()
 
     async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as doomed:

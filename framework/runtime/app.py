@@ -100,9 +100,11 @@ async def ensure_layout(session: Session, app: App, *paths: str) -> None:
 
 async def ensure_result_buckets(session: Session, app: App) -> None:
     """Create every result bucket that is missing (one listing once they all exist).  A
-    worker calls it before its first result: with the buckets in place, a result is written
-    in the same transaction as its task's acknowledgement, where a missing bucket would fail
-    that transaction and cost the slower fallback (result, bucket, result again, ack alone).
+    worker that takes tasks calls it when it starts: with the buckets in place, a task's
+    claim can probe that it has no result record yet and its result is written in the
+    same transaction as its acknowledgement, where a missing bucket would refuse those
+    and cost the slower paths (record read after the claim; result, bucket, result again,
+    ack alone).
     Apps that record no results (push mode) never get the 256 nodes."""
     await session.ensure_path(app.results)
     present = set(await session.children(app.results))

@@ -42,7 +42,7 @@ import trio
 from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
-from framework.primitives.queue import Finisher, QueueItem, WorkQueue
+from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
 from framework.runtime.app import App, check_name, ensure_layout, ensure_result_buckets
 from framework.runtime.cancel import wait_cancelled
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
@@ -123,7 +123,6 @@ class Worker:
         self._stop_requested = trio.Event()
         self._status_dirty = trio.Event()
         self._markers: dict[str, _Marker] = {}  # running/ path -> this worker's marker
-        self._result_buckets_ready = False
         self._stuck_threads = 0  # handler threads abandoned at their time limit, still running
         self._threads_lock = threading.Lock()
         self._processes: Any = None  # the trio-parallel context of a process pool
@@ -274,7 +273,10 @@ class Worker:
                             app.dead, app.assignment_dir(self.name), app.shards)
         group = Group(session, app.workers)
         queue = WorkQueue(session, app.tasks, max_attempts=self.max_attempts,
-                          dead_letter=app.dead, lease=self.lease)
+                          dead_letter=app.dead, lease=self.lease,
+                          claim_with=self._claim_extras)
+        if self.takes_tasks:
+            await ensure_result_buckets(session, app)  # before the first claim's probe
         async with self._handler_pool(), \
                 group.join(self.name, json.dumps(self.status()).encode()) as member:
             log.info("worker.joined", app=app.name, worker=self.name)
@@ -375,8 +377,7 @@ class Worker:
         delivery token in the marker's data (our own marker is adopted); the marker of an
         earlier delivery of this same item is stale (that delivery lost its claim, its
         handler is stuck) and is taken over."""
-        mine = _Marker(running, f"{self.name}/{item.name}/{item.attempts}",
-                       {"worker": self.name, "started": time.time(), "attempt": task.attempts})
+        mine = self._new_marker(running, task, item)
         try:
             while True:
                 try:
@@ -430,30 +431,65 @@ class Worker:
                 except errors.ZooKeeperError:
                     pass  # not ours any more, or the session (and the marker) ended
 
+    def _claim_extras(self, item: QueueItem) -> ClaimExtras | None:
+        """What a task's claim commits with it: the delivery's ``running/`` marker, and
+        a probe that the task has no result record (created and deleted again in the same
+        transaction: refused if one exists).  Refused (another delivery of the same id
+        runs, an earlier one's marker is left, a record exists), the task is claimed
+        alone and :meth:`_handle_item` takes the slow path (marker, then record read)."""
+        try:
+            task = Task.decode(item.data, item.attempts)
+        except Exception:
+            return None  # the handler's path reports it
+        running = f"{self.app.running}/{task.id}"
+        mine = self._new_marker(running, task, item)
+        record = self.app.result_path(task.key)
+
+        def build(txn: Any) -> None:
+            txn.create(running, mine.encode(), ephemeral=True)
+            txn.create(record, b"").delete(record)
+
+        def undo(txn: Any) -> None:
+            txn.delete(running, version=0)
+
+        return ClaimExtras(build, undo, (task, mine))
+
+    def _new_marker(self, running: str, task: Task, item: QueueItem) -> _Marker:
+        return _Marker(running, f"{self.name}/{item.name}/{item.attempts}",
+                       {"worker": self.name, "started": time.time(), "attempt": task.attempts})
+
     async def _handle_item(self, session: Session, queue: WorkQueue, item: QueueItem,
                            marker: list[_Marker]) -> None:
         """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
-        task = Task.decode(item.data, item.attempts)
+        previous_version: int | None = None  # the result record's version, if one exists
+        if item.extras is not None:
+            # claimed with its marker, and no result record existed then
+            task, mine = item.extras.payload
+            marker.append(mine)
+            running = mine.path
+        else:
+            task = Task.decode(item.data, item.attempts)
+            running = f"{self.app.running}/{task.id}"
         limit = task.time_limit or self.time_limit
         if limit:
             # past its limit (and the retry backoff) a handler that did not stop is stuck:
             # stop renewing the claim's lease, so the task goes to another worker
             queue.renew_for(item, limit + self.backoff_max + 1.0)
-        running = f"{self.app.running}/{task.id}"
-        await self._mark_running(session, running, task, item, marker)
+        if item.extras is None:
+            await self._mark_running(session, running, task, item, marker)
         self._markers[running] = marker[0]
         record = self.app.result_path(task.key)
-        previous_version: int | None = None  # the record's version, if one exists
-        try:
-            data, stat = await session.get(record)
-            previous = TaskResult.decode(data)
-            if previous.ok:
-                log.info("task.duplicate_skipped", task=task.id, key=task.key,
-                         done_by=previous.worker)
-                return
-            previous_version = stat.version
-        except errors.NoNodeError:
-            pass
+        if item.extras is None:
+            try:
+                data, stat = await session.get(record)
+                previous = TaskResult.decode(data)
+                if previous.ok:
+                    log.info("task.duplicate_skipped", task=task.id, key=task.key,
+                             done_by=previous.worker)
+                    return
+                previous_version = stat.version
+            except errors.NoNodeError:
+                pass
         self._in_flight += 1
         self._status_dirty.set()
         metrics.task_started(self.app.name)
@@ -492,9 +528,6 @@ class Worker:
         async def fallback() -> None:
             await _put(session, record, encoded)
 
-        if not self._result_buckets_ready:  # once per worker, before its first result
-            await ensure_result_buckets(session, self.app)
-            self._result_buckets_ready = True
         finisher = Finisher(build, fallback)
         queue.finish_with(item, finisher)
         mine.finisher = finisher

@@ -76,21 +76,21 @@ from __future__ import annotations
 import math
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
 from framework import errors
 from framework.errors import ConfigurationError
 from framework.primitives.queue.consumer import Consumer
-from framework.primitives.queue.items import Finisher, QueueItem
+from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.producer import Producer
 from framework.primitives.queue_lease import LeaseBreaker, Renewal
 from framework.primitives.queue_view import QueueView, is_bucket, parse_item
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
-__all__ = ["MAX_BUCKET_SIZE", "Finisher", "QueueItem", "WorkQueue"]
+__all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueItem", "WorkQueue"]
 
 #: Largest ``bucket_size``: a bucket's listing must stay under ZooKeeper's 1 MB reply limit
 #: (Java clients cannot read more) with names of up to ~45 bytes.
@@ -120,6 +120,10 @@ class WorkQueue(Producer, Consumer):
     also checks, in the same request, that ``path`` is at ``version`` (a leader's election
     node): a deposed leader's put is refused by the server and raises
     :class:`~framework.errors.LeadershipLost`, nothing of that request applied.
+    ``claim_with(item)`` (consumers) may return :class:`ClaimExtras`: operations committed in
+    the same transaction as the item's claim (the runtime creates a task's ``running/``
+    marker there); refused by the server, the item is claimed without them and
+    ``item.extras`` is ``None``; a claim undone before its block started undoes them too.
 
     SUSPENDED: waiting consumers keep waiting and re-read after reconnection; a consumer
     holding an item has its body cancelled after the session's ``suspended_grace`` and
@@ -143,6 +147,7 @@ class WorkQueue(Producer, Consumer):
         dead_letter: str | None = None,
         lease: float | None = None,
         fence: tuple[str, int] | None = None,
+        claim_with: Callable[[QueueItem], ClaimExtras | None] | None = None,
     ) -> None:
         if not isinstance(session, Session):
             raise ConfigurationError(
@@ -174,6 +179,7 @@ class WorkQueue(Producer, Consumer):
         if fence is not None:
             validate_path(fence[0], allow_root=False)
         self.fence = fence
+        self.claim_with = claim_with
         self.bucket_size = bucket_size
         self.max_item_bytes = max_item_bytes
         self.max_attempts = max_attempts
@@ -185,7 +191,7 @@ class WorkQueue(Producer, Consumer):
         self._ready = False
         self._view: QueueView | None = None
         self._claiming: set[str] = set()
-        self._contended = False  # the last claim lost a race to another consumer
+        self._contended = 0  # claim rounds left to start at a random place (races lost)
         self._breaker = LeaseBreaker(session, self.claims_root)
         self._renewals: dict[str, Renewal] = {}
         self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
@@ -256,6 +262,26 @@ class WorkQueue(Producer, Consumer):
 
         await gather(*[_bind(list_bucket, b) for b in buckets])
         return [f"{b}/{n}" for b in buckets for n in sorted(listed.get(b, []))]
+
+    async def newest_item(self) -> str | None:
+        """The path of the item put last (the highest sequence number of the newest bucket
+        that holds any), or ``None`` if the queue is empty now: an observer waiting for the
+        queue to drain watches that one node instead of every change (a listing of the
+        buckets, then of the newest buckets until one holds an item)."""
+        try:
+            buckets = sorted(b for b in await self.session.children(self.items_root)
+                             if is_bucket(b))
+        except errors.NoNodeError:
+            return None
+        for bucket in reversed(buckets):
+            try:
+                names = await self.session.children(f"{self.items_root}/{bucket}")
+            except errors.NoNodeError:
+                continue
+            if names:
+                newest = max(names, key=lambda name: name[-10:])
+                return f"{self.items_root}/{bucket}/{newest}"
+        return None
 
     async def item_data(self, name: str) -> bytes | None:
         """The data of item ``name`` (from :meth:`item_names`); ``None`` once it is gone.

@@ -17,7 +17,7 @@ from framework import errors
 from framework.errors import ClaimLost, PermanentFailure
 from framework.logs import get_logger
 from framework.primitives.holding import node_scope
-from framework.primitives.queue.items import Claim, Finisher, QueueItem
+from framework.primitives.queue.items import Claim, ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue_lease import LeaseBreaker, Renewal, lease_token, renew
 from framework.primitives.queue_view import Entry, QueueView
@@ -44,11 +44,12 @@ class Consumer:
     max_item_bytes: int
     max_attempts: int | None
     lease: float | None
+    claim_with: Callable[[QueueItem], ClaimExtras | None] | None
     _owner: str
     _setup: Callable[[], Awaitable[None]]
     _view: QueueView | None
     _claiming: set[str]
-    _contended: bool
+    _contended: int
     _breaker: LeaseBreaker
     _renewals: dict[str, Renewal]
     _finishers: dict[str, Finisher]
@@ -70,7 +71,8 @@ class Consumer:
         await self._setup()
         claim = await self._claim()
         entry = claim.entry
-        item = QueueItem(entry.key, claim.data, entry.priority, claim.version)
+        extras = claim.extras if claim.extras is not None and claim.extras.applied else None
+        item = QueueItem(entry.key, claim.data, entry.priority, claim.version, extras)
         self._finishers.pop(entry.key, None)
         keepalive = None
         if self.lease is not None:
@@ -201,8 +203,8 @@ class Consumer:
                     current.expiry = await self._breaker.check(await view.claims())
                 return
             waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
-            chosen = _choose(entries, len(waiting), self._contended)
-            self._contended = False
+            chosen = _choose(entries, len(waiting), self._contended > 0)
+            self._contended = max(self._contended - 1, 0)
             keys = {entry.key for entry in chosen}
             self._claiming |= keys
             try:
@@ -249,44 +251,68 @@ class Consumer:
             if self.max_attempts is not None and stat.version >= self.max_attempts:
                 await self._bury_unclaimed(entry, data, stat.version)
                 continue
+            extras = None
+            if self.claim_with is not None:
+                extras = self.claim_with(QueueItem(entry.key, data, entry.priority,
+                                                   stat.version + 1))
             claims.append(Claim(
                 entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
                 session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
+                extras,
             ))
         place = self._line.place() if session_id == self._line.session_id else None
+        races_lost = 0
         try:
             while claims:
                 txn = session.transaction()
+                spans = []  # per claim: where its extras start, where it ends
                 for claim in claims:
                     txn.create(claim.claim_path, claim.token, ephemeral=True)
                     txn.set(f"{self.items_root}/{claim.entry.key}", claim.data,
                             version=claim.version - 1)
+                    extras_at = len(txn.operations)
+                    if claim.extras is not None:
+                        claim.extras.build(txn)
+                    spans.append((extras_at, len(txn.operations)))
                 if place is not None:
                     txn.delete(place)
                 try:
                     await txn.commit()
                 except errors.TransactionFailedError as exc:
-                    if place is not None and exc.failed_index == 2 * len(claims):
+                    failed = exc.failed_index
+                    if place is not None and failed == len(txn.operations) - 1:
                         place = None  # our place in line is gone: claim without it
                         self._line.left()
                         continue
-                    lost = claims.pop(max(exc.failed_index, 0) // 2)
+                    culprit = next((k for k, (_, end) in enumerate(spans) if failed < end), 0)
+                    if failed >= spans[culprit][0]:
+                        # its extras were refused (the server says why only to the
+                        # holder, who does that work itself): claim it without them
+                        claims[culprit] = attrs.evolve(claims[culprit], extras=None)
+                        continue
+                    lost = claims.pop(culprit)
                     if isinstance(exc.cause, errors.NoNodeError):
                         view.forget(lost.entry)  # gone (acked): claim the others
                         continue
-                    # claimed by another consumer first, which likely took its neighbours
-                    # too: a new round starts from a fresh list, at a random place
-                    self._contended = True
-                    return []
+                    # claimed by another consumer first: from now on rounds start at a
+                    # random place near the head, so competitors spread out; the others
+                    # are tried again once, then a new round reads a fresh list
+                    self._contended = _SPREAD_ROUNDS
+                    races_lost += 1
+                    if races_lost > 1:
+                        return []
+                    continue
                 except errors.SessionExpiredError:
                     return []  # whatever it made went with that session
                 except errors.ConnectionLossError:
                     claims = [claim for claim in claims if await self._holds(claim)]
                     if place is not None and claims:
                         self._line.left()  # applied: our place went with it
+                    _applied(claims)
                     return claims
                 if place is not None:
                     self._line.left()
+                _applied(claims)
                 for claim in claims:
                     log.debug("queue.claimed", path=self.path, item=claim.entry.key,
                               attempt=claim.version)
@@ -317,6 +343,7 @@ class Consumer:
         with cleanup_scope(self.session) as scope:
             try:
                 if await self._holds(claim):
+                    _applied([claim])  # made in one transaction with the claim
                     why = await self._finish(
                         claim, functools.partial(self._restore_transaction, claim)
                     )
@@ -339,6 +366,8 @@ class Consumer:
         item_path = f"{self.items_root}/{claim.entry.key}"
         before = claim.version - 1
         txn = self.session.transaction()
+        if claim.extras is not None and claim.extras.applied:
+            claim.extras.undo(txn)
         if before > _RESTORE_MAX:
             return txn.check(item_path, claim.version).delete(claim.claim_path)
         txn.delete(claim.claim_path).delete(item_path, version=claim.version)
@@ -588,18 +617,15 @@ class Consumer:
         return f"{self.dead_letter}/{entry.claim_name}.{attempts}"
 
 
-#: After a lost race, the next attempt is drawn from this many following items.
-_SPREAD = 8
+def _applied(claims: list[Claim]) -> None:
+    """Mark the extras of claims proven made as committed (they went in one transaction)."""
+    for claim in claims:
+        if claim.extras is not None:
+            claim.extras.applied = True
 
 
-def _spread(entries: list[Entry], lost: int) -> int:
-    """The index to try after losing the race for ``entries[lost]``: a random one among
-    the next ``_SPREAD`` items of the same priority (or simply the next one)."""
-    priority = entries[max(lost, 0)].priority
-    end = lost + 1
-    while end < len(entries) and end - lost <= _SPREAD and entries[end].priority == priority:
-        end += 1
-    return random.randrange(lost + 1, end) if end > lost + 1 else lost + 1
+#: After a lost race, this many claim rounds start at a random place near the head.
+_SPREAD_ROUNDS = 32
 
 
 #: At most this many takes are served by one claim round, and acks by one commit.
@@ -644,11 +670,17 @@ class _Ack:
     why: str | None = _PENDING
 
 
-def _choose(entries: list[Entry], count: int, contended: bool) -> list[Entry]:
-    """``count`` distinct entries to claim: the first ones, or - after a contended round -
-    a run starting at a random place near the head (so competitors spread out)."""
-    start = _spread(entries, -1) if contended else 0
-    start = min(start, len(entries) - 1)
+def _choose(entries: list[Entry], count: int, spread: bool) -> list[Entry]:
+    """``count`` distinct entries to claim: the first ones, or - while competitors are
+    about (``spread``) - a run starting at a random place among the first items of the
+    head's priority (at most the view's window), so consumers reading the same list go
+    for different items."""
+    start = 0
+    if spread:
+        same = 1
+        while same < len(entries) and entries[same].priority == entries[0].priority:
+            same += 1
+        start = random.randrange(max(same - count, 0) + 1)
     chosen = entries[start:start + count]
     if len(chosen) < count:
         chosen += entries[:min(start, count - len(chosen))]

@@ -23,6 +23,24 @@ class QueueItem:
     data: bytes
     priority: int
     attempts: int
+    #: What was committed with this delivery's claim (``WorkQueue(claim_with=...)``), or
+    #: ``None`` if nothing was (none asked for, or the server refused it).
+    extras: ClaimExtras | None = attrs.field(default=None, eq=False, repr=False)
+
+
+@attrs.define(eq=False)
+class ClaimExtras:
+    """Operations committed atomically with an item's claim (``WorkQueue(claim_with=...)``):
+    ``build(txn)`` adds them after the claim's own.  If the server refuses them, the item is
+    claimed without them (``applied`` stays False) and the holder does that work itself.
+    ``undo(txn)`` adds what reverses them when the claim is undone before its block started
+    (a take cancelled, a claim nobody wanted any more).  ``payload``: whatever the caller
+    wants back with the item (``QueueItem.extras``)."""
+
+    build: Callable[[Transaction], Any]
+    undo: Callable[[Transaction], Any]
+    payload: Any = None
+    applied: bool = False
 
 
 @attrs.frozen
@@ -33,6 +51,7 @@ class Claim:
     claim_path: str
     session_id: int
     token: bytes  # the claim node's data: tells our claim from any other
+    extras: ClaimExtras | None = None  # committed with the claim once ``extras.applied``
 
 
 @attrs.define(eq=False)
