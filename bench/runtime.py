@@ -11,8 +11,10 @@ objects with keys workload, unit, kazoo, ours, ratio).
    the share of the server's write capacity (creates/s with 200 in flight) the run used.
 3. Backlog independence: the rate at which 4 x 500 tasks are drained from a backlog of 3,000
    and from one of 100,000 (the rest stays queued), and ``submit_many`` of the 100,000.
-4. The latency of one task on an idle system: submit -> result recorded and acknowledged
-   (the master's ``wait_idle`` returns), median of 50; kazoo: ``put`` -> the entry is gone.
+4. The latency of one task on an idle system: submit -> its result record is visible (a
+   watch on it; the record is written in the transaction that acknowledges the task), and
+   until the master's ``wait_idle`` returns, medians of 50; kazoo: ``put`` -> the entry is
+   consumed.
 5. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
 """
@@ -237,7 +239,8 @@ async def server_write_rate(hosts: str) -> float:
         return await ours_concurrent(session, "create", 4000, 200)
 
 
-async def ours_latency(hosts: str) -> float:
+async def ours_latency(hosts: str) -> tuple[float, float]:
+    """Medians of (submit -> result visible, submit -> ``wait_idle`` returned)."""
     chroot = f"/bench-lat-{time.time_ns()}"
     procs: list[subprocess.Popen] = []
     try:
@@ -246,8 +249,9 @@ async def ours_latency(hosts: str) -> float:
                                BENCH_TASKS=str(LATENCY_ROUNDS), BENCH_MODE="latency")
         procs.append(master)
         out, _ = await trio.to_thread.run_sync(master.communicate)
-        return statistics.median(float(line.split()[1]) for line in out.splitlines()
-                                 if line.startswith("LATENCY"))
+        rows = [line.split()[1:] for line in out.splitlines() if line.startswith("LATENCY")]
+        return (statistics.median(float(visible) for visible, _ in rows),
+                statistics.median(float(idle) for _, idle in rows))
     finally:
         kill_all(procs)
 
@@ -395,9 +399,13 @@ async def measure(hosts: str) -> list[Result]:
                note=f"kazoo ({WORKERS} x {KAZOO_LARGE_EACH}): every get lists every entry"),
         Result(f"submit {LARGE_BACKLOG:,} tasks", "tasks/s", large["kazoo"][0],
                large["ours"][0], note="ours: submit_many, 5,000 a call; kazoo: put_all, 1,000"),
-        Result("one task on an idle system: submit -> done", "ms", latency["kazoo"] * 1000,
-               latency["ours"] * 1000, higher_is_better=False,
-               note=f"median of {LATENCY_ROUNDS}; ours: result recorded and acked"),
+        Result("one task on an idle system: submit -> result visible", "ms",
+               latency["kazoo"] * 1000, latency["ours"][0] * 1000, higher_is_better=False,
+               note=f"median of {LATENCY_ROUNDS}; ours: a watch on the result record (written "
+                    "with the ack); kazoo: put -> the entry is consumed"),
+        Result("  same, until the master's wait_idle returns", "ms", latency["kazoo"] * 1000,
+               latency["ours"][1] * 1000, higher_is_better=False,
+               note="also proves the queue empty and nothing running"),
         Result("master failover after kill -9", "s", statistics.median(kazoo_fo),
                statistics.median(ours_fo), higher_is_better=False,
                note=f"session timeout {SESSION_TIMEOUT:g}s; median of {FAILOVER_ROUNDS}; "

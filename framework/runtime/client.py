@@ -27,8 +27,8 @@ from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
-from framework.runtime.tasks import Task, TaskResult, new_task
-from framework.zk import Session, validate_name, wait_exists
+from framework.runtime.tasks import Task, TaskResult, new_task, read_result
+from framework.zk import Session, validate_name
 
 
 @attrs.frozen
@@ -92,14 +92,7 @@ class Client:
         validate_name("task key", key)
         path = self.app.result_path(key)
         with trio.fail_after(timeout) if wait and timeout is not None else nullcontext():
-            while True:
-                try:
-                    data, _stat = await self.session.get(path)
-                    return TaskResult.decode(data)
-                except errors.NoNodeError:
-                    if not wait:
-                        return None
-                await wait_exists(self.session, path)  # then read it (unless deleted again)
+            return await read_result(self.session, path, wait=wait)
 
     async def cancel(self, *, by: str = "") -> bool:
         """Mark the app cancelled (its ``cancel`` node, which masters and workers watch);

@@ -40,7 +40,7 @@ from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
 from framework.runtime.retention import Retention, limits_of
-from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
+from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task, read_result
 from framework.zk import Session, cleanup_scope, gather
 from framework.zk.scopes import single_body_error
 
@@ -91,12 +91,10 @@ class MasterContext:
         await self.queue.put_many([t.encode() for t in tasks], priority=priority)
         return tasks
 
-    async def result(self, key: str) -> TaskResult | None:
-        """The result record of a task id (or idempotency key), if it finished."""
-        try:
-            return TaskResult.decode((await self.session.get(self.app.result_path(key)))[0])
-        except errors.NoNodeError:
-            return None
+    async def result(self, key: str, *, wait: bool = False) -> TaskResult | None:
+        """The result record of a task id (or idempotency key), if it finished; with
+        ``wait``, once it has (a watch on the record, no polling)."""
+        return await read_result(self.session, self.app.result_path(key), wait=wait)
 
     async def is_running(self, task_id: str) -> bool:
         """Whether a worker is handling task ``task_id`` now (its ``running/`` marker)."""

@@ -9,9 +9,10 @@ from typing import Any
 
 import attrs
 
+from framework import errors
 from framework.errors import ConfigurationError, PermanentFailure
 from framework.runtime.app import check_name
-from framework.zk import MAX_DATA_BYTES
+from framework.zk import MAX_DATA_BYTES, Session, wait_exists
 
 #: How many failure records the ``failures/`` ring keeps (each worker deletes the record
 #: this many before its own; the master's retention trims what a crash left behind).
@@ -107,3 +108,17 @@ class TaskResult:
         doc = json.loads(data)
         known = {field.name for field in attrs.fields(cls)}
         return cls(**{name: value for name, value in doc.items() if name in known})
+
+
+async def read_result(session: Session, path: str, *, wait: bool = False) -> TaskResult | None:
+    """The result record at ``path``; ``None`` if there is none, or with ``wait`` the record
+    once it is written (an ``exists`` watch: it is seen the moment the worker's
+    acknowledging transaction commits, no polling)."""
+    while True:
+        try:
+            data, _stat = await session.get(path)
+            return TaskResult.decode(data)
+        except errors.NoNodeError:
+            if not wait:
+                return None
+        await wait_exists(session, path)  # then read it (unless deleted again)
