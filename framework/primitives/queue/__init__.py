@@ -33,8 +33,9 @@ Consumers wait on watches, never poll.  Idle consumers wait in a line
 the two waiters just ahead of it, so a put wakes two consumers rather than every idle one
 (no herd), and idle consumers are served in the order they started waiting (fair).  A
 consumer that finds work leaves the line as its claim goes out; busy consumers never wait in
-it.  Consumers that go for the same item race for it; one that loses tries a random item
-among the next few instead of racing for the next head in lockstep, so competitors spread
+it.  Consumers that go for the same item race for it; one that loses tries the round's other
+items once more, and its next rounds start at a random place among the first items of the
+head's priority instead of racing for the next head in lockstep, so competitors spread
 out.  Within a process, consumer tasks sharing a
 ``WorkQueue`` share one view and never compete for the same item.  A lone consumer takes
 items in strict order.
