@@ -5,6 +5,7 @@ concurrent producers, bad settings, and a property test with faults at random po
 
 from __future__ import annotations
 
+import random
 import sys
 import types
 import uuid
@@ -28,6 +29,7 @@ from framework.errors import (
 )
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.primitives.queue import producer as queue_producer
+from framework.primitives.queue_view import parse_item, update_listing
 from framework.testing import TcpProxy, expire_session
 from framework.zk import Transaction
 
@@ -98,6 +100,27 @@ async def test_buckets_never_exceed_their_size(session: Session) -> None:
     ]
     # emptied old buckets are removed; at most the newest remains
     assert len(await session.children("/q/items")) <= 1
+
+
+def test_a_bucket_listing_is_updated_in_place_in_order() -> None:
+    """``update_listing`` (a bucket re-read parses only new names) gives exactly what a
+    full parse and sort of the listing gives, over random puts, acks and foreign names."""
+    rng = random.Random(13)
+    bucket, live, seq, previous = "b-0000000001", [], 0, None
+    for _ in range(2000):
+        if rng.random() < 0.5 or not live:
+            for _ in range(rng.randint(1, 20)):
+                priority = rng.choice(["+0", "-5", "+3"])
+                live.append(f"i{priority}-{rng.getrandbits(64):016x}-{seq:010d}")
+                seq += 1
+        else:
+            for _ in range(rng.randint(1, min(20, len(live)))):
+                live.pop(rng.randrange(len(live)))
+        names = rng.sample(live, len(live)) + (["junk"] if rng.random() < 0.05 else [])
+        previous = update_listing(bucket, names, previous)
+        expected = sorted((e for n in names if (e := parse_item(bucket, n)) is not None),
+                          key=lambda e: (e.priority, e.seq))
+        assert previous[1] == expected
 
 
 async def test_oversized_items_are_rejected_clearly(session: Session) -> None:
