@@ -16,6 +16,7 @@ import trio
 from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
+from framework.runtime.tasks import read_result
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
 
@@ -272,3 +273,32 @@ async def test_submit_many_with_keys_runs_a_resubmitted_job_once(
     await _run(zk_hosts, chroot, master, worker)
     assert worker.tasks_done == 5
     assert [r.result for r in master.results] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("raw", [b'{"id": "x", "key": 5}', b'{"id": ""}', b'{"id": "a/b"}'])
+async def test_a_malformed_task_is_dead_lettered_and_the_queue_goes_on(
+    zk_hosts: str, chroot: str, raw: bytes
+) -> None:
+    """A task put by hand that the worker cannot even name (its running/ marker or result
+    path would be invalid) is claimed without the claim's extras and fails in the slot,
+    where deliveries count: it is dead-lettered, and the task behind it runs.  (It used to
+    make every claim round fail before anything was sent: the queue stalled on it.)"""
+    app = App("malformed")
+    worker = Echo(app, name="w")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            s = await nursery_session(nursery, zk_hosts, chroot)
+            queue = WorkQueue(s, app.tasks, dead_letter=app.dead)
+            await queue.put(raw)
+            await queue.put(Task("good", {"n": 7}).encode())
+            nursery.start_soon(worker.run, await nursery_session(nursery, zk_hosts, chroot))
+            record = await read_result(s, app.result_path("good"), wait=True)
+            assert record is not None and record.ok and record.result == 7
+            while True:  # the worker made the layout: wait for the dead letter
+                changed = trio.Event()
+                if await s.children(app.dead, watch=s.waker(changed)):
+                    break
+                await changed.wait()
+            [dead] = await queue.dead_letters()
+            assert dead.data == raw
+            nursery.cancel_scope.cancel()

@@ -46,7 +46,7 @@ from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQue
 from framework.runtime.app import App, check_name, ensure_layout, ensure_result_buckets
 from framework.runtime.cancel import wait_cancelled
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
-from framework.zk import Session, cleanup_scope, wait_gone, watch_children
+from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
 log = get_logger("framework.runtime.worker")
 
@@ -439,11 +439,13 @@ class Worker:
         alone and :meth:`_handle_item` takes the slow path (marker, then record read)."""
         try:
             task = Task.decode(item.data, item.attempts)
+            running = f"{self.app.running}/{task.id}"
+            record = self.app.result_path(task.key)
+            validate_path(running)
+            validate_path(record)
         except Exception:
-            return None  # the handler's path reports it
-        running = f"{self.app.running}/{task.id}"
+            return None  # a malformed task: the slow path fails it where failures count
         mine = self._new_marker(running, task, item)
-        record = self.app.result_path(task.key)
 
         def build(txn: Any) -> None:
             txn.create(running, mine.encode(), ephemeral=True)

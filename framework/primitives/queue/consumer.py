@@ -253,10 +253,8 @@ class Consumer:
             if self.max_attempts is not None and stat.version >= self.max_attempts:
                 await self._bury_unclaimed(entry, data, stat.version)
                 continue
-            extras = None
-            if self.claim_with is not None:
-                extras = self.claim_with(QueueItem(entry.key, data, entry.priority,
-                                                   stat.version + 1))
+            extras = self._extras_for(QueueItem(entry.key, data, entry.priority,
+                                                stat.version + 1))
             claims.append(Claim(
                 entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
                 session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
@@ -326,6 +324,24 @@ class Consumer:
             for claim in claims:
                 await self._abandon(claim)
             raise
+
+    def _extras_for(self, item: QueueItem) -> ClaimExtras | None:
+        """``claim_with``'s extras for ``item``, built once here to catch what could never
+        be sent (a malformed item yields a path the client refuses): such an item is
+        claimed without extras, and its holder's block sees the problem, where a failure is
+        counted and the item can be dead-lettered, instead of every claim round failing
+        on it before anything is sent."""
+        if self.claim_with is None:
+            return None
+        try:
+            extras = self.claim_with(item)
+            if extras is not None:
+                extras.build(self.session.transaction())
+        except Exception as exc:
+            log.warning("queue.claim_extras_refused", path=self.path, item=item.name,
+                        error=f"{type(exc).__name__}: {exc}")
+            return None
+        return extras
 
     async def _holds(self, claim: Claim) -> bool:
         """Whether our claim node exists, in the session that made it (after a lost reply)."""
