@@ -17,6 +17,7 @@ from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from framework.runtime.tasks import read_result
+from framework.runtime.worker import _Marker
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
 
@@ -302,3 +303,23 @@ async def test_a_malformed_task_is_dead_lettered_and_the_queue_goes_on(
             [dead] = await queue.dead_letters()
             assert dead.data == raw
             nursery.cancel_scope.cancel()
+
+
+async def test_clearing_a_marker_spares_a_later_delivery_that_took_it_over(
+    session: Session,
+) -> None:
+    """A delivery that lost its claim clears its ``running/`` marker when its block ends;
+    if a later delivery took the stale marker over meanwhile, the node there is that
+    delivery's own - also at version 0 - and must survive (it used to be deleted by version
+    alone).  The delivery's own marker is deleted."""
+    app = App("takeover")
+    worker = Echo(app, name="w")
+    path = f"{app.running}/t1"
+    await session.ensure_path(app.running)
+    later = _Marker(path, "w2/b-0000000000/i+0-0000000001/2", {"worker": "w2"})
+    await session.create(path, later.encode(), ephemeral=True)
+    stale = _Marker(path, "w/b-0000000000/i+0-0000000001/1", {"worker": "w"})
+    await worker._clear_running(session, [stale])
+    assert (await session.get(path))[0] == later.encode()  # the later delivery's, kept
+    await worker._clear_running(session, [later])
+    assert await session.exists(path) is None  # its own marker: deleted

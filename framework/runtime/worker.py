@@ -419,15 +419,21 @@ class Worker:
             raise
 
     async def _clear_running(self, session: Session, marker: list[_Marker]) -> None:
-        """Delete our marker, and only ours (at the version we last wrote: a delivery that
-        took over a stale marker of ours keeps its own)."""
+        """Delete our marker, and only ours: the node is read first and deleted at the
+        version read only if it carries our delivery token (a later delivery that took
+        over a stale marker of ours creates its own, also at version 0: a delete by
+        version alone would remove it).  Only failure paths get here: a successful task's
+        marker goes in its acknowledging transaction."""
         if marker:
-            self._markers.pop(marker[0].path, None)
-            if marker[0].finisher is not None and marker[0].finisher.applied:
+            mine = marker[0]
+            self._markers.pop(mine.path, None)
+            if mine.finisher is not None and mine.finisher.applied:
                 return  # deleted with the acknowledgement
             with cleanup_scope(session):
                 try:
-                    await session.delete(marker[0].path, version=marker[0].version)
+                    owner = await _marker_owner(session, mine.path)
+                    if owner is not None and owner[0] == mine.delivery:
+                        await session.delete(mine.path, version=owner[2])
                 except errors.ZooKeeperError:
                     pass  # not ours any more, or the session (and the marker) ended
 
