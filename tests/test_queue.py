@@ -123,6 +123,22 @@ def test_a_bucket_listing_is_updated_in_place_in_order() -> None:
         assert previous[1] == expected
 
 
+async def test_newest_item_is_the_one_taken_last(session: Session) -> None:
+    """``newest_item`` names the item consumers would take last (what ``wait_idle``
+    watches): in the newest bucket, the highest priority value, then the latest."""
+    q = WorkQueue(session, "/q", bucket_size=4)
+    assert await q.newest_item() is None
+    await q.put_many([b"a", b"b"], priority=5)
+    await q.put_many([b"c", b"d", b"e"], priority=-1)  # fills bucket 0, opens bucket 1
+    await q.put(b"f", priority=2)
+    newest = await q.newest_item()
+    assert newest is not None and (await session.get(newest))[0] == b"f"
+    await q.put(b"g", priority=1)  # more urgent: taken before f
+    assert (await session.get(await q.newest_item()))[0] == b"f"  # type: ignore[arg-type]
+    taken = [(await _take_data(q)).data for _ in range(7)]
+    assert taken[-1] == b"f" and await q.newest_item() is None
+
+
 async def test_oversized_items_are_rejected_clearly(session: Session) -> None:
     q = WorkQueue(session, "/q", max_item_bytes=1000)
     with pytest.raises(DataTooLargeError, match="at most 1,000"):

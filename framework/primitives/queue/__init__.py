@@ -74,6 +74,7 @@ is here.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -265,9 +266,10 @@ class WorkQueue(Producer, Consumer):
         return [f"{b}/{n}" for b in buckets for n in sorted(listed.get(b, []))]
 
     async def newest_item(self) -> str | None:
-        """The path of the item put last (the highest sequence number of the newest bucket
-        that holds any), or ``None`` if the queue is empty now: an observer waiting for the
-        queue to drain watches that one node instead of every change (a listing of the
+        """The path of the item consumers will take last as things stand - in the newest
+        bucket that holds any, the one with the highest priority value, then the highest
+        sequence number - or ``None`` if the queue is empty now: an observer waiting for
+        the queue to drain watches that one node instead of every change (a listing of the
         buckets, then of the newest buckets until one holds an item)."""
         try:
             buckets = sorted(b for b in await self.session.children(self.items_root)
@@ -279,9 +281,10 @@ class WorkQueue(Producer, Consumer):
                 names = await self.session.children(f"{self.items_root}/{bucket}")
             except errors.NoNodeError:
                 continue
-            if names:
-                newest = max(names, key=lambda name: name[-10:])
-                return f"{self.items_root}/{bucket}/{newest}"
+            entries = [e for e in map(functools.partial(parse_item, bucket), names) if e]
+            if entries:
+                last = max(entries, key=lambda e: (e.priority, e.seq))
+                return f"{self.items_root}/{last.key}"
         return None
 
     async def item_data(self, name: str) -> bytes | None:
