@@ -31,6 +31,7 @@ from kazoo import exceptions as kz
 from kazoo.client import KazooClient
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.serialization import (
+    CheckVersion,
     Create,
     Delete,
     Exists,
@@ -40,6 +41,7 @@ from kazoo.protocol.serialization import (
     SetData,
     Sync,
 )
+from kazoo.protocol.serialization import Transaction as MultiRequest
 from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.security import OPEN_ACL_UNSAFE
 
@@ -702,10 +704,16 @@ class Transaction:
             return []
         session = self._session
         self._check_size(len(session._prefix))
-        request = session.client.transaction()
-        for name, args, kwargs in self._ops:
-            getattr(request, name)(*args, **kwargs)
-        results = await session._call(request.commit_async)
+        request = MultiRequest([_record(session, name, args, kwargs)
+                                for name, args, kwargs in self._ops])
+        client = session.client
+
+        def send() -> Any:  # kazoo's records directly: its builder re-checks every path
+            result = client.handler.async_result()
+            client._call(request, result)
+            return result
+
+        results = await session._call(send)
         if any(isinstance(r, Exception) for r in results):
             raise errors.TransactionFailedError(
                 [
@@ -714,6 +722,19 @@ class Transaction:
                 ]
             )
         return results
+
+
+def _record(session: Session, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The kazoo protocol record of one transaction operation (paths already validated)."""
+    path = session._full(args[0])
+    if name == "create":
+        flags = (1 if kwargs["ephemeral"] else 0) | (2 if kwargs["sequence"] else 0)
+        return Create(path, args[1], kwargs["acl"], flags)
+    if name == "delete":
+        return Delete(path, args[1])
+    if name == "set_data":
+        return SetData(path, args[1], args[2])
+    return CheckVersion(path, args[1])
 
 
 def _watcher(watch: WatchCallback | None) -> WatchCallback | None:
