@@ -15,7 +15,11 @@ objects with keys workload, unit, kazoo, ours, ratio).
    watch on it; the record is written in the transaction that acknowledges the task), and
    until the master's ``wait_idle`` returns, medians of 50; kazoo: ``put`` -> the entry is
    consumed.
-5. Master failover after kill -9 of the leader: until the standby's address is published,
+5. The ceiling: the requests a task costs ours (item get, claim multi with the running marker,
+   ack multi with the result record), made by plain kazoo with no framework and no contention
+   (4 processes, each its own quarter of the items, 4 tasks in flight each, callbacks only):
+   the most kazoo and this server reach on this machine for that protocol.
+6. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
 """
 
@@ -81,6 +85,62 @@ for _ in range(count):
     item = q.get()
     first = first or time.time()
     q.consume()
+print("DRAINED", first, time.time(), flush=True)
+c.stop()
+"""
+
+CEILING_TASKS = 10_000
+
+KAZOO_CEILING = """
+import sys, threading, time
+from kazoo.client import KazooClient
+hosts, base, index, procs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+c = KazooClient(hosts=hosts); c.start()
+names = iter(sorted(c.get_children(base + "/items"))[index::procs])
+lock = threading.Lock(); left = [0]; finished = threading.Event()
+
+def start_next():
+    with lock:
+        name = next(names, None)
+        if name is None:
+            return
+        left[0] += 1
+    item = base + "/items/" + name
+
+    def claim(got):
+        data, stat = got.get()
+        t = c.transaction()
+        t.create(base + "/claims/" + name, b"w", ephemeral=True)
+        t.set_data(item, data, version=stat.version)
+        t.create(base + "/running/" + name, b"token", ephemeral=True)
+        t.commit_async().rawlink(ack)
+
+    def ack(claimed):
+        claimed.get()
+        t = c.transaction()
+        t.create(base + "/results/" + name, b"1")
+        t.delete(base + "/claims/" + name)
+        t.delete(item, version=1)
+        t.delete(base + "/running/" + name)
+        t.commit_async().rawlink(done)
+
+    def done(acked):
+        acked.get()
+        with lock:
+            left[0] -= 1
+        start_next()
+        with lock:
+            if left[0] == 0:
+                finished.set()
+
+    c.get_async(item).rawlink(claim)
+
+print("READY", flush=True)
+sys.stdin.readline()
+first = time.time()
+for _ in range(4):
+    start_next()
+finished.wait()
 print("DRAINED", first, time.time(), flush=True)
 c.stop()
 """
@@ -228,6 +288,38 @@ async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, flo
         client.close()
 
 
+async def kazoo_ceiling(hosts: str) -> float:
+    """Tasks/s of KAZOO_CEILING over CEILING_TASKS items (put beforehand, not timed)."""
+    from kazoo.client import KazooClient
+
+    base = f"/kceil-{time.time_ns()}"
+    client = KazooClient(hosts=hosts)
+    await trio.to_thread.run_sync(client.start)
+    procs: list[subprocess.Popen] = []
+    try:
+        for folder in ("items", "claims", "running", "results"):
+            await trio.to_thread.run_sync(client.ensure_path, f"{base}/{folder}")
+        for offset in range(0, CEILING_TASKS, 500):
+            put = client.transaction()
+            for n in range(offset, min(offset + 500, CEILING_TASKS)):
+                put.create(f"{base}/items/i-", json.dumps({"id": f"t{n}", "key": f"k{n}"})
+                           .encode(), sequence=True)
+            await trio.to_thread.run_sync(put.commit)
+        procs = [subprocess.Popen([sys.executable, "-c", KAZOO_CEILING, hosts, base, str(i),
+                                   str(WORKERS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True) for i in range(WORKERS)]
+        for proc in procs:  # every process connected and listed before any starts
+            await trio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
+        for proc in procs:
+            proc.stdin.write("go\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+        return await drained_rate(procs, CEILING_TASKS // WORKERS)
+    finally:
+        kill_all(procs)
+        client.stop()
+        client.close()
+
+
 async def server_write_rate(hosts: str) -> float:
     """Creates/s the server commits from one client keeping 200 in flight (its write
     capacity on this machine, the physical limit a task's write transactions share)."""
@@ -368,6 +460,7 @@ async def measure(hosts: str) -> list[Result]:
     kazoo_tp = await kazoo_throughput(hosts)
     ours_1 = await ours_throughput(hosts, 1)
     ours_4 = await ours_throughput(hosts, 4)
+    ceiling = await kazoo_ceiling(hosts)
     small = {"kazoo": await kazoo_backlog(hosts, SMALL_BACKLOG, DRAIN_EACH),
              "ours": await ours_backlog(hosts, SMALL_BACKLOG)}
     large = {"kazoo": await kazoo_backlog(hosts, LARGE_BACKLOG, KAZOO_LARGE_EACH),
@@ -383,6 +476,10 @@ async def measure(hosts: str) -> list[Result]:
                kazoo_tp.rate, ours_1.rate, note=lq),
         Result(f"{TASKS} tasks, 1 master + {WORKERS} workers (4 slots each)", "tasks/s",
                kazoo_tp.rate, ours_4.rate, note=lq),
+        Result("  the same requests per task with no framework (the ceiling)", "tasks/s",
+               ceiling, ours_4.rate,
+               note=f"plain kazoo: get, claim multi, ack multi per task; {WORKERS} processes x "
+                    f"4 in flight, {CEILING_TASKS:,} tasks, no contention; ratio = ours/ceiling"),
         Result("  ZooKeeper requests per task (4 slots)", "requests", kazoo_tp.requests,
                ours_4.requests, higher_is_better=False,
                note="mntr zk_packets_received; ours records a result, kazoo does not"),
