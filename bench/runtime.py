@@ -19,6 +19,8 @@ objects with keys workload, unit, kazoo, ours, ratio).
    ack multi with the result record), made by plain kazoo with no framework and no contention
    (4 processes, each its own quarter of the items, 4 tasks in flight each, callbacks only):
    the most kazoo and this server reach on this machine for that protocol.
+   The floor: the round trips of one task (put; list after the watch fired, get, claim
+   multi, ack multi) made one after the other by plain kazoo, put -> result record visible.
 6. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
 """
@@ -31,7 +33,9 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, AsyncIterator
 
 import attrs
 import trio
@@ -91,7 +95,24 @@ c.stop()
 
 CEILING_TASKS = 10_000
 
-KAZOO_CEILING = """
+KAZOO_TASK_OPS = """
+def claim_ops(c, base, name, data, version):
+    t = c.transaction()
+    t.create(base + "/claims/" + name, b"w", ephemeral=True)
+    t.set_data(base + "/items/" + name, data, version=version)
+    t.create(base + "/running/" + name, b"token", ephemeral=True)
+    return t
+
+def ack_ops(c, base, name):
+    t = c.transaction()
+    t.create(base + "/results/" + name, b"1")
+    t.delete(base + "/claims/" + name)
+    t.delete(base + "/items/" + name, version=1)
+    t.delete(base + "/running/" + name)
+    return t
+"""
+
+KAZOO_CEILING = KAZOO_TASK_OPS + """
 import sys, threading, time
 from kazoo.client import KazooClient
 hosts, base, index, procs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -109,20 +130,11 @@ def start_next():
 
     def claim(got):
         data, stat = got.get()
-        t = c.transaction()
-        t.create(base + "/claims/" + name, b"w", ephemeral=True)
-        t.set_data(item, data, version=stat.version)
-        t.create(base + "/running/" + name, b"token", ephemeral=True)
-        t.commit_async().rawlink(ack)
+        claim_ops(c, base, name, data, stat.version).commit_async().rawlink(ack)
 
     def ack(claimed):
         claimed.get()
-        t = c.transaction()
-        t.create(base + "/results/" + name, b"1")
-        t.delete(base + "/claims/" + name)
-        t.delete(item, version=1)
-        t.delete(base + "/running/" + name)
-        t.commit_async().rawlink(done)
+        ack_ops(c, base, name).commit_async().rawlink(done)
 
     def done(acked):
         acked.get()
@@ -143,6 +155,24 @@ for _ in range(4):
 finished.wait()
 print("DRAINED", first, time.time(), flush=True)
 c.stop()
+"""
+
+KAZOO_FLOOR = KAZOO_TASK_OPS + """
+import sys, threading
+from kazoo.client import KazooClient
+hosts, base = sys.argv[1], sys.argv[2]
+c = KazooClient(hosts=hosts); c.start()
+fired = threading.Event()
+print("READY", flush=True)
+while True:
+    fired.clear()
+    names = c.get_children(base + "/items", watch=lambda _event: fired.set())
+    for name in names:
+        item = base + "/items/" + name
+        data, stat = c.get(item)
+        claim_ops(c, base, name, data, stat.version).commit()
+        ack_ops(c, base, name).commit()
+    fired.wait()
 """
 
 KAZOO_LEADER = """
@@ -288,36 +318,47 @@ async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, flo
         client.close()
 
 
-async def kazoo_ceiling(hosts: str) -> float:
-    """Tasks/s of KAZOO_CEILING over CEILING_TASKS items (put beforehand, not timed)."""
+@asynccontextmanager
+async def kazoo_task_layout(hosts: str, prefix: str) -> AsyncIterator[tuple[Any, str]]:
+    """A started kazoo client and a fresh ``/<prefix>-<ns>`` with the folders of the
+    task protocol (items, claims, running, results); the client is closed on exit."""
     from kazoo.client import KazooClient
 
-    base = f"/kceil-{time.time_ns()}"
+    base = f"/{prefix}-{time.time_ns()}"
     client = KazooClient(hosts=hosts)
     await trio.to_thread.run_sync(client.start)
-    procs: list[subprocess.Popen] = []
     try:
         for folder in ("items", "claims", "running", "results"):
             await trio.to_thread.run_sync(client.ensure_path, f"{base}/{folder}")
-        for offset in range(0, CEILING_TASKS, 500):
-            put = client.transaction()
-            for n in range(offset, min(offset + 500, CEILING_TASKS)):
-                put.create(f"{base}/items/i-", json.dumps({"id": f"t{n}", "key": f"k{n}"})
-                           .encode(), sequence=True)
-            await trio.to_thread.run_sync(put.commit)
-        procs = [subprocess.Popen([sys.executable, "-c", KAZOO_CEILING, hosts, base, str(i),
-                                   str(WORKERS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True) for i in range(WORKERS)]
-        for proc in procs:  # every process connected and listed before any starts
-            await trio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
-        for proc in procs:
-            proc.stdin.write("go\n")  # type: ignore[union-attr]
-            proc.stdin.flush()  # type: ignore[union-attr]
-        return await drained_rate(procs, CEILING_TASKS // WORKERS)
+        yield client, base
     finally:
-        kill_all(procs)
         client.stop()
         client.close()
+
+
+async def kazoo_ceiling(hosts: str) -> float:
+    """Tasks/s of KAZOO_CEILING over CEILING_TASKS items (put beforehand, not timed)."""
+    procs: list[subprocess.Popen] = []
+    async with kazoo_task_layout(hosts, "kceil") as (client, base):
+        try:
+            for offset in range(0, CEILING_TASKS, 500):
+                put = client.transaction()
+                for n in range(offset, min(offset + 500, CEILING_TASKS)):
+                    task = json.dumps({"id": f"t{n}", "key": f"k{n}"}).encode()
+                    put.create(f"{base}/items/i-", task, sequence=True)
+                await trio.to_thread.run_sync(put.commit)
+            procs = [subprocess.Popen([sys.executable, "-c", KAZOO_CEILING, hosts, base, str(i),
+                                       str(WORKERS)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True) for i in range(WORKERS)]
+            for proc in procs:  # every process connected and listed before any starts
+                await trio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
+            for proc in procs:
+                proc.stdin.write("go\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+            return await drained_rate(procs, CEILING_TASKS // WORKERS)
+        finally:
+            kill_all(procs)
 
 
 async def server_write_rate(hosts: str) -> float:
@@ -376,6 +417,30 @@ async def kazoo_latency(hosts: str) -> float:
         kill_all(procs)
         client.stop()
         client.close()
+
+
+async def kazoo_floor_latency(hosts: str) -> float:
+    """Median seconds from a put to its result record, KAZOO_FLOOR consuming: the round
+    trips of our task path (list after the watch fired, get, claim multi, ack multi), one
+    after the other by plain kazoo, no framework; the lowest latency this path can have."""
+    from framework.zk import wait_exists
+
+    procs: list[subprocess.Popen] = []
+    async with kazoo_task_layout(hosts, "kfloor") as (_client, base):
+        try:
+            procs = [run_cmd("-c", KAZOO_FLOOR, hosts, base, stdout=subprocess.PIPE)]
+            await trio.to_thread.run_sync(procs[0].stdout.readline)  # type: ignore[union-attr]
+            samples = []
+            async with Session(hosts) as s:
+                for n in range(LATENCY_ROUNDS + 1):  # the first one warms up
+                    start = time.perf_counter()
+                    name = await s.create(f"{base}/items/i-", json.dumps({"n": n}).encode(),
+                                          sequence=True)
+                    await wait_exists(s, f"{base}/results/{name.rsplit('/', 1)[1]}")
+                    samples.append(time.perf_counter() - start)
+            return statistics.median(samples[1:])
+        finally:
+            kill_all(procs)
 
 
 async def kazoo_throughput(hosts: str) -> Run:
@@ -465,7 +530,8 @@ async def measure(hosts: str) -> list[Result]:
              "ours": await ours_backlog(hosts, SMALL_BACKLOG)}
     large = {"kazoo": await kazoo_backlog(hosts, LARGE_BACKLOG, KAZOO_LARGE_EACH),
              "ours": await ours_backlog(hosts, LARGE_BACKLOG)}
-    latency = {"kazoo": await kazoo_latency(hosts), "ours": await ours_latency(hosts)}
+    latency = {"kazoo": await kazoo_latency(hosts), "ours": await ours_latency(hosts),
+               "floor": await kazoo_floor_latency(hosts)}
     capacity = await server_write_rate(hosts)
     ours_fo = [await ours_failover(hosts) for _ in range(FAILOVER_ROUNDS)]
     kazoo_fo = [await kazoo_failover(hosts) for _ in range(FAILOVER_ROUNDS)]
@@ -500,6 +566,10 @@ async def measure(hosts: str) -> list[Result]:
                latency["kazoo"] * 1000, latency["ours"][0] * 1000, higher_is_better=False,
                note=f"median of {LATENCY_ROUNDS}; ours: a watch on the result record (written "
                     "with the ack); kazoo: put -> the entry is consumed"),
+        Result("  the same round trips in a row with no framework (the floor)", "ms",
+               latency["floor"] * 1000, latency["ours"][0] * 1000, higher_is_better=False,
+               note="plain kazoo: put; list after the watch fired, get, claim multi, ack "
+                    "multi; ratio = ours/floor"),
         Result("  same, until the master's wait_idle returns", "ms", latency["kazoo"] * 1000,
                latency["ours"][1] * 1000, higher_is_better=False,
                note="also proves the queue empty and nothing running"),

@@ -18,39 +18,50 @@ from tests.test_runtime import nursery_session
 LEASE = 1.0
 
 
-async def stuck_owner_then_idle_consumer(zk_hosts: str, chroot: str) -> dict[str, Any]:
+async def stuck_owner_then_idle_consumer(
+    zk_hosts: str, chroot: str, *, same_object: bool = False
+) -> dict[str, Any]:
     """A takes the one item with a lease, stops renewing after 0.2 s and blocks in a thread
     (cancellation cannot reach it) while its session stays alive; B, idle, breaks the lease
     once it saw the claim unrenewed for a whole lease, takes the item and acks it; then A's
-    thread returns.  What each saw, and whether the queue is empty at the end."""
+    thread returns.  What each saw, and whether the queue is empty at the end.
+    ``same_object``: B is another take of A's own queue object."""
     unblock = threading.Event()
+    guard = threading.Timer(30, unblock.set)  # a failing run must not leave the thread
+    guard.start()
     outcome: dict[str, Any] = {}
-    async with (
-        Session(zk_hosts, chroot=chroot) as a,
-        Session(zk_hosts, chroot=chroot) as b,
-    ):
-        await WorkQueue(a, "/q").put(b"job")
-        a_took = trio.Event()
+    try:
+        async with (
+            Session(zk_hosts, chroot=chroot) as a,
+            Session(zk_hosts, chroot=chroot) as b,
+        ):
+            queue_a = WorkQueue(a, "/q", lease=LEASE)
+            queue_b = queue_a if same_object else WorkQueue(b, "/q", lease=LEASE)
+            await queue_a.put(b"job")
+            a_took = trio.Event()
 
-        async def stuck_owner() -> None:
-            try:
-                async with WorkQueue(a, "/q", lease=LEASE).take(renew_for=0.2) as item:
-                    outcome["a"] = item.attempts
-                    a_took.set()
-                    await trio.to_thread.run_sync(unblock.wait)  # not cancellable
-                    outcome["a_block_ended"] = True
-            except ClaimLost as exc:
-                outcome["a_error"] = str(exc)
+            async def stuck_owner() -> None:
+                try:
+                    async with queue_a.take(renew_for=0.2) as item:
+                        outcome["a"] = item.attempts
+                        a_took.set()
+                        await trio.to_thread.run_sync(unblock.wait)  # not cancellable
+                        outcome["a_block_ended"] = True
+                except ClaimLost as exc:
+                    outcome["a_error"] = str(exc)
 
-        with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stuck_owner)
-                await a_took.wait()
-                async with WorkQueue(b, "/q", lease=LEASE).take() as item:
-                    outcome["b"] = (item.data, item.attempts)
-                unblock.set()
-        outcome["a_session_lived"] = a.session_id is not None
-        outcome["empty"] = await WorkQueue(b, "/q").size() == 0
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stuck_owner)
+                    await a_took.wait()
+                    async with queue_b.take() as item:
+                        outcome["b"] = (item.data, item.attempts)
+                    unblock.set()
+            outcome["a_session_lived"] = a.session_id is not None
+            outcome["empty"] = await WorkQueue(b, "/q").size() == 0
+    finally:
+        guard.cancel()
+        unblock.set()
     return outcome
 
 
@@ -106,6 +117,53 @@ async def test_a_renewed_claim_is_never_broken(zk_hosts: str, chroot: str) -> No
                 assert await queue_a.size() == 0
                 nursery.cancel_scope.cancel()
     assert got == [] and item.data == b"job"
+
+
+async def test_an_idle_take_never_reads_a_claim_its_own_object_renews(
+    zk_hosts: str, chroot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Take 1 holds the only item and renews it; take 2 of the same object waits idle for
+    several leases: its lease checks never read take 1's claim (it cannot run out), and
+    nothing is broken."""
+    async with Session(zk_hosts, chroot=chroot) as a:
+        queue = WorkQueue(a, "/q", lease=0.5)
+        await queue.put(b"job")
+        claim_reads: list[str] = []
+        real_get = Session.get
+
+        async def counting_get(self: Session, path: str, **kwargs: Any) -> Any:
+            if path.startswith("/q/claims/"):
+                claim_reads.append(path)
+            return await real_get(self, path, **kwargs)
+
+        monkeypatch.setattr(Session, "get", counting_get)
+        second_waiting = trio.Event()
+
+        async def second_take() -> None:
+            second_waiting.set()
+            async with queue.take():
+                raise AssertionError("the only item is held by take 1")
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                async with queue.take() as item:
+                    nursery.start_soon(second_take)
+                    await second_waiting.wait()
+                    await trio.sleep(1.5)  # the work itself: three leases long
+                nursery.cancel_scope.cancel()
+        assert item.data == b"job" and await queue.size() == 0
+    assert claim_reads == []
+
+
+async def test_an_idle_take_breaks_its_own_objects_lapsed_lease(
+    zk_hosts: str, chroot: str
+) -> None:
+    """One queue object: take 1 stops renewing after 0.2 s and blocks in a thread; take 2
+    of the same object, idle, breaks that lease a whole lease later and gets the item
+    again (no other consumer is needed to free a stuck slot)."""
+    outcome = await stuck_owner_then_idle_consumer(zk_hosts, chroot, same_object=True)
+    assert outcome["empty"] and outcome["a"] == 1 and outcome["b"] == (b"job", 2)
+    assert "a_error" in outcome
 
 
 def test_lease_token_round_trip_and_bad_leases() -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from framework import Session
 from framework.testing import TcpProxy
-from framework.zk import wait_exists, wait_gone, watch_children, watch_data
+from framework.zk import wait_created, wait_exists, wait_gone, watch_children, watch_data
 
 
 async def test_data_watch_sees_every_step_of_a_lockstep_writer(session: Session) -> None:
@@ -85,6 +86,23 @@ async def test_wait_exists_and_wait_gone(session: Session) -> None:
             assert stat.version == 0
             nursery.start_soon(session.delete, "/later")
             await wait_gone(session, "/later")
+
+
+async def test_wait_created_returns_on_a_creation_even_if_the_node_is_gone_again(
+    session: Session,
+) -> None:
+    """wait_created returns at once for a node that exists, and on a creation, even one
+    undone in the same transaction (the caller's next read tells which)."""
+    with trio.fail_after(10):
+        await session.create("/there")
+        await wait_created(session, "/there")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_created, session, "/blink")
+            # its exists request is queued: the transaction is sent after it, on the
+            # same connection, so the server has set the watch when it applies it
+            await trio.testing.wait_all_tasks_blocked()
+            await session.transaction().create("/blink").delete("/blink").commit()
+        assert await session.exists("/blink") is None
 
 
 async def test_watch_is_rearmed_after_a_reconnect(

@@ -21,6 +21,7 @@ the delivery's.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import attrs
 import trio
@@ -111,13 +112,19 @@ class LeaseBreaker:
         self.claims_root = claims_root
         self._seen: dict[str, _Seen] = {}
 
-    async def check(self, claims: frozenset[str]) -> float:
+    async def check(self, claims: frozenset[str],
+                    renewing: Mapping[str, float] | None = None) -> float:
         """Break every lease seen unrenewed for its whole length; return the trio time at
-        which the next one could expire (``inf``: none can)."""
+        which the next one could expire (``inf``: none can).  ``renewing``: claims this
+        consumer holds and renews, each with the trio time its renewal stops; until then
+        it cannot run out, so it is not read, and that time is when to look again."""
         now = trio.current_time()
+        soonest = math.inf
+        if renewing:
+            claims = claims - renewing.keys()
+            soonest = min(renewing.values())
         for gone in set(self._seen) - claims:
             del self._seen[gone]
-        soonest = math.inf
         for name in claims:
             seen = self._seen.get(name)
             if seen is not None and (seen.lease is None or now < seen.at + seen.lease):

@@ -54,7 +54,12 @@ class Entry:
     @property
     def claim_name(self) -> str:
         """The flat name of its claim node."""
-        return f"{self.bucket}.{self.node}"
+        return claim_name_of(self.key)
+
+
+def claim_name_of(key: str) -> str:
+    """The flat name of the claim node of the item ``key`` (``bucket/node``)."""
+    return key.replace("/", ".", 1)
 
 
 #: At most this many candidates are returned per call (the rest wait for the next one).

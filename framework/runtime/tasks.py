@@ -12,7 +12,7 @@ import attrs
 from framework import errors
 from framework.errors import ConfigurationError, PermanentFailure
 from framework.runtime.app import check_name
-from framework.zk import MAX_DATA_BYTES, Session, wait_exists
+from framework.zk import MAX_DATA_BYTES, Session, wait_created
 
 #: How many failure records the ``failures/`` ring keeps (each worker deletes the record
 #: this many before its own; the master's retention trims what a crash left behind).
@@ -112,8 +112,8 @@ class TaskResult:
 
 async def read_result(session: Session, path: str, *, wait: bool = False) -> TaskResult | None:
     """The result record at ``path``; ``None`` if there is none, or with ``wait`` the record
-    once it is written (an ``exists`` watch: it is seen the moment the worker's
-    acknowledging transaction commits, no polling)."""
+    once it is written (an ``exists`` watch: it is read the moment the worker's
+    acknowledging transaction commits, one read after the watch fires, no polling)."""
     while True:
         try:
             data, _stat = await session.get(path)
@@ -121,4 +121,4 @@ async def read_result(session: Session, path: str, *, wait: bool = False) -> Tas
         except errors.NoNodeError:
             if not wait:
                 return None
-        await wait_exists(session, path)  # then read it (unless deleted again)
+        await wait_created(session, path)  # then read it (unless deleted again)

@@ -26,6 +26,7 @@ from framework.zk.states import SessionState, StateChange
 from framework.zk.watches import (
     ChildrenSnapshot,
     DataSnapshot,
+    wait_created,
     wait_exists,
     wait_gone,
     watch_children,
@@ -59,6 +60,7 @@ __all__ = [
     "sort_sequential",
     "validate_data",
     "validate_path",
+    "wait_created",
     "wait_exists",
     "wait_gone",
     "watch_children",

@@ -104,17 +104,30 @@ async def watch_children(session: Session, path: str) -> AsyncIterator[ChildrenS
         await fired.wait()
 
 
+async def _exists(session: Session, path: str, fired: trio.Event) -> Stat | None:
+    """``exists`` with a watch that sets ``fired``, asked again after a connection loss."""
+    while True:
+        try:
+            return await session.exists(path, watch=session.waker(fired))
+        except (errors.ConnectionLossError, errors.SessionExpiredError):
+            await session.wait_connected()
+
+
 async def wait_gone(session: Session, path: str) -> None:
     """Return once ``path`` does not exist (one watch, no polling)."""
     while True:
         fired = trio.Event()
-        try:
-            stat = await session.exists(path, watch=session.waker(fired))
-        except (errors.ConnectionLossError, errors.SessionExpiredError):
-            await session.wait_connected()
-            continue
-        if stat is None:
+        if await _exists(session, path, fired) is None:
             return
+        await fired.wait()
+
+
+async def wait_created(session: Session, path: str) -> None:
+    """Return once ``path`` exists, or once it was created (or deleted) since the call
+    (one watch, no polling).  It may be gone again: the caller's next read tells, which
+    saves :func:`wait_exists`' second look when the caller reads the node anyway."""
+    fired = trio.Event()
+    if await _exists(session, path, fired) is None:
         await fired.wait()
 
 
@@ -122,11 +135,7 @@ async def wait_exists(session: Session, path: str) -> Stat:
     """Return the stat of ``path`` once it exists (one watch, no polling)."""
     while True:
         fired = trio.Event()
-        try:
-            stat = await session.exists(path, watch=session.waker(fired))
-        except (errors.ConnectionLossError, errors.SessionExpiredError):
-            await session.wait_connected()
-            continue
+        stat = await _exists(session, path, fired)
         if stat is not None:
             return stat
         await fired.wait()

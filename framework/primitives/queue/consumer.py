@@ -20,7 +20,7 @@ from framework.primitives.holding import node_scope
 from framework.primitives.queue.items import Claim, ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue_lease import LeaseBreaker, Renewal, lease_token, renew
-from framework.primitives.queue_view import Entry, QueueView
+from framework.primitives.queue_view import Entry, QueueView, claim_name_of
 from framework.zk import Session, Transaction, cleanup_bound, cleanup_scope, gather
 
 log = get_logger("framework.primitives.queue")
@@ -113,6 +113,13 @@ class Consumer:
         if renewal is not None:
             renewal.until = trio.current_time() + seconds
 
+    def _renewing(self) -> dict[str, float]:
+        """The claims this object holds and renews now, each with the trio time its
+        renewal stops (see ``renew``)."""
+        now = trio.current_time()
+        return {claim_name_of(key): renewal.until for key, renewal in self._renewals.items()
+                if now < renewal.until}
+
     def _get_view(self) -> QueueView:
         if self._view is None:
             self._view = QueueView(self.session, self.items_root, self.claims_root)
@@ -202,7 +209,8 @@ class Consumer:
                 # can run out, wake up when the next one could)
                 current.idle = changed
                 if self.lease is not None:
-                    current.expiry = await self._breaker.check(await view.claims())
+                    current.expiry = await self._breaker.check(await view.claims(),
+                                                               self._renewing())
                 return
             waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
             chosen = _choose(entries, len(waiting), self._contended > 0)
