@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -197,9 +198,12 @@ async def test_bad_arguments_are_clear(session: Session) -> None:
         DoubleBarrier(session, "/b", 2, name="a/b")
 
 
-async def test_no_watch_stays_armed_through_the_body(zk_hosts: str, chroot: str) -> None:
+async def test_no_watch_stays_armed_through_the_body(
+    zk_hosts: str, chroot: str, captured_logs: list[dict[str, Any]]
+) -> None:
     """Inside the body nobody watches ``ready`` any more (checked on the server with
-    ``wchp``), so leaving costs no notification for ``ready`` on top of the seed's."""
+    ``wchp``), so leaving costs no notification for ``ready`` on top of the seed's; except
+    a member whose watch was armed just as "go" was written (it logs that race)."""
     count = 20
     port = int(zk_hosts.rsplit(":", 1)[1])
     fired = [0] * count
@@ -228,7 +232,9 @@ async def test_no_watch_stays_armed_through_the_body(zk_hosts: str, chroot: str)
                     nursery.start_soon(member, s, i)
                 await all_in.wait()
                 watchers = watchers_by_path(four_letter(port, "wchp"), f"{chroot}/b")
-                assert watchers.get(f"{chroot}/b/ready", set()) == set()
+                raced = {e["session"] for e in captured_logs
+                         if e["event"] == "double_barrier.watch_left_armed"}
+                assert watchers.get(f"{chroot}/b/ready", set()) <= raced
                 before = sum(fired)
                 leave.set()
             for s in sessions:  # every notification sent has arrived
@@ -236,4 +242,5 @@ async def test_no_watch_stays_armed_through_the_body(zk_hosts: str, chroot: str)
         # each member but the lowest wakes once (the lowest's node goes); the lowest wakes
         # once per highest node it waits for: at most 2 (count - 1).  A stale ``ready``
         # watch adds count more (39-41 for 20 before the fix).
-        assert sum(fired) - before <= 2 * (count - 1)
+        # A watch left armed by the logged race adds one each.
+        assert sum(fired) - before <= 2 * (count - 1) + len(raced)

@@ -153,10 +153,10 @@ async def test_quickstart_runs_as_printed(
         workers = [p for argv, p in background if p not in masters]
         assert len(masters) == 2 and workers
         for proc in masters:
-            assert await trio.to_thread.run_sync(proc.wait) == 0
+            assert await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True) == 0
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
         for proc in workers:
-            assert await trio.to_thread.run_sync(proc.wait) == 0
+            assert await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True) == 0
         zk.send_signal(signal.SIGTERM)
-        assert await trio.to_thread.run_sync(zk.wait) == 0
+        assert await trio.to_thread.run_sync(zk.wait, abandon_on_cancel=True) == 0

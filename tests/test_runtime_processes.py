@@ -21,6 +21,7 @@ from framework.zk import wait_exists, wait_gone, watch_children
 HELPERS = Path(__file__).parent / "helpers"
 ROOT = Path(__file__).parent.parent
 APP = App("rt")
+EVIDENCE = f"{APP.base}/evidence"  # tests/helpers/rt_app.py: a handler's traces
 SESSION_TIMEOUT = 2.0
 
 
@@ -53,7 +54,7 @@ async def wait_children_at_least(session: Session, path: str, count: int) -> Non
 
 
 async def exit_code(proc: subprocess.Popen) -> int:
-    return await trio.to_thread.run_sync(proc.wait)
+    return await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)  # fail_after works
 
 
 async def results(session: Session) -> dict[str, TaskResult]:
@@ -152,8 +153,11 @@ async def test_sigterm_drains_in_flight_work_and_leaves(
                 worker = spawn("RecordingWorker", zk_hosts, chroot, "w", tmp_path,
                                RT_TASK_SECONDS="1.0")
                 procs.append(worker)
-                await s.ensure_path(APP.running)
-                await wait_exists(s, f"{APP.running}/t0000")
+                # the handler has started (its evidence), not only the claim: a take whose
+                # claim (with the running/ marker) lands as the drain begins hands its item
+                # back unstarted, and this test has no other worker to take it
+                await s.ensure_path(f"{EVIDENCE}/exec")
+                await wait_exists(s, f"{EVIDENCE}/exec/t0000")
                 worker.send_signal(signal.SIGTERM)
                 assert await exit_code(worker) == 0
                 await wait_gone(s, f"{APP.workers}/w")

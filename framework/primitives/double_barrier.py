@@ -202,7 +202,11 @@ class DoubleBarrier:
             data, stat = await session.get(self._ready, watch=session.waker(fired))
         except errors.NoNodeError:
             return False
-        return _round_of(data, stat.version) == round_
+        if _round_of(data, stat.version) == round_:
+            return True
+        log.debug("double_barrier.watch_left_armed", path=self.path,
+                  session=hex(session.session_id or 0))
+        return False
 
     async def _clear(self, round_: _Round) -> None:
         """End ``round_`` (only if ``ready`` still holds it)."""
