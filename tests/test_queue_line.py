@@ -72,8 +72,11 @@ async def test_a_put_wakes_the_heads_of_the_line_not_every_idle_consumer(
     assert sorted(data for _, data in taken) == [b"item-%d" % n for n in range(PUTS)]
     print(f"\n{CONSUMERS} idle consumers: write transactions per put {writes}")
     # the put, at most HEADS claims, as many leaving the line and joining again; the first
-    # put also fires the watches every consumer left while it first looked at the queue
-    assert max(writes[1:]) <= 1 + 3 * HEADS, writes  # a herd: about CONSUMERS per put
+    # put also fires the watches every consumer left while it first looked at the queue.
+    # Averaged over the puts: a write of one put's aftermath can land in the next one's
+    # window (seen: 3, 6, 4, 5, 8), while a herd is about CONSUMERS for every put.
+    later = writes[1:]
+    assert sum(later) <= len(later) * (1 + 3 * HEADS), writes
 
 
 @pytest.mark.parametrize("takes", [1, 4])
@@ -137,3 +140,52 @@ async def test_a_stuck_head_does_not_stall_the_line(
                     await got_one.wait()
                 nursery.cancel_scope.cancel()
     assert sorted(taken) == [b"item-0", b"item-1", b"item-2"]
+
+
+async def test_an_object_with_idle_takes_left_keeps_its_place_and_stays_a_head(
+    zk_hosts: str, chroot: str, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three takes of one queue object wait in line (one place).  Two items put one after
+    the other go to two of them; the object keeps its place all along (the claims do not
+    delete it, nobody joins again), and as a head it never lists the line again.  When
+    the third take gets work, the object leaves the line."""
+    await session.ensure_path("/q/waiting")
+    async with Session(zk_hosts, chroot=chroot) as own:
+        queue = WorkQueue(own, "/q")
+        line_reads: list[str] = []
+        real_children = Session.children
+
+        async def counting_children(self: Session, path: str, **kwargs: object) -> object:
+            if self is own and path == "/q/waiting":
+                line_reads.append(path)
+            return await real_children(self, path, **kwargs)  # type: ignore[arg-type]
+
+        taken: list[bytes] = []
+        got = trio.Event()
+
+        async def take() -> None:
+            nonlocal got
+            async with queue.take() as item:
+                taken.append(item.data)
+                got.set()
+                await trio.sleep_forever()  # hold it
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(take)
+                await wait_for_line(session, 1)
+                place = await session.children("/q/waiting")
+                monkeypatch.setattr(Session, "children", counting_children)
+                for n in range(2):
+                    got = trio.Event()
+                    await WorkQueue(session, "/q").put(b"item-%d" % n)
+                    await got.wait()
+                    assert await session.children("/q/waiting") == place
+                got = trio.Event()
+                await WorkQueue(session, "/q").put(b"item-2")
+                await got.wait()
+                await wait_for_line(session, 0)
+                nursery.cancel_scope.cancel()
+        assert sorted(taken) == [b"item-0", b"item-1", b"item-2"]
+        assert line_reads == []

@@ -76,7 +76,8 @@ class Consumer:
         self._finishers.pop(entry.key, None)
         keepalive = None
         if self.lease is not None:
-            renewal = self._renewals[entry.key] = Renewal()
+            # made when the claim was handed to this take (see _lead_round)
+            renewal = self._renewals.setdefault(entry.key, Renewal())
             if renew_for is not None:
                 renewal.until = trio.current_time() + renew_for
             keepalive = functools.partial(
@@ -91,12 +92,16 @@ class Consumer:
                 started = True
                 yield item
         except BaseException as exc:
-            self._renewals.pop(entry.key, None)
             self._finishers.pop(entry.key, None)
-            await self._fail(claim, exc, started=started)
+            try:
+                await self._fail(claim, exc, started=started)
+            finally:
+                self._renewals.pop(entry.key, None)
             raise
-        self._renewals.pop(entry.key, None)
-        await self._ack(claim, self._finishers.pop(entry.key, None))
+        try:  # until the ack is done, no breaker of ours reads the claim we are deleting
+            await self._ack(claim, self._finishers.pop(entry.key, None))
+        finally:
+            self._renewals.pop(entry.key, None)
 
     def finish_with(self, item: QueueItem, finisher: Finisher) -> None:
         """Commit ``finisher``'s operations in the same transaction as the acknowledgement
@@ -171,6 +176,7 @@ class Consumer:
             if ticket in self._tickets:
                 self._tickets.remove(ticket)
             if ticket.claim is not None:  # handed to us as we were cancelled: undo it
+                self._renewals.pop(ticket.claim.entry.key, None)
                 await self._abandon(ticket.claim)
             if not any(t.claim is None for t in self._tickets):
                 await self._line.leave()  # no take of ours waits any more
@@ -212,13 +218,15 @@ class Consumer:
                     current.expiry = await self._breaker.check(await view.claims(),
                                                                self._renewing())
                 return
-            waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
-            chosen = _choose(entries, len(waiting), self._contended > 0)
+            waiting = [t for t in self._tickets if t.claim is None]
+            chosen = _choose(entries, min(len(waiting), _BATCH), self._contended > 0)
             self._contended = max(self._contended - 1, 0)
             keys = {entry.key for entry in chosen}
             self._claiming |= keys
             try:
-                claims = await self._claim_many(view, chosen)
+                # a take of ours still waits after this round: keep our place in line
+                claims = await self._claim_many(view, chosen,
+                                                leave_line=len(chosen) >= len(waiting))
             finally:
                 self._claiming -= keys
         except (errors.ConnectionLossError, errors.SessionExpiredError):
@@ -230,18 +238,22 @@ class Consumer:
                 break
             if ticket.claim is None:
                 ticket.claim = claims.pop(0)
+                if self.lease is not None:  # renewed from now on: no breaker reads it
+                    self._renewals[ticket.claim.entry.key] = Renewal()
                 if ticket.idle is not None:
                     ticket.idle.cancel()
         for claim in claims:  # the takes that wanted them left meanwhile
             await self._abandon(claim)
 
-    async def _claim_many(self, view: QueueView, entries: list[Entry]) -> list[Claim]:
+    async def _claim_many(self, view: QueueView, entries: list[Entry], *,
+                          leave_line: bool = True) -> list[Claim]:
         """Claim ``entries`` in one transaction (their items read at once first); return
         the claims made.  An entry claimed by someone else first is dropped and the rest
         tried again; one whose item is gone is forgotten.  Cancelled while claims may
         exist: they are undone before the cancellation goes on.  If this object waits in
-        the line of idle consumers, the same transaction deletes its node there: it leaves
-        the line exactly when it gets work."""
+        the line of idle consumers and ``leave_line`` (no take of ours will wait after
+        this round), the same transaction deletes its node there: it leaves the line
+        exactly when it has no idle take left."""
         session = self.session
         found: dict[str, tuple[bytes, Any]] = {}
 
@@ -268,7 +280,8 @@ class Consumer:
                 session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
                 extras,
             ))
-        place = self._line.place() if session_id == self._line.session_id else None
+        in_line = leave_line and session_id == self._line.session_id
+        place = self._line.place() if in_line else None
         races_lost = 0
         try:
             while claims:

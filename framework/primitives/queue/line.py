@@ -12,11 +12,13 @@ watched lists as every consumer did before.  Every later waiter watches only the
 :data:`HEADS` nodes immediately ahead of it (the seed's "watch the predecessor", generalised
 to several holders): while those exist, at least :data:`HEADS` nodes are ahead of it, so it
 cannot be a head; when one goes it looks again.  A node's deletion wakes at most
-:data:`HEADS` waiters, however long the line.  A consumer leaves
-the line in the transaction that claims work (the delete of its node is one more operation
-of the claim's multi): the next waiter becomes a head only once the item is claimed, so it
-does not go for it too, and a head that loses the race keeps its place.  It joins again at
-the back the next time it finds nothing.
+:data:`HEADS` waiters, however long the line; nodes ahead of a waiter only ever go, so a
+head stays a head and does not list the line again.  A consumer leaves the line in the
+transaction that claims work for its last idle take (the delete of its node is one more
+operation of the claim's multi): the next waiter becomes a head only once the item is
+claimed, so it does not go for it too, and a head that loses the race keeps its place.  A
+queue object with takes still idle after a claim keeps its place (no join again, no write).
+It joins again at the back the next time it finds nothing.
 
 Two heads rather than one: a head whose process stops running its event loop while its
 session lives (a handler blocking the loop) keeps its place; the other head still takes what
@@ -57,6 +59,7 @@ class WaitingLine:
     root: str
     node: str | None = None  # our node's full path, while in line
     session_id: int | None = None  # the session that made it
+    head: str | None = None  # our node, once seen among the heads (it stays one)
 
     async def turn(self) -> bool:
         """Join the line if not in it; return ``True`` at once if we are a head (the caller
@@ -68,6 +71,8 @@ class WaitingLine:
             node = self.node
             if node is None:
                 return False
+            if self.head == node:  # nodes ahead only ever go: a head stays a head
+                return True
             names = sort_sequential(
                 [n for n in await self.session.children(self.root) if n.startswith("w-")]
             )
@@ -79,6 +84,7 @@ class WaitingLine:
                 return False
             index = names.index(mine)
             if index < HEADS:
+                self.head = node
                 return True
             fired = trio.Event()
             wake = self.session.waker(fired)  # one callback object: one watcher per node
