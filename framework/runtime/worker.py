@@ -18,7 +18,9 @@ Crash safety:
 
 Graceful stop (SIGTERM/Ctrl-C via the runner, or :meth:`request_stop`): stop taking, let
 in-flight tasks finish for up to ``drain_timeout`` seconds (then cancel them: their items are
-redelivered), stop shards, leave the group.
+redelivered), stop shards, leave the group.  A slot whose claim lands just as the drain
+begins, before its handler starts, hands the item back unstarted (its ``running/`` marker
+goes in the same transaction; no delivery is counted).
 """
 
 from __future__ import annotations
