@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
+from kazoo import exceptions as kz
 
 from framework import Lock, Session, ZooKeeperEnsemble
 from framework.zk import wait_gone
+from framework.zk.leftovers import Leftover
 
 pytestmark = pytest.mark.ensemble
 
@@ -38,6 +41,7 @@ async def test_a_release_that_gave_up_during_an_outage_is_done_once_zookeeper_is
             await owner.wait_connected()
             assert owner.session_id == session_id  # the session lived through the outage
             await wait_gone(other, node)  # deleted by the owner's session, not expired
+            await owner.wait_leftovers_done()  # its reply may come after other's watch
         assert owner.leftovers == []
         with trio.fail_after(30):
             async with Lock(other, "/locks/a").acquire():  # nobody blocks it any more
@@ -62,3 +66,29 @@ async def test_a_leftover_deletes_only_a_node_this_session_owns_holding_what_it_
         assert {left.path for left in session.leftovers} <= {"/ours"}
         assert await session.exists("/theirs") is not None
         assert await session.exists("/reclaimed") is not None
+
+
+@pytest.mark.parametrize("reconnected_since", [True, False])
+async def test_a_step_lost_after_the_reconnection_was_seen_is_sent_again_at_once(
+    session: Session, reconnected_since: bool
+) -> None:
+    """The race found by a full run: a step's reply (ConnectionLoss) is handled after the
+    reconnection that would have re-sent it, whose sweep skipped it as in flight.  It is
+    sent again at once, once; a step lost on the current connection waits for the next."""
+    await session.create("/ghost", ephemeral=True)
+    leftovers = session._leftovers
+    ghost = Leftover("/ghost", session.session_id or 0, step="get", in_flight=True)
+    ghost.sent_in = leftovers._connections - (1 if reconnected_since else 0)
+    leftovers._pending.append(ghost)
+    lost = session.client.handler.async_result()
+    lost.set_exception(kz.ConnectionLoss())
+    leftovers._replied(ghost, lost)
+    if reconnected_since:
+        with trio.fail_after(10):
+            await session.wait_leftovers_done()
+        assert await session.exists("/ghost") is None
+    else:
+        await session.sync("/")  # anything sent would have been answered by now
+        await trio.testing.wait_all_tasks_blocked()
+        assert session.leftovers == [ghost] and not ghost.in_flight
+        assert await session.exists("/ghost") is not None

@@ -14,9 +14,9 @@ read, only if this session owns it (``ephemeralOwner``) and, when the caller sai
 holds, only if it still holds that (a queue claim's token: a claim node of the same name made
 since by us or by another consumer is never touched).  A node known only by the GUID in its
 name is found by listing its parent after a ``sync`` (a lagging follower must not hide it).
-A step whose reply is lost is sent again at the next reconnection; a node found gone, not
-ours or changed is done.  When the session is lost they are forgotten: the server deleted
-them with it.
+A step whose reply is lost is sent again at the next reconnection (at once if the connection
+came back before the loss was known); a node found gone, not ours or changed is done.  When
+the session is lost they are forgotten: the server deleted them with it.
 
 No trio task runs this: each step is a kazoo request sent from the trio thread, and its
 completion comes back to the trio thread (``run_sync_soon``) to send the next one, so nothing
@@ -51,6 +51,7 @@ class Leftover:
     guid: str | None = None
     in_flight: bool = False
     step: str = "start"  # start -> (sync -> list ->) get -> delete
+    sent_in: int = 0  # the connection (Leftovers' count of reconnections) it was sent on
 
 
 class Leftovers:
@@ -61,13 +62,28 @@ class Leftovers:
         self._pending: list[Leftover] = []
         self._client: Any = None
         self._session_id: int | None = None
+        self._connections = 0  # how many times the connection came up
+        self._settled = trio.Event()  # set while nothing is pending
+        self._settled.set()
 
     @property
     def pending(self) -> list[Leftover]:
         """The leftovers not yet deleted (for tests and diagnostics)."""
         return list(self._pending)
 
+    async def wait_settled(self) -> None:
+        """Return once no leftover is pending (deleted, found gone, or forgotten with the
+        session)."""
+        while self._pending:
+            await self._settled.wait()
+
+    def _check_settled(self) -> None:
+        if not self._pending:
+            self._settled.set()
+
     def add(self, leftover: Leftover) -> None:
+        if self._settled.is_set():
+            self._settled = trio.Event()
         self._pending.append(leftover)
         log.warning("zk.leftover", path=leftover.path, guid=leftover.guid,
                     note="not deleted in time; deleted when the connection is back")
@@ -77,7 +93,9 @@ class Leftovers:
         """The connection is up in session ``session_id`` (trio thread): forget the nodes of
         other sessions, send the deletes of this one's."""
         self._client, self._session_id = client, session_id
+        self._connections += 1
         self._pending = [p for p in self._pending if p.session_id == session_id]
+        self._check_settled()
         self._sweep()
 
     def disconnected(self) -> None:
@@ -96,6 +114,7 @@ class Leftovers:
         if current is None or current[0] != leftover.session_id:
             return  # kazoo is already in another session (trio will hear of it next)
         leftover.in_flight = True
+        leftover.sent_in = self._connections
         if leftover.step == "start":
             leftover.step = "sync" if leftover.guid is not None else "get"
         try:
@@ -128,6 +147,10 @@ class Leftovers:
             value = done.get_nowait()
         except _RETRY:  # sent again at the next reconnection, from a fresh read
             leftover.step = {"delete": "get", "list": "sync"}.get(leftover.step, leftover.step)
+            if self._client is not None and self._connections != leftover.sent_in:
+                # that reconnection came before this reply (its sweep skipped us: we were
+                # in flight): now, once per connection, never in a loop
+                self._send(leftover)
             return
         except kz.KazooException:
             value = None  # gone, or changed since: nothing of ours to delete
@@ -152,4 +175,5 @@ class Leftovers:
                 self._send(leftover, version=stat.version)
                 return
         self._pending.remove(leftover)
+        self._check_settled()
         log.info("zk.leftover_done", path=leftover.path, guid=leftover.guid)

@@ -632,6 +632,11 @@ class Session:
         """Nodes waiting for :meth:`delete_later` (diagnostics and tests)."""
         return self._leftovers.pending if self._client is not None else []
 
+    async def wait_leftovers_done(self) -> None:
+        """Return once no node waits for :meth:`delete_later` (deleted, found gone, or
+        forgotten with a lost session)."""
+        await self._leftovers.wait_settled()
+
     def transaction(self) -> Transaction:
         """Start building a multi-op transaction (all applied, or none)."""
         return Transaction(self)
