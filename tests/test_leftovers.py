@@ -92,3 +92,13 @@ async def test_a_step_lost_after_the_reconnection_was_seen_is_sent_again_at_once
         await trio.testing.wait_all_tasks_blocked()
         assert session.leftovers == [ghost] and not ghost.in_flight
         assert await session.exists("/ghost") is not None
+
+
+async def test_leftovers_are_forgotten_when_the_session_closes(zk_hosts: str) -> None:
+    """A node of another session waits (it is never this connection's to delete); closing
+    the session forgets it, so nobody waits for it for ever."""
+    async with Session(zk_hosts) as session:
+        session.delete_later("/elsewhere", session_id=0x1234)
+        assert [left.path for left in session.leftovers] == ["/elsewhere"]
+    with trio.fail_after(5):
+        await session.wait_leftovers_done()

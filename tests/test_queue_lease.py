@@ -11,7 +11,7 @@ import trio
 from framework import Session
 from framework.errors import ClaimLost, ConfigurationError
 from framework.primitives.queue import WorkQueue, consumer
-from framework.primitives.queue_lease import lease_of, lease_token
+from framework.primitives.queue_lease import Renewal, lease_of, lease_token
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from tests.test_runtime import nursery_session
 
@@ -244,3 +244,19 @@ async def _run_stuck(zk_hosts: str, chroot: str, app: App, master: Master,
             healthy.request_stop()
             nursery.cancel_scope.cancel()
     assert status.dead_letters == 0
+
+
+async def test_a_lapsed_or_superseded_renewal_is_not_counted_as_renewing(
+    session: Session,
+) -> None:
+    """The breaker skips only claims a take of ours still renews: not one whose renewal
+    lapsed (a later renew_for cannot restart it), and a delivery that ends forgets only its
+    own renewal, not a later delivery's of the same item."""
+    consumer_of = WorkQueue(session, "/q", lease=LEASE)
+    lapsed, live, later = Renewal(stopped=True), Renewal(), Renewal()
+    consumer_of._renewals.update({"b-0000000000/i+0-a-0000000001": lapsed,
+                                  "b-0000000000/i+0-b-0000000002": live})
+    assert set(consumer_of._renewing()) == {"b-0000000000.i+0-b-0000000002"}
+    consumer_of._renewals["b-0000000000/i+0-b-0000000002"] = later  # redelivered to us
+    consumer_of._forget_renewal("b-0000000000/i+0-b-0000000002", live)
+    assert consumer_of._renewals["b-0000000000/i+0-b-0000000002"] is later

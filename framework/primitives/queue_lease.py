@@ -59,6 +59,7 @@ class Renewal:
     the claim is held, by :meth:`WorkQueue.renew_for`)."""
 
     until: float = math.inf
+    stopped: bool = False  # renew() let the lease lapse: nothing renews the claim any more
 
 
 async def renew(
@@ -93,6 +94,7 @@ async def renew(
         if data != token:
             return "lease broken: the item was claimed again"
         version = stat.version
+    renewal.stopped = True  # a later renew_for cannot restart it
     await trio.sleep_forever()  # past the owner's limit: the lease lapses
     return None
 

@@ -101,6 +101,11 @@ class Leftovers:
     def disconnected(self) -> None:
         self._client = None
 
+    def forget(self) -> None:
+        """The session is lost or closed: the server deletes (or deleted) its nodes."""
+        self._pending = []
+        self._check_settled()
+
     def _sweep(self) -> None:
         if self._client is None:
             return

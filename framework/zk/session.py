@@ -267,6 +267,8 @@ class Session:
             self._leftovers.connected(self._client, session_id)
         else:
             self._leftovers.disconnected()
+            if state is SessionState.LOST or self._closed:
+                self._leftovers.forget()
         if self._closed and state is SessionState.LOST:
             return
         if state is SessionState.CONNECTED:

@@ -75,8 +75,8 @@ class Consumer:
         item = QueueItem(entry.key, claim.data, entry.priority, claim.version, extras)
         self._finishers.pop(entry.key, None)
         keepalive = None
-        if self.lease is not None:
-            # made when the claim was handed to this take (see _lead_round)
+        renewal = None
+        if self.lease is not None:  # made when the claim was handed to this take (_lead_round)
             renewal = self._renewals.setdefault(entry.key, Renewal())
             if renew_for is not None:
                 renewal.until = trio.current_time() + renew_for
@@ -96,12 +96,12 @@ class Consumer:
             try:
                 await self._fail(claim, exc, started=started)
             finally:
-                self._renewals.pop(entry.key, None)
+                self._forget_renewal(entry.key, renewal)
             raise
         try:  # until the ack is done, no breaker of ours reads the claim we are deleting
             await self._ack(claim, self._finishers.pop(entry.key, None))
         finally:
-            self._renewals.pop(entry.key, None)
+            self._forget_renewal(entry.key, renewal)
 
     def finish_with(self, item: QueueItem, finisher: Finisher) -> None:
         """Commit ``finisher``'s operations in the same transaction as the acknowledgement
@@ -118,12 +118,18 @@ class Consumer:
         if renewal is not None:
             renewal.until = trio.current_time() + seconds
 
+    def _forget_renewal(self, key: str, renewal: Renewal | None) -> None:
+        """Drop this delivery's renewal (a later delivery of the same item to another take
+        of ours has its own, which stays)."""
+        if renewal is not None and self._renewals.get(key) is renewal:
+            del self._renewals[key]
+
     def _renewing(self) -> dict[str, float]:
         """The claims this object holds and renews now, each with the trio time its
         renewal stops (see ``renew``)."""
         now = trio.current_time()
         return {claim_name_of(key): renewal.until for key, renewal in self._renewals.items()
-                if now < renewal.until}
+                if now < renewal.until and not renewal.stopped}
 
     def _get_view(self) -> QueueView:
         if self._view is None:
@@ -176,7 +182,7 @@ class Consumer:
             if ticket in self._tickets:
                 self._tickets.remove(ticket)
             if ticket.claim is not None:  # handed to us as we were cancelled: undo it
-                self._renewals.pop(ticket.claim.entry.key, None)
+                self._forget_renewal(ticket.claim.entry.key, ticket.renewal)
                 await self._abandon(ticket.claim)
             if not any(t.claim is None for t in self._tickets):
                 await self._line.leave()  # no take of ours waits any more
@@ -218,15 +224,13 @@ class Consumer:
                     current.expiry = await self._breaker.check(await view.claims(),
                                                                self._renewing())
                 return
-            waiting = [t for t in self._tickets if t.claim is None]
-            chosen = _choose(entries, min(len(waiting), _BATCH), self._contended > 0)
+            waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
+            chosen = _choose(entries, len(waiting), self._contended > 0)
             self._contended = max(self._contended - 1, 0)
             keys = {entry.key for entry in chosen}
             self._claiming |= keys
             try:
-                # a take of ours still waits after this round: keep our place in line
-                claims = await self._claim_many(view, chosen,
-                                                leave_line=len(chosen) >= len(waiting))
+                claims = await self._claim_many(view, chosen)
             finally:
                 self._claiming -= keys
         except (errors.ConnectionLossError, errors.SessionExpiredError):
@@ -239,21 +243,20 @@ class Consumer:
             if ticket.claim is None:
                 ticket.claim = claims.pop(0)
                 if self.lease is not None:  # renewed from now on: no breaker reads it
-                    self._renewals[ticket.claim.entry.key] = Renewal()
+                    ticket.renewal = self._renewals[ticket.claim.entry.key] = Renewal()
                 if ticket.idle is not None:
                     ticket.idle.cancel()
         for claim in claims:  # the takes that wanted them left meanwhile
             await self._abandon(claim)
 
-    async def _claim_many(self, view: QueueView, entries: list[Entry], *,
-                          leave_line: bool = True) -> list[Claim]:
+    async def _claim_many(self, view: QueueView, entries: list[Entry]) -> list[Claim]:
         """Claim ``entries`` in one transaction (their items read at once first); return
         the claims made.  An entry claimed by someone else first is dropped and the rest
         tried again; one whose item is gone is forgotten.  Cancelled while claims may
         exist: they are undone before the cancellation goes on.  If this object waits in
-        the line of idle consumers and ``leave_line`` (no take of ours will wait after
-        this round), the same transaction deletes its node there: it leaves the line
-        exactly when it has no idle take left."""
+        the line of idle consumers, the same transaction deletes its node there: it leaves
+        the line exactly when it gets work (so the worker that just started a handler,
+        which may block its event loop, is never left a head)."""
         session = self.session
         found: dict[str, tuple[bytes, Any]] = {}
 
@@ -280,8 +283,7 @@ class Consumer:
                 session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
                 extras,
             ))
-        in_line = leave_line and session_id == self._line.session_id
-        place = self._line.place() if in_line else None
+        place = self._line.place() if session_id == self._line.session_id else None
         races_lost = 0
         try:
             while claims:
@@ -683,6 +685,7 @@ class _Ticket:
 
     claim: Claim | None = None
     idle: trio.CancelScope | None = None  # its wait while there is nothing to take
+    renewal: Renewal | None = None  # its claim's (with a lease), from the hand-out on
 
 
 @attrs.define(eq=False)

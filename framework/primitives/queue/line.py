@@ -14,11 +14,11 @@ to several holders): while those exist, at least :data:`HEADS` nodes are ahead o
 cannot be a head; when one goes it looks again.  A node's deletion wakes at most
 :data:`HEADS` waiters, however long the line; nodes ahead of a waiter only ever go, so a
 head stays a head and does not list the line again.  A consumer leaves the line in the
-transaction that claims work for its last idle take (the delete of its node is one more
-operation of the claim's multi): the next waiter becomes a head only once the item is
-claimed, so it does not go for it too, and a head that loses the race keeps its place.  A
-queue object with takes still idle after a claim keeps its place (no join again, no write).
-It joins again at the back the next time it finds nothing.
+transaction that claims work (the delete of its node is one more operation of the claim's
+multi), even with other takes still idle: the process that just started a handler, which
+may block its event loop, is never left a head.  The next waiter becomes a head only once
+the item is claimed, so it does not go for it too, and a head that loses the race keeps its
+place.  It joins again at the back the next time it finds nothing.
 
 Two heads rather than one: a head whose process stops running its event loop while its
 session lives (a handler blocking the loop) keeps its place; the other head still takes what
