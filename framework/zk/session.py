@@ -380,6 +380,32 @@ class Session:
         """
         return trio.current_time() + (self._liveness.trusted_until() - time.monotonic())
 
+    def is_trusted(self, session_id: int | None = None) -> bool:
+        """True while the session (``session_id``, if given) is provably alive on the server.
+
+        Synchronous and callable from any thread: the newest reply's send time plus 2/3 of
+        the session timeout is still ahead of the monotonic clock, and the session was not
+        lost, closed or replaced.  A SUSPENDED connection within that window is trusted."""
+        if self._closed or self._session_id is None:
+            return False
+        if session_id is not None and self._session_id != session_id:
+            return False
+        return time.monotonic() < self._liveness.trusted_until()
+
+    def ensure_trusted(self, session_id: int | None = None) -> None:
+        """Raise :class:`SessionInterrupted` unless :meth:`is_trusted`.
+
+        Call it right before an effect outside ZooKeeper that only an owner may cause
+        (writing a file, answering a client, acknowledging a publish): a process that was
+        paused (GC, VM migration, SIGSTOP) past its trust deadline raises here before the
+        effect, even if trio has not yet run the task that cancels its scope.  The reason is
+        ``"lost"`` when the session is gone or replaced, else ``"suspended"``."""
+        if self.is_trusted(session_id):
+            return
+        gone = self._closed or self._session_id is None or (
+            session_id is not None and self._session_id != session_id)
+        raise errors.SessionInterrupted("lost" if gone else "suspended")
+
     @property
     def read_timeout(self) -> float:
         """Seconds without a reply after which the connection counts as dead (2/3 of the
