@@ -25,12 +25,19 @@ class Load:
         self.topics = topics
         self.acked: dict[str, list[int]] = {t: [] for t in topics}
         self.total = 0
+        #: per topic, the longest stretch between two acknowledgements (trio seconds; shown
+        #: by the tests that measure it, never asserted)
+        self.longest_gap: dict[str, float] = dict.fromkeys(topics, 0.0)
         self._progress = trio.Event()
 
     async def run(self, producer: Producer, topic: str) -> None:
         n = 0
+        last = trio.current_time()
         while True:
             await producer.send(topic, f"{topic}:{n}".encode())
+            now = trio.current_time()
+            self.longest_gap[topic] = max(self.longest_gap[topic], now - last)
+            last = now
             self.acked[topic].append(n)
             n += 1
             self.total += 1

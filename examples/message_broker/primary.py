@@ -120,7 +120,21 @@ class PrimaryTopic:
         new = Isr(in_sync, self.server, self.isr.term,
                   {s: self.copies[s] for s in in_sync if s in self.copies})
         try:
-            stat = await self.session.set(self.isr_path, new.encode(), version=self.isr_version)
+            try:
+                stat = await self.session.set(self.isr_path, new.encode(),
+                                              version=self.isr_version)
+            except errors.BadVersionError:
+                # our own earlier write may have landed with its reply lost (a ZooKeeper
+                # leader change): only another term (a takeover bumps it) deposes us
+                data, seen = await self.session.get(self.isr_path)
+                record = Isr.decode(data)
+                if record.term != self.isr.term or record.leader != self.server:
+                    self.deposed.set()
+                    self.close()
+                    raise RequestError("not_primary", "a newer primary took over") from None
+                log.info("broker.isr_reread", topic=self.name, version=seen.version,
+                         in_sync=list(record.in_sync), epoch=self.epoch)
+                stat = await self.session.set(self.isr_path, new.encode(), version=seen.version)
         except errors.BadVersionError:
             self.deposed.set()
             self.close()
@@ -145,6 +159,8 @@ class PrimaryTopic:
             self._check_open()
             if not self.synced:
                 if self.mode == "refuse":
+                    log.info("broker.produce_refused", topic=self.name, code="no_in_sync_backup",
+                             epoch=self.epoch)
                     raise RequestError("no_in_sync_backup",
                                        f"topic {self.name} has no in-sync backup (mode refuse)")
                 # one_copy: ZooKeeper must say "only the primary" before a one-copy ack

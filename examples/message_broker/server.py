@@ -46,7 +46,7 @@ from examples.message_broker.layout import (
 )
 from examples.message_broker.log import TopicLog
 from examples.message_broker.primary import PrimaryTopic, RequestError
-from examples.message_broker.watching import wait_watch
+from examples.message_broker.watching import wait_epoch_changed, wait_watch
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Group, Membership
@@ -371,7 +371,11 @@ class BrokerServer(Worker):
                  epoch=epoch)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_after, wait_watch(session, fired, generation),
+                # only a new epoch (or no primary) ends this backup's replication: a dropped
+                # ZooKeeper connection that the session survives changes nothing (#30)
+                nursery.start_soon(_cancel_after,
+                                   wait_epoch_changed(session, self.paths.primary(topic),
+                                                      epoch, fired, generation),
                                    nursery.cancel_scope)
                 while True:
                     try:

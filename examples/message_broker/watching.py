@@ -1,15 +1,25 @@
-"""One-shot watches that survive disconnects.
+"""One-shot watches that survive disconnects, and a connection-state event that is not a change.
 
-kazoo drops a watch when the connection drops, so a caller waiting for a one-shot watch must
-also wake on a change of connection state and read again.  :func:`wait_watch` does exactly
-that: take ``session.snapshot().generation`` *before* the read that sets the watch, then wait.
+kazoo drops a watch when the connection drops and fires it with a NONE event, so a caller
+waiting for a one-shot watch must also wake on a change of connection state and read again.
+:func:`wait_watch` does exactly that: take ``session.snapshot().generation`` *before* the read
+that sets the watch, then wait.
+
+A wake-up is not a change: after a NONE event (the connection dropped; the session may well
+survive, as it does through a ZooKeeper leader election) the node must be read again and
+compared with what the caller holds.  :func:`wait_epoch_changed` does that for the broker's
+``primary`` znode, whose ``czxid`` is the epoch of a primary term.
 """
 
 from __future__ import annotations
 
 import trio
 
+from framework import errors
+from framework.logs import get_logger
 from framework.zk import Session
+
+log = get_logger("examples.message_broker.watching")
 
 
 async def wait_watch(session: Session, fired: trio.Event, generation: int) -> None:
@@ -26,3 +36,30 @@ async def wait_watch(session: Session, fired: trio.Event, generation: int) -> No
         nursery.start_soon(on_state_change)
         await fired.wait()
         nursery.cancel_scope.cancel()
+
+
+async def wait_epoch_changed(session: Session, path: str, epoch: int, fired: trio.Event,
+                             generation: int) -> None:
+    """Return once the node at ``path`` is gone or is another node than the one created at
+    ``epoch`` (its ``czxid``).
+
+    ``fired`` / ``generation`` belong to the read that gave the caller ``epoch`` (its watch
+    and the session's state generation before it).  Every wake-up - the watch firing, a NONE
+    event when the connection drops, a reconnection, a new session - is followed by a fresh
+    read (which re-arms the watch) once connected: while the node is still the one of
+    ``epoch`` this keeps waiting, so a ZooKeeper disconnection the session survives changes
+    nothing for the caller.  A read cut by a connection loss is simply made again after the
+    reconnection (reads are idempotent).  Cancel to stop waiting."""
+    while True:
+        await wait_watch(session, fired, generation)
+        await session.wait_connected()  # a read sent now is not cut by the same drop
+        fired = trio.Event()
+        generation = session.snapshot().generation
+        try:
+            stat = await session.exists(path, watch=session.waker(fired))
+        except (errors.ConnectionLossError, errors.SessionExpiredError):
+            continue  # the generation moved on: wait_watch returns once connected again
+        if stat is None or stat.czxid != epoch:
+            return
+        log.info("broker.watch_rearmed", path=path, epoch=epoch,
+                 state=session.state.name.lower())
