@@ -33,6 +33,7 @@ from framework.zk import (
     gather,
     new_guid,
     sequence_of,
+    trust_expired,
     validate_data,
     validate_path,
     wait_gone,
@@ -68,6 +69,12 @@ class Term:
     session_id: int
     version: int = 0
     session: Session = attrs.field(repr=False, eq=False, kw_only=True)
+
+    def ensure_trusted(self) -> None:
+        """Raise :class:`SessionInterrupted` unless this term's session is still provably
+        alive (see :meth:`Session.ensure_trusted`): call it right before an effect outside
+        ZooKeeper that only the leader may cause."""
+        self.session.ensure_trusted(self.session_id)
 
     def fenced(self) -> Transaction:
         """A transaction pre-loaded with ``check(node, version)``; add ops, then ``commit()``.
@@ -169,6 +176,7 @@ class Election:
             reason: list[str] = []
             with single_body_error():
                 async with trio.open_nursery() as nursery:
+                    self.session.arm_trust(nursery.cancel_scope, self.suspended_grace)
                     nursery.start_soon(self._cancel_when_untrusted, term, reason,
                                        nursery.cancel_scope)
                     nursery.start_soon(self._cancel_when_deleted, term, reason,
@@ -177,6 +185,8 @@ class Election:
                         yield term
                     finally:
                         nursery.cancel_scope.cancel()
+            if not reason and trust_expired(nursery.cancel_scope):
+                reason.append("suspended")
             if reason:
                 log.warning("election.lost", path=self.path, node=term.node, reason=reason[0])
                 raise errors.LeadershipLost(reason[0])
@@ -240,7 +250,8 @@ class Election:
     async def _cancel_when_untrusted(
         self, term: Term, reason: list[str], scope: trio.CancelScope
     ) -> None:
-        reason.append(await self.session.wait_untrusted(term.session_id, self.suspended_grace))
+        reason.append(await self.session.wait_untrusted(
+            term.session_id, self.suspended_grace, scope=scope))
         scope.cancel()
 
     async def _cancel_when_deleted(

@@ -3,8 +3,10 @@
 A lock holding or a queue claim is proven by one ephemeral node created in one session.  The
 proof ends when the node is deleted (by anyone), when that session is LOST (expired, closed,
 replaced) or when the connection stays SUSPENDED past the session's ``suspended_grace`` (a
-suspended client cannot know whether the server already expired it).  :func:`node_scope`
-cancels the block at that moment and raises the caller's typed error from the ``async with``.
+suspended client cannot know whether the server already expired it), and at the latest at
+the session's trust deadline, which trio's scheduler enforces itself (a paused process starts
+no new step after it).  :func:`node_scope` cancels the block at that moment and raises the
+caller's typed error from the ``async with``.
 
 The node's data can be watched too (``on_data``): the revocable lock uses it to notice an
 ``unlock`` request.  Everything runs in a nursery owned by the scope: nothing outlives it.
@@ -18,7 +20,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import trio
 
 from framework import errors
-from framework.zk import Session
+from framework.zk import Session, trust_expired
 
 #: Given the node's data, return a reason to end the scope (or ``None`` to keep it).
 DataCheck = Callable[[bytes], "str | None"]
@@ -59,6 +61,7 @@ async def node_scope(
         if session_id is None or session.session_id != session_id:
             end("lost", scope)
         else:
+            session.arm_trust(scope, session.suspended_grace)
             nursery.start_soon(_watch_session, session, session_id, end, scope)
             nursery.start_soon(
                 _watch_node, session, path, session_id, on_data, end, scope, watch_after
@@ -78,6 +81,8 @@ async def node_scope(
             scope.cancel()
     if body_error is not None:
         raise body_error
+    if not reason and trust_expired(scope):
+        reason.append("suspended")
     if reason:
         raise error(reason[0])
 
@@ -100,7 +105,7 @@ async def _watch_session(
     session: Session, session_id: int, end: Callable[[str, trio.CancelScope], None],
     scope: trio.CancelScope,
 ) -> None:
-    end(await session.wait_untrusted(session_id, session.suspended_grace), scope)
+    end(await session.wait_untrusted(session_id, session.suspended_grace, scope=scope), scope)
 
 
 async def _watch_node(

@@ -21,7 +21,7 @@ from framework.zk.protected import (
     sort_sequential,
 )
 from framework.zk.scopes import cleanup_bound, cleanup_scope, gather
-from framework.zk.session import Session, Stat, Transaction
+from framework.zk.session import Session, Stat, Transaction, trust_expired
 from framework.zk.states import SessionState, StateChange
 from framework.zk.watches import (
     ChildrenSnapshot,
@@ -49,6 +49,7 @@ __all__ = [
     "Stat",
     "StateChange",
     "Transaction",
+    "trust_expired",
     "basename",
     "create_protected",
     "delete_guid_nodes",

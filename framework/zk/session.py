@@ -344,10 +344,12 @@ class Session:
 
         The block is cancelled, and :class:`SessionInterrupted` is raised from the ``async
         with``, when the session that was current on entry is lost (expired, closed, or
-        replaced by a new one), or when the connection stays SUSPENDED longer than
-        ``suspended_grace`` seconds (default: the session's) or past :meth:`trusted_until`,
-        whichever comes first (``math.inf`` ignores suspensions: unsafe).  Entering while not
-        connected raises at once.
+        replaced by a new one), when no reply has proven it alive before
+        :meth:`trusted_until` (a silent link, or this process paused: trio's own scheduler
+        cancels the block at that deadline, whichever task it runs first), or when the
+        connection stays SUSPENDED longer than ``suspended_grace`` seconds (default: the
+        session's); ``math.inf`` ignores suspensions and the deadline (unsafe).  Entering
+        while not connected raises at once.  Reasons: ``"lost"``, ``"suspended"``.
         """
         grace = self.suspended_grace if suspended_grace is None else suspended_grace
         if not self.connected:
@@ -356,19 +358,22 @@ class Session:
         reason: list[str] = []
         with single_body_error():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason,
-                                   nursery.cancel_scope)
+                scope = nursery.cancel_scope
+                self.arm_trust(scope, grace)
+                nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason, scope)
                 try:
                     yield
                 finally:
-                    nursery.cancel_scope.cancel()
+                    scope.cancel()
+        if not reason and trust_expired(scope):
+            reason.append("suspended")
         if reason:
             raise errors.SessionInterrupted(reason[0])
 
     async def _cancel_when_untrusted(
         self, session_id: int | None, grace: float, reason: list[str], scope: trio.CancelScope
     ) -> None:
-        reason.append(await self.wait_untrusted(session_id, grace))
+        reason.append(await self.wait_untrusted(session_id, grace, scope=scope))
         scope.cancel()
 
     def trusted_until(self) -> float:
@@ -412,20 +417,44 @@ class Session:
         negotiated session timeout)."""
         return self._liveness.read_timeout
 
-    async def wait_untrusted(self, session_id: int | None, grace: float | None) -> str:
+    def arm_trust(self, scope: trio.CancelScope, grace: float | None) -> None:
+        """Set ``scope``'s deadline to :meth:`trusted_until` (never earlier than it was).
+
+        trio's scheduler then cancels the scope at that time by itself, before it runs any
+        task of the scope, so a process that resumes from a pause past the deadline starts
+        no new step in it.  :meth:`wait_untrusted` with ``scope=`` keeps moving the deadline
+        forward as replies prove the session alive.  ``grace=math.inf`` arms nothing."""
+        if grace is not None and math.isinf(grace):
+            return
+        deadline = self.trusted_until()
+        if not scope.cancel_called and (math.isinf(scope.deadline) or deadline > scope.deadline):
+            scope.deadline = deadline
+
+    async def wait_untrusted(
+        self, session_id: int | None, grace: float | None, *,
+        scope: trio.CancelScope | None = None,
+    ) -> str:
         """Return ``"lost"`` or ``"suspended"`` once ``session_id`` can no longer be trusted.
 
         While SUSPENDED, that is ``grace`` seconds after the suspension was noticed (``None``:
         no limit of its own) and never later than :meth:`trusted_until`; ``math.inf`` waits
         for LOST only (unsafe: the server may expire the session while the body still runs).
+
+        With ``scope`` (the scope this task runs in, which it is meant to cancel), the
+        scope's deadline is kept at the trust deadline (:meth:`arm_trust`), moved forward a
+        while before it passes whenever a newer reply has proven the session alive.  If the
+        deadline passes first (this process was paused, or its event loop blocked), trio
+        cancels the scope, this task with it, and nothing is returned: the owner of the scope
+        tells that case by :func:`trust_expired`.
         """
+        unsafe = grace is not None and math.isinf(grace)
         while True:
             if self._closed or self._session_id not in (session_id, None) or (
                 self._state is SessionState.LOST
             ):
                 return "lost"
             if self._state is SessionState.SUSPENDED:
-                if grace is not None and math.isinf(grace):
+                if unsafe:
                     deadline = math.inf
                 else:
                     deadline = self.trusted_until()
@@ -433,12 +462,26 @@ class Session:
                         deadline = min(deadline, trio.current_time() + grace)
                 if deadline <= trio.current_time():
                     return "suspended"
+                if scope is not None and not unsafe and deadline < scope.deadline:
+                    scope.deadline = deadline
                 with trio.move_on_at(deadline):
                     while self._state is SessionState.SUSPENDED and not self._closed:
                         await self._changed.wait()
                     continue
                 return "suspended"
-            await self._changed.wait()
+            if scope is None or unsafe:
+                await self._changed.wait()
+                continue
+            self.arm_trust(scope, grace)
+            with trio.move_on_at(self._renew_at(scope.deadline)):
+                await self._changed.wait()
+
+    def _renew_at(self, deadline: float) -> float:
+        """When to look for a newer proof of life before ``deadline``: a third of the read
+        timeout ahead of it (kazoo pings every half read timeout), then halfway to it."""
+        now = trio.current_time()
+        early = deadline - self._liveness.read_timeout / 3
+        return early if early > now else now + max((deadline - now) / 2, 0.005)
 
     # ------------------------------------------------------------------ requests
 
@@ -755,6 +798,12 @@ class Transaction:
                 ]
             )
         return results
+
+
+def trust_expired(scope: trio.CancelScope) -> bool:
+    """True when ``scope`` (armed by :meth:`Session.arm_trust`) ended because its trust
+    deadline passed: it caught a cancellation and the deadline is behind us."""
+    return scope.cancelled_caught and scope.deadline <= trio.current_time()
 
 
 def _record(session: Session, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
