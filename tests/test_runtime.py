@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -44,6 +45,8 @@ class Flaky(Worker):
             raise RuntimeError(f"planned failure {task.attempts}")
         if payload.get("progress"):
             await self.report_progress(task, 1, 2, "half way")
+        if payload.get("block"):  # a blocking call the time limit cannot interrupt
+            await trio.to_thread.run_sync(time.sleep, payload["block"])
         await trio.sleep(payload.get("sleep", 0))
         return payload.get("n")
 
@@ -74,6 +77,7 @@ async def test_tasks_retries_dead_letters_and_time_limits(zk_hosts: str, chroot:
         {"n": "doomed", "fail": 99},      # dead-lettered after max_attempts
         {"n": "slow", "sleep": 30, "limit": 0.2},  # time limit: fails every time
         {"n": "progress", "progress": True},
+        {"n": "blocked", "block": 0.5, "limit": 0.1},  # returns late: a failure all the same
     ]
     master = Jobs("jobs", payloads)
     workers = [Flaky("jobs", name="w1"), Flaky("jobs", name="w2")]
@@ -84,7 +88,7 @@ async def test_tasks_retries_dead_letters_and_time_limits(zk_hosts: str, chroot:
                 nursery.start_soon(worker.run, s)
             async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s:
                 await master.run(s)
-                status = await gather_status(s, App("jobs"))
+                status = await gather_status(s, App("jobs"), recent_failures=20)
             for worker in workers:
                 worker.request_stop()
             nursery.cancel_scope.cancel()
@@ -98,8 +102,9 @@ async def test_tasks_retries_dead_letters_and_time_limits(zk_hosts: str, chroot:
     assert results["t21"].key == "t21" and results["t20"].key == "t20"
     assert not results["t22"].ok and results["t22"].error == "time limit exceeded"
     assert results["t23"].ok
-    assert status.dead_letters == 2 and status.queue_depth == 0 and status.results == 24
-    assert {f["task_id"] for f in status.failures} >= {"t21", "t22"}
+    assert not results["t24"].ok and results["t24"].error == "time limit exceeded"
+    assert status.dead_letters == 3 and status.queue_depth == 0 and status.results == 25
+    assert {f["task_id"] for f in status.failures} >= {"t21", "t22", "t24"}
     assert sum(w.tasks_done for w in workers) == 22
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from framework import Session
-from framework.zk import watch_data
+from framework.testing import TcpProxy
+from framework.zk import SessionState, cleanup_scope, watch_data
+from framework.zk.scopes import CLEANUP_FLOOR
 
 
 async def test_cancel_before_issue_sends_nothing(session: Session) -> None:
@@ -47,3 +50,28 @@ async def test_unreachable_server_gives_a_clear_error() -> None:
                 raise AssertionError("connected to nothing")
         except NotConnectedError as exc:
             assert "could not connect" in str(exc) and str(port) in str(exc)
+
+
+async def test_clean_up_steps_behind_a_partition_share_one_deadline(
+    chroot: str, proxy: TcpProxy
+) -> None:
+    """Cut off from ZooKeeper, a clean-up ends a second after the server may expire the
+    session; the next clean-up step of the same cancellation gets only the floor, not
+    another full bound (three steps used to take three session timeouts)."""
+    async with Session(proxy.address, chroot=chroot, session_timeout=2.0) as s:
+        with trio.fail_after(20):
+            proxy.freeze()
+            proxy.cut()
+            while s.state is not SessionState.SUSPENDED:
+                await s.wait_change(s.snapshot().generation)
+            expiry = s.trusted_until() + s.session_timeout / 3
+            with cleanup_scope(s) as first:
+                await s.exists("/anything")  # waits for a connection that does not come
+            assert first.cancelled_caught
+            assert first.deadline == pytest.approx(expiry + 1.0, abs=0.05)
+            entered = trio.current_time()
+            with cleanup_scope(s) as second:
+                await s.exists("/anything")
+            assert second.cancelled_caught
+            assert second.deadline - entered == pytest.approx(CLEANUP_FLOOR, abs=0.05)
+            proxy.unfreeze()

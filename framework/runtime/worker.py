@@ -35,7 +35,7 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -49,6 +49,7 @@ from framework.runtime.app import App, check_name, ensure_layout, ensure_result_
 from framework.runtime.cancel import wait_cancelled
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
+from framework.zk.scopes import single_body_error
 
 log = get_logger("framework.runtime.worker")
 
@@ -78,7 +79,10 @@ class Worker:
     ``suspended_grace``, ``lease`` (seconds: a task's claim must be renewed by this worker's
     trio loop within it, and is renewed only until the task's time limit and retry backoff
     are over; a worker stuck past that, or whose event loop is blocked, loses the task to
-    another worker, and its late acknowledgement is refused by the server).
+    another worker, and its late acknowledgement is refused by the server),
+    ``confirm_after`` (push mode: seconds a serving record must last, with the session
+    trusted, before it is confirmed and the leader may drop another replica for it; see
+    :meth:`ready`).
 
     ``handle`` may be a plain ``def`` for blocking or CPU-bound work: it then runs in a pool
     of ``concurrency`` threads (``handler_pool = "thread"``, the default) or processes
@@ -102,6 +106,7 @@ class Worker:
     suspended_grace: float | None = None  # None: until the session's trust deadline
     lease: float | None = 30.0  # a task's claim is renewed within this (None: no lease)
     handler_pool: str = "thread"  # where a plain-def handle runs: "thread" or "process"
+    confirm_after: float | None = 1.0  # seconds until a serving record is confirmed (ready)
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -120,6 +125,7 @@ class Worker:
         self.tasks_failed = 0
         self._in_flight = 0
         self._shards: set[str] = set()
+        self._assigned: frozenset[str] = frozenset()
         self._draining = False
         self._waiting: set[trio.CancelScope] = set()
         self._stop_requested = trio.Event()
@@ -161,12 +167,33 @@ class Worker:
         waits on ZooKeeper: the record goes with the session, or, if the session survives,
         is withdrawn as soon as it is connected again (:meth:`Session.delete_later`).
         Yields False, creating nothing, when the shard is no longer wanted (its
-        ``deployed/<shard>`` directory is gone): return then."""
+        ``deployed/<shard>`` directory is gone): return then.
+
+        One record per block (incarnation): a JSON object ``info`` gets an
+        ``"incarnation"`` key, a record of ours left from an earlier block is deleted and
+        created anew (never adopted), and a withdrawal of an earlier block still pending
+        (:meth:`Session.delete_later`) is waited for first - so a late clean-up can never
+        delete the record of the block that runs now.
+
+        Confirmation: ``confirm_after`` seconds into the block, if the session is still
+        trusted, the record is written again (version 0 -> 1).  The leader drops a replica
+        of a shard only when every replica that stays has a confirmed record, checked in
+        the same transaction (:mod:`framework.runtime.replicated`): a worker that froze
+        right after it announced (a pause with its session still alive) is never left as
+        the only replica."""
         session = self.session
         if session is None:
             raise errors.NotConnectedError("the worker is not running")
         path = f"{self.app.deployed_dir(shard)}/{self.name}"
-        data = info if isinstance(info, bytes) else json.dumps(info or {}).encode()
+        if isinstance(info, bytes):
+            data = info
+        else:
+            doc = info or {}
+            if isinstance(doc, dict):
+                doc = {**doc, "incarnation": os.urandom(8).hex()}
+            data = json.dumps(doc).encode()
+        while any(p.path == path for p in session.leftovers):
+            await session.wait_leftovers_done()  # an earlier block's withdrawal first
         listed = False
         created_in: int | None = None
         try:
@@ -174,7 +201,13 @@ class Worker:
             created_in = session.session_id
             if listed:
                 log.info("shard.ready", worker=self.name, shard=shard)
-            yield listed
+            with single_body_error():
+                async with trio.open_nursery() as nursery:
+                    if listed and self.confirm_after is not None:
+                        nursery.start_soon(self._confirm, session, shard, path, data,
+                                           created_in)
+                    yield listed
+                    nursery.cancel_scope.cancel()
         finally:
             withdrawn = False
             if listed and session.connected and session.session_id == created_in:
@@ -188,6 +221,35 @@ class Worker:
                 # not now (suspended, or no reply in time): as soon as the session is back,
                 # if it survived; if it did not, the record went with it
                 session.delete_later(path, data=data, session_id=created_in)
+
+    async def _confirm(self, session: Session, shard: str, path: str, data: bytes,
+                       created_in: int | None) -> None:
+        """Write our serving record again ``confirm_after`` seconds after announcing it,
+        if the session is still trusted (see :meth:`ready`).  Never raises: an
+        untrusted session ends the block through the guard anyway."""
+        assert self.confirm_after is not None
+        await trio.sleep(self.confirm_after)
+        try:
+            session.ensure_trusted(created_in)
+            await session.set(path, data, version=0)
+        except (errors.SessionInterrupted, errors.ZooKeeperError) as exc:
+            log.warning("shard.confirm_failed", worker=self.name, shard=shard,
+                        error=f"{type(exc).__name__}: {exc}")
+            return
+        log.info("shard.confirmed", worker=self.name, shard=shard)
+
+    @property
+    def assigned_shards(self) -> frozenset[str]:
+        """The shards assigned to this worker in the newest listing of its assignments
+        (push mode).  Unchanged while the session cannot be trusted (the worker does not
+        know better then): a shard whose ``serve_shard`` is cancelled but still listed here
+        was stopped by the session, not unassigned - keep what it needs to serve again."""
+        return self._assigned
+
+    async def on_assignments(self, shards: frozenset[str]) -> None:
+        """Called with each new listing of this worker's assignments (push mode), before
+        the shards that left it are cancelled and the new ones started.  Keep it short
+        (the next listing waits for it).  Default: nothing."""
 
     async def on_config(self, config: Any) -> None:
         """Called with each new complete configuration (the paper's ready-znode protocol)."""
@@ -505,8 +567,7 @@ class Worker:
         metrics.task_started(self.app.name)
         started = time.time()
         try:
-            with trio.fail_after(limit) if limit else nullcontext():
-                value = await self._call_handler(task)
+            value = await self._call_within(task, limit)
         except Exception as exc:
             await self._failed(session, task, exc, started)
             # leaving take() with an error hands the item back (or buries it for good)
@@ -545,6 +606,26 @@ class Worker:
         metrics.task_finished(self.app.name, True, time.time() - started)
         log.info("task.done", task=task.id, worker=self.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
+
+    async def _call_within(self, task: Task, limit: float | None) -> Any:
+        """``handle(task)`` within ``limit`` seconds, or :class:`trio.TooSlowError`.
+
+        A handler that did not stop at its limit (an ``async def`` blocked in a thread it
+        does not abandon, or one that swallowed the cancellation) fails all the same once it
+        returns: its result is never recorded as a success."""
+        if not limit:
+            return await self._call_handler(task)
+        deadline = trio.current_time() + limit
+        with trio.CancelScope(deadline=deadline) as limited:
+            value = await self._call_handler(task)
+        if limited.cancelled_caught:
+            raise trio.TooSlowError
+        overran = trio.current_time() - deadline
+        if overran > 0:
+            log.warning("task.time_limit_ignored", task=task.id, worker=self.name,
+                        limit=limit, overran=round(overran, 3))
+            raise trio.TooSlowError
+        return value
 
     async def _call_handler(self, task: Task) -> Any:
         """``handle(task)``: awaited, or a plain ``def`` run in the thread or process pool."""
@@ -652,6 +733,8 @@ class Worker:
                         scopes: dict[str, trio.CancelScope] = {}
                         async for snap in watch_children(session, mine):
                             wanted = set(snap.children)
+                            self._assigned = frozenset(wanted)
+                            await self.on_assignments(self._assigned)
                             for shard in set(scopes) - wanted:
                                 scopes.pop(shard).cancel()
                             for shard in wanted - set(scopes):
@@ -835,8 +918,8 @@ async def _marker_owner(session: Session, path: str) -> tuple[str, int, int] | N
 
 
 async def _announce(session: Session, path: str, data: bytes) -> bool:
-    """Create our ephemeral serving record (replacing a leftover of an earlier session of
-    ours); ``False`` if its directory is gone.  Never creates parents."""
+    """Create our ephemeral serving record (replacing a record left by an earlier block or
+    session of ours); ``False`` if its directory is gone.  Never creates parents."""
     while True:
         try:
             await session.create(path, data, ephemeral=True)
@@ -844,9 +927,9 @@ async def _announce(session: Session, path: str, data: bytes) -> bool:
         except errors.NoNodeError:
             return False
         except errors.NodeExistsError:
+            # ours from an earlier block, or of an earlier session of this worker: one
+            # record per block, never adopted (a clean-up pending for it must not hit ours)
             stat = await session.exists(path)
-            if stat is not None and stat.ephemeralOwner == session.session_id:
-                return True
             if stat is not None:
                 await session.delete(path, version=stat.version, missing_ok=True)
 

@@ -13,25 +13,46 @@ class _HasTimeout(Protocol):
     @property
     def session_timeout(self) -> float: ...
 
+    def trusted_until(self) -> float: ...
+
 
 def cleanup_bound(session: _HasTimeout) -> float:
-    """Seconds a shielded clean-up of ``session`` may take: one session timeout and a
-    second.  If ZooKeeper could not be reached for that long, the server has expired the
-    session (or will, the moment it next hears of it), and its ephemeral nodes went with it;
-    a persistent node left behind is a leftover each caller documents."""
+    """Seconds a shielded clean-up of a healthy ``session`` may take: one session timeout
+    and a second.  If ZooKeeper could not be reached for that long, the server has expired
+    the session (or will, the moment it next hears of it), and its ephemeral nodes went with
+    it; a persistent node left behind is a leftover each caller documents."""
     return max(session.session_timeout, 1.0) + 1.0
+
+
+def cleanup_deadline(session: _HasTimeout) -> float:
+    """The trio time a shielded clean-up of ``session`` must end by: a second past the
+    moment the server may expire the session (its trust deadline plus the last third of the
+    session timeout), and at least :data:`CLEANUP_FLOOR` from now.
+
+    Connected, that is :func:`cleanup_bound` from now.  Cut off from ZooKeeper, the newest
+    proof of life stays where it was, so every clean-up step of the same cancellation shares
+    one deadline: a worker cancelled behind a partition returns about a session timeout
+    and a second after it last heard from the server, however many steps it cleans up."""
+    now = trio.current_time()
+    expiry = session.trusted_until() + max(session.session_timeout, 1.0) / 3
+    return min(max(expiry + 1.0, now + CLEANUP_FLOOR), now + cleanup_bound(session))
+
+
+#: Seconds every clean-up may try, even past the session's possible expiry (a request that
+#: is already answered costs nothing; a new session may be connecting).
+CLEANUP_FLOOR = 0.2
 
 
 @contextmanager
 def cleanup_scope(session: _HasTimeout) -> Iterator[trio.CancelScope]:
-    """A clean-up that runs even when its caller is cancelled, but never for longer than
-    :func:`cleanup_bound` (a second Ctrl-C, or ZooKeeper unreachable, cannot hang it).
+    """A clean-up that runs even when its caller is cancelled, but never past
+    :func:`cleanup_deadline` (a second Ctrl-C, or ZooKeeper unreachable, cannot hang it).
 
     Leaving by the deadline is silent: check ``scope.cancelled_caught`` to know.  The one
     shield-with-deadline of the framework: every shielded clean-up goes through it.
     """
     with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + cleanup_bound(session)
+        scope.deadline = cleanup_deadline(session)
         yield scope
 
 
