@@ -160,7 +160,8 @@ class FetchWorker(Worker):
             yield
 
     async def _store(self, result: FetchResult) -> None:
-        assert self._warc is not None
+        assert self._warc is not None and self.session is not None
+        self.session.ensure_trusted()  # a claim of a paused, expired session writes nothing
         await self._warc.store(result)
         self.pages += len(result.responses)
         self.bytes += sum(len(r.body) for r in result.responses)

@@ -282,6 +282,7 @@ class PartitionServer:
                 self._ship_seq += 1
                 name = inbox_file_name(self.name, self.ownership.epoch, self._ship_seq)
                 directory = self.shared.inbox(self.ctx.job.names[target])
+                self.ctx.session.ensure_trusted()  # a paused former owner writes nothing
                 await trio.to_thread.run_sync(write_inbox_file, directory, name, links)
                 self.ctx.stats.shipped_files += 1
             store.shipped([row[0] for row in rows])
@@ -309,6 +310,7 @@ class PartitionServer:
         tmp = parts / f".{name}.tmp"
         counts = store.counts()
         merged = set(self._consumed)
+        self.ctx.session.ensure_trusted()
         store.checkpoint(tmp)  # synchronous: no step of this partition runs meanwhile
         self._dirty = False
         await trio.to_thread.run_sync(_make_durable, tmp, parts / name)
@@ -319,6 +321,7 @@ class PartitionServer:
         self.ctx.stats.checkpoints += 1
         self.ctx.on_checkpoint()
         inbox = self.shared.inbox(self.name)
+        self.ctx.session.ensure_trusted()
         await trio.to_thread.run_sync(_delete_redundant, parts, name, inbox, merged)
         if merged:
             store.forget_consumed(merged)
