@@ -44,7 +44,8 @@ BATCH = 40
 
 
 def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[str], *,
-                   voluntary: bool, isr: dict[str, Isr] | None = None) -> dict[str, list[str]]:
+                   voluntary: bool, isr: dict[str, Isr] | None = None,
+                   stranded: dict[str, set[str]] | None = None) -> dict[str, list[str]]:
     """The new placement: every topic on ``REPLICAS`` distinct live servers when possible.
 
     Sticky: a live replica is never removed for a repair.  New replicas go to the least
@@ -53,16 +54,21 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     there (make before break); a topic with three replicas drops the extra old backup only
     once ``isr[topic]`` shows the newest replica in sync, never the current primary, and
     only with ``voluntary`` (without it a move holds where it is).
+
+    ``stranded[topic]``: dead replicas kept in the placement (a topic none of whose in-sync
+    replicas is live: only they hold every acknowledged record, so they stay assigned to
+    serve it when they return, and the topic makes no move meanwhile).
     """
     isr = isr or {}
+    stranded = stranded or {}
     load = {s: 0 for s in live}
     plan: dict[str, list[str]] = {}
     for topic in topics:
-        kept = [s for s in current.get(topic, []) if s in load]
+        kept = [s for s in current.get(topic, []) if s in load or s in stranded.get(topic, ())]
         plan[topic] = kept
         leaving = _leaving(kept, isr.get(topic))
         for s in kept:
-            if s != leaving:  # a replica on its way out no longer counts as load
+            if s != leaving and s in load:  # a replica on its way out no longer counts as load
                 load[s] += 1
     for topic in sorted(topics):
         replicas = plan[topic]
@@ -82,7 +88,7 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     if voluntary and live:
         for topic in sorted(topics):
             replicas = plan[topic]
-            if len(replicas) != REPLICAS:
+            if len(replicas) != REPLICAS or topic in stranded:
                 continue
             leader = isr[topic].leader if topic in isr else replicas[0]
             movable = [s for s in replicas if s != leader]
@@ -195,7 +201,9 @@ class BrokerController(Master):
         """Drive the written placement towards the plan; False after a conflict."""
         topics = sorted(state["topics"])
         plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"],
-                              isr=state["isr"])
+                              isr=state["isr"],
+                              stranded=await _stranded(ctx.session, paths, placement,
+                                                       state["live"]))
         changed = [t for t in topics if plan[t] != placement.get(t)]
         known_dirs: set[str] = set(await ctx.session.children(paths.assign))
         for start in range(0, len(changed), BATCH):
@@ -235,3 +243,21 @@ class BrokerController(Master):
             log.info("controller.reconciled", topics=len(topics), changed=len(changed),
                      live=state["live"])
         return True
+
+
+async def _stranded(session: Session, paths: BrokerPaths, placement: dict[str, list[str]],
+                    live: list[str]) -> dict[str, set[str]]:
+    """Per topic with a dead replica and no live in-sync one: its dead in-sync replicas (one
+    read of ``isr`` per topic with a dead replica; only after failures)."""
+    alive = set(live)
+    out: dict[str, set[str]] = {}
+    for topic, replicas in placement.items():
+        if all(s in alive for s in replicas):
+            continue
+        try:
+            record = Isr.decode((await session.get(paths.isr(topic)))[0])
+        except errors.NoNodeError:
+            continue
+        if record.in_sync and not any(s in alive for s in record.in_sync):
+            out[topic] = {s for s in record.in_sync if s in replicas}
+    return out

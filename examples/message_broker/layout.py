@@ -14,6 +14,8 @@ Everything lives under ``/apps/broker`` (the runtime's :class:`framework.runtime
     topics/<topic>/primary        ephemeral: the serving primary (server, address); its czxid
                                   is the epoch of this primary term
     topics/<topic>/subscribers/<name>   a subscriber's committed position (batched)
+    subscriber_locks/<name>/lock-*      the live instance of subscriber ``name`` (a lock: one
+                                  at a time; its position commits check its node)
 
 ZooKeeper never sees a message: writes happen on topic creation, placement changes, failover,
 in-sync set changes, status updates and batched subscriber commits only.
@@ -85,20 +87,32 @@ class Isr:
     leader: str | None = None
     term: int = 0
     #: the backups' copies counted in sync (server -> copy token): a backup whose current
-    #: copy is named here may take over even if the primary died before telling it so
+    #: copy is named here may take over even if the primary died before telling it so, or
+    #: after a restart (the copy and its token survive on disk)
     copies: dict[str, str] = attrs.field(factory=dict)
+    #: the primary's high watermark when this record was written (written only with an
+    #: in-sync change, never per message: a lower bound of what was acknowledged)
+    hw: int = 0
+    #: set only by ``ctl force-leader``: this server may take over although its log may
+    #: miss acknowledged records (an operator's decision, with a stated loss)
+    forced: str | None = None
 
     def encode(self) -> bytes:
-        return dumps({"in_sync": list(self.in_sync), "leader": self.leader, "term": self.term,
-                      "copies": self.copies})
+        doc: dict[str, Any] = {"in_sync": list(self.in_sync), "leader": self.leader,
+                               "term": self.term, "copies": self.copies, "hw": self.hw}
+        if self.forced is not None:
+            doc["forced"] = self.forced
+        return dumps(doc)
 
     @classmethod
     def decode(cls, data: bytes | None) -> Isr:
         doc = loads(data)
         copies = doc.get("copies") or {}
+        hw, forced = doc.get("hw", 0), doc.get("forced")
         return cls(tuple(doc.get("in_sync") or ()), doc.get("leader"), int(doc.get("term", 0)),
                    {str(k): str(v) for k, v in copies.items()} if isinstance(copies, dict)
-                   else {})
+                   else {}, hw if isinstance(hw, int) else 0,
+                   forced if isinstance(forced, str) else None)
 
 
 @attrs.frozen
@@ -131,6 +145,12 @@ class BrokerPaths:
 
     def subscriber(self, topic: str, name: str) -> str:
         return f"{self.topics}/{topic}/subscribers/{name}"
+
+    #: exclusive subscribers: one lock per subscriber name (``Subscriber``)
+    subscriber_locks = property(lambda self: f"{self.app.base}/subscriber_locks")
+
+    def subscriber_lock(self, name: str) -> str:
+        return f"{self.subscriber_locks}/{name}"
 
     def assign_dir(self, server: str) -> str:
         return f"{self.assign}/{server}"

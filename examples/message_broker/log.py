@@ -1,15 +1,37 @@
 """A topic's local log: append-only segment files on disk plus an in-memory index.
 
 Records are ``(producer, seq, payload)``; a record's offset is its position in the log.  Each
-append is written to the current segment file (``<dir>/<topic>/<first-offset>.seg``,
-length-prefixed msgpack records, a new segment every ``segment_bytes``) before it is visible
-to readers; with ``fsync="always"`` the segment is fsynced before the append returns,
-``"never"`` leaves flushing to the OS (a server crash keeps the data, a machine crash may
-not: the backup's copy is what protects acknowledged messages).
+append is written to the current segment file (``<dir>/<topic>/<first-offset>.seg``, a new
+segment every ``segment_bytes``) before it is visible to readers; with ``fsync="always"`` the
+segment is fsynced before the append returns, ``"never"`` leaves flushing to the OS (a server
+crash keeps the data, a machine crash may not: the backup's copy is what protects
+acknowledged messages).
 
-Reads are served from memory (the example keeps logs small).  A log that starts backing a
-topic is reset (its files removed) and copied again from the primary: a backup's log is
-always a prefix of its primary's log, so offsets name the same message on both copies.
+Record format on disk::
+
+    +------------------+-------------------+--------------------------------------+
+    | length (u32, BE) | crc32 (u32, BE)   | body: msgpack [producer, seq, payload]|
+    +------------------+-------------------+--------------------------------------+
+
+The crc (``zlib.crc32``) covers the body.
+
+**Recovery.**  A log opened on a directory that holds segments recovers them: records are read
+in offset order and the first record that is cut short, fails its checksum or does not decode
+ends the log - it and everything after it are cut off (the file is truncated there, later
+segments are removed; ``broker.log_truncated`` says how much).  A torn tail can only be a
+record whose append never returned, so never an acknowledged one.  The directory is never
+removed at start.
+
+**Copies.**  ``meta.json`` next to the segments says which *copy* of the topic the log is: a
+random token (:attr:`TopicLog.copy`) drawn whenever the log starts afresh (:meth:`reset`, when
+a backup starts copying a new primary term from offset 0), and the in-sync term in which this
+log last served as primary (:attr:`TopicLog.primary_term`, written *before* the takeover is
+attempted).  The server compares them with ZooKeeper's in-sync record to decide whether a log
+recovered after a restart is the one that was counted in sync (see ``server.py``).  The file
+is replaced atomically (write, fsync, rename, fsync of the directory) before the log changes
+that it describes, so a crash never leaves a new log under an old token.
+
+Reads are served from memory (the example keeps logs small).
 
 Guarantees: appends are atomic with respect to readers (a reader never sees a partial
 batch); :meth:`wait_beyond` wakes every waiter on each append, no polling.
@@ -17,23 +39,79 @@ batch); :meth:`wait_beyond` wakes every waiter on each append, no polling.
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import struct
+import uuid
+import zlib
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import trio
+
+from framework.logs import get_logger
 
 Record = tuple[str, int, bytes]
 
 FSYNC_POLICIES = ("always", "never")
 
-_LEN = struct.Struct(">I")
+_HEAD = struct.Struct(">II")
+_META = "meta.json"
+_SUFFIX = ".seg"
+
+log = get_logger("examples.message_broker.log")
+
+
+def new_copy_token() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_records(records: list[Record]) -> bytes:
+    """The on-disk bytes of ``records`` (module doc)."""
+    chunks = []
+    for record in records:
+        body = msgpack.packb(record, use_bin_type=True)
+        chunks.append(_HEAD.pack(len(body), zlib.crc32(body)))
+        chunks.append(body)
+    return b"".join(chunks)
+
+
+def decode_segment(blob: bytes) -> tuple[list[Record], int, str | None]:
+    """The whole records at the start of ``blob``, the byte length they take, and why the rest
+    (if any) was not taken: ``None`` when the blob ends exactly after a record."""
+    records: list[Record] = []
+    pos = 0
+    while pos < len(blob):
+        if pos + _HEAD.size > len(blob):
+            return records, pos, "cut short in a record header"
+        length, crc = _HEAD.unpack_from(blob, pos)
+        start = pos + _HEAD.size
+        if start + length > len(blob):
+            return records, pos, "cut short in a record body"
+        body = blob[start:start + length]
+        if zlib.crc32(body) != crc:
+            return records, pos, "checksum mismatch"
+        try:
+            producer, seq, payload = msgpack.unpackb(body, raw=False)
+            record = (str(producer), int(seq), bytes(payload))
+        except Exception:  # msgpack raises several unrelated types
+            return records, pos, "record does not decode"
+        records.append(record)
+        pos = start + length
+    return records, pos, None
 
 
 class TopicLog:
-    """One topic's records (see the module doc)."""
+    """One topic's records (see the module doc).  Opening recovers what the directory holds."""
 
     def __init__(self, directory: Path, *, fsync: str = "never",
                  segment_bytes: int = 8 * 1024 * 1024) -> None:
@@ -47,21 +125,117 @@ class TopicLog:
         self.records: list[Record] = []
         #: last sequence number appended per producer (idempotent retries)
         self.last_seq: dict[str, int] = {}
-        self._file: object | None = None
+        #: this copy's token, and the in-sync term it last served as primary (module doc)
+        self.copy = ""
+        self.primary_term: int | None = None
+        #: records found on disk when the log was opened, and bytes cut off as a torn tail
+        self.recovered = 0
+        self.cut_bytes = 0
+        self._file: Any = None
         self._segment_size = 0
         self._grown = trio.Event()
-        self.reset()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._recover()
 
     @property
     def end(self) -> int:
         """Offset the next record will get (= number of records)."""
         return len(self.records)
 
+    # ------------------------------------------------------------ metadata
+
+    def _read_meta(self) -> dict[str, Any]:
+        try:
+            doc = json.loads((self.directory / _META).read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _write_meta(self) -> None:
+        tmp = self.directory / (_META + ".tmp")
+        with open(tmp, "w") as out:
+            json.dump({"copy": self.copy, "primary_term": self.primary_term}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.directory / _META)
+        _fsync_dir(self.directory)
+
+    def mark_primary(self, term: int) -> None:
+        """Record (durably) that this log serves the in-sync term ``term`` as primary; call
+        before attempting the takeover (a failed attempt leaves a term someone else holds)."""
+        if self.primary_term != term:
+            self.primary_term = term
+            self._write_meta()
+
+    # ------------------------------------------------------------ recovery
+
+    def _segments(self) -> list[Path]:
+        found = []
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            try:
+                found.append((int(path.stem), path))
+            except ValueError:
+                continue
+        return [path for _first, path in sorted(found)]
+
+    def _recover(self) -> None:
+        meta = self._read_meta()
+        copy, term = meta.get("copy"), meta.get("primary_term")
+        self.copy = copy if isinstance(copy, str) and copy else ""
+        self.primary_term = term if isinstance(term, int) else None
+        segments = self._segments()
+        cut_at: tuple[Path, int, str] | None = None
+        for index, path in enumerate(segments):
+            if int(path.stem) != self.end:
+                cut_at = (path, 0, f"segment starts at {path.stem}, log ends at {self.end}")
+            else:
+                records, used, why = decode_segment(path.read_bytes())
+                self._take(records)
+                if why is not None:
+                    cut_at = (path, used, why)
+            if cut_at is not None:
+                self._cut(cut_at, segments[index + 1:])
+                break
+        self.recovered = self.end
+        if not self.copy:  # a log without its metadata is a copy of its own
+            self.copy = new_copy_token()
+            self._write_meta()
+        if segments and cut_at is None:
+            last = segments[-1]
+            self._file = open(last, "ab")  # noqa: SIM115
+            self._segment_size = last.stat().st_size
+        if self.recovered or self.cut_bytes:
+            log.info("broker.log_recovered", directory=str(self.directory), records=self.end,
+                     cut_bytes=self.cut_bytes, copy=self.copy, primary_term=self.primary_term)
+
+    def _cut(self, at: tuple[Path, int, str], later: list[Path]) -> None:
+        path, size, why = at
+        self.cut_bytes = path.stat().st_size - size + sum(p.stat().st_size for p in later)
+        log.warning("broker.log_truncated", directory=str(self.directory), segment=path.name,
+                    offset=self.end, bytes=self.cut_bytes, reason=why)
+        for extra in later:
+            extra.unlink()
+        if size == 0:
+            path.unlink()
+        else:
+            os.truncate(path, size)
+            with open(path, "ab") as out:
+                os.fsync(out.fileno())
+            self._file = open(path, "ab")  # noqa: SIM115
+            self._segment_size = size
+        _fsync_dir(self.directory)
+
+    # ------------------------------------------------------------ changes
+
     def reset(self) -> None:
-        """Forget everything (a backup about to copy the primary's log again)."""
+        """Start a new, empty copy (a backup about to copy a new primary term from offset 0):
+        a new token is written first, then the segments are removed (module doc)."""
         self._close()
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.copy = new_copy_token()
+        self.primary_term = None
+        self._write_meta()
+        for path in self._segments():
+            path.unlink()
         self.records = []
         self.last_seq = {}
         self._segment_size = 0
@@ -69,38 +243,39 @@ class TopicLog:
 
     def _close(self) -> None:
         if self._file is not None:
-            self._file.close()  # type: ignore[attr-defined]
+            self._file.close()
             self._file = None
 
     def close(self) -> None:
         self._close()
 
-    def _segment(self) -> object:
+    def _segment(self) -> Any:
         if self._file is None or self._segment_size >= self.segment_bytes:
             self._close()
-            self._file = open(self.directory / f"{self.end:020d}.seg", "ab")  # noqa: SIM115
+            self._file = open(self.directory / f"{self.end:020d}{_SUFFIX}", "ab")  # noqa: SIM115
             self._segment_size = 0
         return self._file
+
+    def _take(self, records: list[Record]) -> None:
+        last_seq = self.last_seq
+        for record in records:
+            self.records.append(record)
+            producer, seq = record[0], record[1]
+            if seq > last_seq.get(producer, -1):
+                last_seq[producer] = seq
 
     def append(self, records: list[Record]) -> int:
         """Append ``records`` (already de-duplicated by the caller); return the new end."""
         if not records:
             return self.end
         out = self._segment()
-        chunks = []
-        for record in records:
-            body = msgpack.packb(record, use_bin_type=True)
-            chunks.append(_LEN.pack(len(body)) + body)
-        blob = b"".join(chunks)
-        out.write(blob)  # type: ignore[attr-defined]
-        out.flush()  # type: ignore[attr-defined]
+        blob = encode_records(records)
+        out.write(blob)
+        out.flush()
         if self.fsync == "always":
-            os.fsync(out.fileno())  # type: ignore[attr-defined]
+            os.fsync(out.fileno())
         self._segment_size += len(blob)
-        for producer, seq, payload in records:
-            self.records.append((producer, seq, payload))
-            if seq > self.last_seq.get(producer, -1):
-                self.last_seq[producer] = seq
+        self._take(records)
         self._wake()
         return self.end
 

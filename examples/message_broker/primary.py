@@ -22,7 +22,12 @@ Guarantees:
 * A term starts with ``hw`` at the offset known to be on every in-sync replica (``committed``:
   the previous term's ``hw`` as this server last learnt it), not at the end of its own log:
   records beyond it become visible only once a backup of this term holds them.
-* ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached ``hw``.
+* ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached ``hw``
+  *and* the log end this term started with (``start_end``): records of an earlier term that
+  were acknowledged beyond the ``hw`` this server learnt are all below ``start_end``, so a
+  backup counted in sync holds every acknowledged record of every term (Kafka's leader-epoch
+  start offset).  Without it a backup counted early could take over, after a second failure,
+  with acknowledged records missing.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ class PrimaryTopic:
     handing_over: bool = False
     closed_at: float | None = None
     isr_dirty: bool = False
+    #: the log end when this term started (see the module doc)
+    start_end: int = 0
     deposed: trio.Event = attrs.field(factory=trio.Event)
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _isr_lock: trio.Lock = attrs.field(factory=trio.Lock)
@@ -83,6 +90,7 @@ class PrimaryTopic:
         # only what the previous term acknowledged is known to be on every in-sync replica;
         # our own records beyond it wait for a backup of this term (module doc)
         self.hw = min(self.committed, self.log.end)
+        self.start_end = self.log.end
 
     # ------------------------------------------------------------ helpers
 
@@ -118,7 +126,7 @@ class PrimaryTopic:
         if self.isr.in_sync == in_sync and self.isr.copies == copies and not self.isr_dirty:
             return
         new = Isr(in_sync, self.server, self.isr.term,
-                  {s: self.copies[s] for s in in_sync if s in self.copies})
+                  {s: self.copies[s] for s in in_sync if s in self.copies}, hw=self.hw)
         try:
             try:
                 stat = await self.session.set(self.isr_path, new.encode(),
@@ -209,9 +217,11 @@ class PrimaryTopic:
                 log.warning("broker.backup_new_copy", topic=self.name, backup=follower,
                             offset=offset)
                 await self._drop(follower)
-        if (follower not in self.synced and offset >= self.hw) or self.isr_dirty:
+        admit = max(self.hw, self.start_end)
+        if (follower not in self.synced and offset >= admit) or self.isr_dirty:
             async with self._isr_lock:
-                if follower not in self.synced and self.followers.get(follower, -1) >= self.hw:
+                if follower not in self.synced and \
+                        self.followers.get(follower, -1) >= max(self.hw, self.start_end):
                     await self._set_isr((self.server, *sorted(self.synced | {follower})))
                     self.synced.add(follower)
                     log.info("broker.backup_in_sync", topic=self.name, backup=follower,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +87,12 @@ class BrokerServer(Worker):
         self.fsync = fsync or os.environ.get("BROKER_FSYNC", "never")
         self.primaries: dict[str, PrimaryTopic] = {}
         #: topics whose local log holds every acknowledged record (we were primary, or the
-        #: primary counted our copy in sync) - in this process, never from a previous one
+        #: primary counted our copy in sync) - in this process; a log recovered from disk
+        #: proves it through ZooKeeper's in-sync record instead (``_may_take_over``)
         self.complete: set[str] = set()
+        #: topics with no primary that we cannot take over: our recovered log's end (shown in
+        #: our ``nodes/`` record, for ``ctl force-leader``)
+        self.stranded: dict[str, int] = {}
         self.backups: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, TopicLog] = {}
         #: per topic, the offset every in-sync replica is known to hold: the high watermark
@@ -133,6 +136,7 @@ class BrokerServer(Worker):
             "primaries": sorted(self.primaries),
             "backups": sorted(self.backups),
             "lag": {t: s.lag() for t, s in self.primaries.items()},
+            "stranded": dict(sorted(self.stranded.items())),
         }
 
     async def run(self, session: Session) -> None:
@@ -146,7 +150,8 @@ class BrokerServer(Worker):
         self.listen_address = f"127.0.0.1:{port}"
         self.address = self.advertise or self.listen_address
         group = Group(session, self.paths.nodes)
-        async with group.join(self.name, dumps(self.status())) as member:
+        # a restarted server waits for its previous incarnation's session to expire
+        async with group.join(self.name, dumps(self.status()), wait_if_taken=True) as member:
             log.info("broker.serving", server=self.name, address=self.address)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
@@ -224,7 +229,9 @@ class BrokerServer(Worker):
 
     def _log(self, topic: str) -> TopicLog:
         if topic not in self.logs:
+            # recovered from its segments: never removed at start (see log.py)
             self.logs[topic] = TopicLog(self.data_dir / topic, fsync=self.fsync)
+            self.copies[topic] = self.logs[topic].copy
         return self.logs[topic]
 
     async def _serve_topic(self, session: Session, topic: str, scope: trio.CancelScope) -> None:
@@ -261,10 +268,14 @@ class BrokerServer(Worker):
                     data, isr_stat = await session.get(paths.isr(topic), watch=wake)
                     isr = Isr.decode(data)
                     if self._may_take_over(topic, isr):
+                        self.stranded.pop(topic, None)
                         await self._take_over(session, topic, isr, isr_stat.version)
                         continue
+                    if isr.term > 0:
+                        self.stranded[topic] = topic_log.end
                     await wait_watch(session, fired, generation)
                     continue
+                self.stranded.pop(topic, None)
                 data, stat = await session.get(paths.primary(topic), watch=wake)
             except (errors.ConnectionLossError, errors.SessionExpiredError,
                     errors.NotConnectedError):
@@ -281,19 +292,29 @@ class BrokerServer(Worker):
                                       fired, generation)
 
     def _may_take_over(self, topic: str, isr: Isr) -> bool:
-        """Only a server named in ``isr`` whose copy *in this process* was counted in sync
-        (or a brand-new topic, term 0): a restarted server reusing a name never takes over
-        with the empty log of its new incarnation.  Counted in sync means: the primary told
-        us so, or ``isr`` names our current copy (the primary recorded it, then died before
-        its reply reached us)."""
+        """Only a server named in ``isr`` whose log provably holds every acknowledged record
+        (or a brand-new topic, term 0).  Proof is one of: in this process the primary counted
+        our copy in sync, or we served as primary; ``isr`` names our log's copy token (the
+        primary recorded that copy in sync - it may have died before telling us, or we were
+        restarted since: the copy survives on disk with its token); ``isr``'s leader is us
+        and our log served exactly that term as primary (``TopicLog.primary_term``, written
+        before the takeover); or an operator's ``ctl force-leader`` named us.  A restarted
+        server whose log was started afresh (a new token) never takes over with it."""
         if self.stopping or self.name not in isr.in_sync:
             return False
-        copy = self.copies.get(topic)
-        return (isr.term == 0 or topic in self.complete
-                or (copy is not None and isr.copies.get(self.name) == copy))
+        topic_log = self.logs.get(topic)
+        if isr.term == 0 or topic in self.complete:
+            return True
+        if topic_log is None:
+            return False
+        return (isr.copies.get(self.name) == topic_log.copy
+                or (isr.leader == self.name and topic_log.primary_term == isr.term)
+                or isr.forced == self.name)
 
     async def _take_over(self, session: Session, topic: str, isr: Isr, version: int) -> None:
-        new = Isr(isr.in_sync, self.name, isr.term + 1, isr.copies)
+        new = Isr(isr.in_sync, self.name, isr.term + 1, isr.copies, hw=isr.hw)
+        # durably first: if we win, a restart of ours can prove this log served the term
+        self._log(topic).mark_primary(new.term)
         txn = session.transaction()
         txn.set(self.paths.isr(topic), new.encode(), version=version)
         txn.create(self.paths.primary(topic),
@@ -313,9 +334,15 @@ class BrokerServer(Worker):
             data, isr_stat = await session.get(self.paths.isr(topic))
         except errors.ZooKeeperError:
             return
+        isr = Isr.decode(data)
+        committed = self.committed.get(topic, 0)
+        if isr.in_sync == (self.name,):
+            # nobody else may take over (nor could hold more): every record of our log -
+            # recovered after a restart too - stands, so it is all visible at once
+            committed = topic_log.end
         state = PrimaryTopic(topic, self.name, topic_log, epoch, settings.mode, session,
-                             self.paths.isr(topic), Isr.decode(data), isr_stat.version,
-                             committed=self.committed.get(topic, 0))
+                             self.paths.isr(topic), isr, isr_stat.version,
+                             committed=committed)
         state.handing_over = self.stopping
         self.primaries[topic] = state
         self.complete.add(topic)
@@ -360,10 +387,10 @@ class BrokerServer(Worker):
             # a new primary term: copy its log afresh, from offset 0, so a backup's log is
             # always a prefix of its primary's (records the old term never acknowledged go);
             # following the same term again (after a reconnection) keeps the copy
-            topic_log.reset()
+            topic_log.reset()  # a new copy token, durably, before the segments go
             self.complete.discard(topic)
             self.committed[topic] = 0
-            self.copies[topic] = uuid.uuid4().hex[:12]
+            self.copies[topic] = topic_log.copy
             self.following[topic] = epoch
         info: dict[str, Any] = {"primary": primary.get("server"), "epoch": epoch, "lag": None}
         self.backups[topic] = info
