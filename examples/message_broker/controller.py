@@ -14,6 +14,15 @@ cannot write.
   already there.  The surviving replica keeps serving meanwhile (its backup took over as
   primary by itself); the new one catches up before it counts as in sync.  This repair is not
   a voluntary move: it happens with ``migration_prohibited`` too.
+* A placed backup that a primary dropped from the in-sync set (it stayed behind for the lag
+  limit, or its link closed: the primary lists it as ``out_of_sync`` in its ``nodes/``
+  record) gets a replacement at once, as a make-before-break move: a third replica on the
+  least-loaded server, and the dropped one leaves the placement once the new one is in sync.
+  So a hung backup of a ``refuse`` topic holds publishing back for about the lag limit plus
+  the new replica's catch-up, not until its session expires.  Not a voluntary move.
+* A server that is stopping gracefully (``state: stopping`` in its record) keeps its
+  replicas until it has left ``nodes/``: it hands its primaries over first, so nothing
+  fails over abruptly; it gets no new replica meanwhile.
 * Voluntary moves (rebalancing onto a server that joined) are made only while
   ``migration_prohibited`` does not exist, one backup at a time per topic, never a primary.
   A move under way when it appears holds where it is (the extra replica stays, the old
@@ -45,6 +54,8 @@ BATCH = 40
 
 def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[str], *,
                    voluntary: bool, isr: dict[str, Isr] | None = None,
+                   out_of_sync: dict[str, set[str]] | None = None,
+                   draining: frozenset[str] = frozenset(),
                    stranded: dict[str, set[str]] | None = None) -> dict[str, list[str]]:
     """The new placement: every topic on ``REPLICAS`` distinct live servers when possible.
 
@@ -55,16 +66,23 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     once ``isr[topic]`` shows the newest replica in sync, never the current primary, and
     only with ``voluntary`` (without it a move holds where it is).
 
+    ``out_of_sync[topic]``: placed backups its primary dropped from the in-sync set; a topic
+    with one gets a third replica (a repair, with or without ``voluntary``).  ``draining``:
+    servers stopping gracefully - they keep their replicas (not counted as load) and get no
+    new one.
+
     ``stranded[topic]``: dead replicas kept in the placement (a topic none of whose in-sync
     replicas is live: only they hold every acknowledged record, so they stay assigned to
     serve it when they return, and the topic makes no move meanwhile).
     """
     isr = isr or {}
+    out_of_sync = out_of_sync or {}
     stranded = stranded or {}
     load = {s: 0 for s in live}
     plan: dict[str, list[str]] = {}
     for topic in topics:
         kept = [s for s in current.get(topic, []) if s in load or s in stranded.get(topic, ())]
+        kept = [s for s in current.get(topic, []) if s in kept or s in draining]
         plan[topic] = kept
         leaving = _leaving(kept, isr.get(topic))
         for s in kept:
@@ -83,6 +101,15 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
             candidates = [s for s in sorted(load, key=lambda s: (load[s], s)) if s not in replicas]
             if not candidates:
                 break
+            replicas.append(candidates[0])
+            load[candidates[0]] += 1
+    for topic in sorted(topics):  # replace a backup its primary dropped (make before break)
+        replicas = plan[topic]
+        if len(replicas) != REPLICAS or not out_of_sync.get(topic, set()) & set(replicas):
+            continue
+        candidates = [s for s in sorted(load, key=lambda s: (load[s], s))
+                      if s not in replicas and s not in draining]
+        if candidates:
             replicas.append(candidates[0])
             load[candidates[0]] += 1
     if voluntary and live:
@@ -126,7 +153,8 @@ class BrokerController(Master):
         placement = await self._read_placement(session, paths)
         changes_send, changes = trio.open_memory_channel[str](100)
         state: dict[str, Any] = {"live": None, "topics": None, "prohibited": None,
-                                 "isr": {}, "watching": set()}
+                                 "isr": {}, "watching": set(), "out_of_sync": {},
+                                 "draining": frozenset()}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_nodes, session, paths, state, changes_send)
             nursery.start_soon(self._watch_topics, session, paths, state, changes_send)
@@ -177,10 +205,19 @@ class BrokerController(Master):
     async def _watch_nodes(self, session: Session, paths: BrokerPaths, state: dict[str, Any],
                            send: trio.MemorySendChannel[str]) -> None:
         async for members in Group(session, paths.nodes).watch():
-            live = sorted(n for n, d in members.items()
-                          if loads(d).get("state", "running") == "running")
-            if live != state["live"]:
-                state["live"] = live
+            records = {n: loads(d) for n, d in members.items()}
+            live = sorted(n for n, r in records.items() if r.get("state", "running") == "running")
+            draining = frozenset(n for n, r in records.items() if r.get("state") == "stopping")
+            out_of_sync: dict[str, set[str]] = {}
+            for record in records.values():
+                for topic, backups in (record.get("out_of_sync") or {}).items():
+                    out_of_sync.setdefault(topic, set()).update(backups)
+            if out_of_sync != state["out_of_sync"]:
+                state["out_of_sync"] = out_of_sync
+                if live == state["live"] and draining == state["draining"]:
+                    await send.send("out_of_sync")  # no safe-mode wait: nobody left
+            if live != state["live"] or draining != state["draining"]:
+                state["live"], state["draining"] = live, draining
                 await send.send("nodes")
 
     async def _watch_topics(self, session: Session, paths: BrokerPaths, state: dict[str, Any],
@@ -201,7 +238,8 @@ class BrokerController(Master):
         """Drive the written placement towards the plan; False after a conflict."""
         topics = sorted(state["topics"])
         plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"],
-                              isr=state["isr"],
+                              isr=state["isr"], out_of_sync=state["out_of_sync"],
+                              draining=state["draining"],
                               stranded=await _stranded(ctx.session, paths, placement,
                                                        state["live"]))
         changed = [t for t in topics if plan[t] != placement.get(t)]

@@ -22,6 +22,18 @@ Guarantees:
 * A term starts with ``hw`` at the offset known to be on every in-sync replica (``committed``:
   the previous term's ``hw`` as this server last learnt it), not at the end of its own log:
   records beyond it become visible only once a backup of this term holds them.
+* **Lag limit** (Kafka's ``replica.lag.time.max.ms``): a counted backup that has not fetched
+  up to the log end it was shown at its previous fetch (nor to the current end) for
+  ``lag_limit`` seconds is removed from the in-sync set - in ZooKeeper first, as for a closed
+  link - so ``hw`` moves with the others; a hung backup (SIGSTOP, a stuck disk, a half-open
+  link) holds acknowledgements back for at most ``lag_limit``.  A backup that is no longer in
+  the topic's ``placement`` is removed too, and its fetches are refused (``not_placed``).
+  Dropped backups that are still placed are listed in :attr:`PrimaryTopic.dropped` (the
+  server shows them in its status; the controller places a replacement).
+* Before acknowledging, the primary checks that its ZooKeeper session is still trusted
+  (``Session.ensure_trusted``, synchronous): a process paused past its trust deadline ends
+  the term instead of acknowledging (the pause-safe check; the term's scope is cancelled at
+  that deadline too, but trio may not have run that task yet).
 * ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached ``hw``
   *and* the log end this term started with (``start_end``): records of an earlier term that
   were acknowledged beyond the ``hw`` this server learnt are all below ``start_end``, so a
@@ -32,16 +44,17 @@ Guarantees:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
 import trio
 
-from examples.message_broker.layout import Isr
+from examples.message_broker.layout import Isr, loads
 from examples.message_broker.log import Record, TopicLog
 from framework import errors
 from framework.logs import get_logger
-from framework.zk import Session
+from framework.zk import Session, watch_data
 
 log = get_logger("examples.message_broker.primary")
 
@@ -85,6 +98,18 @@ class PrimaryTopic:
     deposed: trio.Event = attrs.field(factory=trio.Event)
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _isr_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: seconds a counted backup may stay behind (module doc); ``None``: no limit
+    lag_limit: float | None = None
+    #: the ZooKeeper session id this term's primary znode belongs to (checked before an ack)
+    owner_session: int | None = None
+    #: the topic's placed replicas, once read (``None`` before: nobody refused for it)
+    placement: frozenset[str] | None = None
+    #: backup -> trio time it was last caught up; backup -> (log end, time) at its last fetch
+    caught_up: dict[str, float] = attrs.field(factory=dict)
+    last_fetch: dict[str, tuple[int, float]] = attrs.field(factory=dict)
+    #: placed backups dropped from the in-sync set, with the reason (``lag``, ``link``)
+    dropped: dict[str, str] = attrs.field(factory=dict)
+    _appended: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
         # only what the previous term acknowledged is known to be on every in-sync replica;
@@ -108,6 +133,19 @@ class PrimaryTopic:
     def _check_open(self) -> None:
         if self.closed:
             raise RequestError("not_primary", f"this server is no longer primary for {self.name}")
+
+    def _ensure_owner(self) -> None:
+        """Right before an acknowledgement: the term is open and the session that owns the
+        primary znode is still trusted (synchronous, pause-safe); otherwise end the term."""
+        self._check_open()
+        try:
+            self.session.ensure_trusted(self.owner_session)
+        except errors.SessionInterrupted as exc:
+            log.warning("broker.primary_untrusted", topic=self.name, epoch=self.epoch,
+                        reason=exc.reason)
+            self.close()
+            raise RequestError("not_primary", "this server's session is no longer trusted") \
+                from None
 
     def _advance(self) -> None:
         """Move ``hw`` to what every counted backup holds (never while the in-sync set is
@@ -176,12 +214,15 @@ class PrimaryTopic:
                 self.log.append(self.log.new_records(producer, seq, payloads))
                 self.hw = max(self.hw, self.log.end)
                 self._wake()
+                self._ensure_owner()
                 return self.hw
             self.log.append(self.log.new_records(producer, seq, payloads))
             target = self.log.end
+            self._appended.set()
         while True:
             self._check_open()
             if self.hw >= target:
+                self._ensure_owner()
                 return target
             await self._changed.wait()
 
@@ -204,6 +245,10 @@ class PrimaryTopic:
             raise RequestError("stale_epoch", f"epoch {epoch} is not {self.epoch}")
         if offset > self.log.end:
             raise RequestError("bad_request", f"offset {offset} beyond log end {self.log.end}")
+        if self.placement is not None and follower not in self.placement:
+            if follower in self.synced:
+                await self._drop(follower, "unplaced")
+            raise RequestError("not_placed", f"{follower} is not placed for {self.name}")
         if (follower, copy) in self.retired:
             raise RequestError("stale_copy", f"copy {copy!r} of {follower} was superseded")
         current = self.copies.get(follower)
@@ -217,6 +262,7 @@ class PrimaryTopic:
                 log.warning("broker.backup_new_copy", topic=self.name, backup=follower,
                             offset=offset)
                 await self._drop(follower)
+        self._note_fetch(follower, offset)
         admit = max(self.hw, self.start_end)
         if (follower not in self.synced and offset >= admit) or self.isr_dirty:
             async with self._isr_lock:
@@ -224,6 +270,8 @@ class PrimaryTopic:
                         self.followers.get(follower, -1) >= max(self.hw, self.start_end):
                     await self._set_isr((self.server, *sorted(self.synced | {follower})))
                     self.synced.add(follower)
+                    self.caught_up[follower] = trio.current_time()
+                    self.dropped.pop(follower, None)
                     log.info("broker.backup_in_sync", topic=self.name, backup=follower,
                              offset=offset)
                 elif self.isr_dirty:
@@ -247,10 +295,83 @@ class PrimaryTopic:
         self.copies.pop(follower, None)
         await self._drop(follower)
 
-    async def _drop(self, follower: str) -> None:
+    def _note_fetch(self, follower: str, offset: int) -> None:
+        """Kafka's rule: a fetch at the current log end, or at the end this backup was shown
+        at its previous fetch, proves it was caught up (now, or at that previous fetch)."""
+        now = trio.current_time()
+        previous = self.last_fetch.get(follower)
+        if offset >= self.log.end:
+            self.caught_up[follower] = now
+        elif previous is not None and offset >= previous[0]:
+            self.caught_up[follower] = max(self.caught_up.get(follower, previous[1]),
+                                           previous[1])
+        self.last_fetch[follower] = (self.log.end, now)
+
+    async def watch_lag(self) -> None:
+        """Run for the term: drop a counted backup that stayed behind the log end for longer
+        than ``lag_limit`` (module doc).  Sleeps until the earliest such deadline (waking at
+        least every quarter of the limit meanwhile), or until the next append while every
+        counted backup holds the whole log (no polling).
+
+        Time this process did not run (a pause of the primary itself: SIGSTOP, a VM stall,
+        CPU starvation) is not counted against the backups: a wake-up later than planned by
+        more than a quarter of the limit moves every catch-up time forward by the delay, and
+        a backup that held the whole log when the watchdog went idle counts as caught up
+        until the append that woke it."""
+        if self.lag_limit is None:
+            return
+        tick = self.lag_limit / 4
+        while not self.closed:
+            self._appended = trio.Event()
+            now = trio.current_time()
+            deadline = math.inf
+            for backup in sorted(self.synced):
+                if self.followers.get(backup, 0) >= self.log.end:
+                    continue  # holds everything: not behind
+                since = self.caught_up.get(backup, now)
+                if since + self.lag_limit <= now:
+                    log.warning("broker.backup_lagging", topic=self.name, backup=backup,
+                                behind=self.log.end - self.followers.get(backup, 0),
+                                seconds=round(now - since, 3), lag_limit=self.lag_limit)
+                    await self._drop(backup, "lag")
+                else:
+                    deadline = min(deadline, since + self.lag_limit)
+            if math.isinf(deadline):
+                end = self.log.end
+                await self._appended.wait()
+                now = trio.current_time()
+                for backup in self.synced:
+                    if self.followers.get(backup, 0) >= end:
+                        self.caught_up[backup] = max(self.caught_up.get(backup, now), now)
+            else:
+                wake = min(deadline, now + tick)
+                await trio.sleep_until(wake)
+                late = trio.current_time() - wake
+                if late > tick:  # this process did not run: not the backups' lag
+                    log.info("broker.lag_clock_credit", topic=self.name,
+                             seconds=round(late, 3))
+                    for backup in self.caught_up:
+                        self.caught_up[backup] += late
+
+    async def follow_placement(self, path: str) -> None:
+        """Run for the term: keep :attr:`placement` from the topic's ``placement`` znode (a
+        data watch; a connection-state event re-reads and changes nothing) and drop counted
+        backups that are no longer placed."""
+        async for snap in watch_data(self.session, path):
+            replicas = frozenset(loads(snap.data).get("replicas", [])) if snap.exists \
+                else frozenset()
+            self.placement = replicas
+            for backup in sorted(self.synced - replicas):
+                await self._drop(backup, "unplaced")
+            for backup in set(self.dropped) - replicas:
+                self.dropped.pop(backup, None)
+
+    async def _drop(self, follower: str, reason: str = "link") -> None:
         if follower not in self.synced or self.closed:
             return
-        log.warning("broker.backup_lost", topic=self.name, backup=follower)
+        log.warning("broker.backup_lost", topic=self.name, backup=follower, reason=reason)
+        if reason != "unplaced":
+            self.dropped[follower] = reason
         async with self._isr_lock:
             self.synced.discard(follower)
             self.isr_dirty = True

@@ -30,11 +30,19 @@ Requests carry ``op`` and a client-chosen ``id`` echoed in the reply:
 * ``subscribe`` {topic, offset} -> a stream of {op: "msgs", start, records} frames with the
   records from ``offset`` up to the high watermark, until an ``error`` frame or the close.
 
+Deadlines: every link has TCP keepalive (:func:`keep_alive`: a peer whose machine or network
+went away is noticed in about :data:`KEEPALIVE_IDLE` + 3 x :data:`KEEPALIVE_INTERVAL` seconds
+even on an idle link), a frame that has begun must be complete within :data:`FRAME_DEADLINE`
+(else :class:`LinkTimeout`), and a reader may bound the silence before the next frame
+(``read(idle=...)``: the replication links use the lag limit on both ends).  A fetch from a
+server that is not in the topic's placement is refused with ``not_placed``.
+
 A record is ``[producer, seq, payload]``.  Error replies are {id, error: code, message}.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
 from typing import Any
@@ -48,6 +56,16 @@ VERSION = 1
 #: Largest frame body accepted (bytes).  A produce batch must fit in one frame.
 MAX_FRAME = 4 * 1024 * 1024
 
+#: Seconds within which a frame that has begun to arrive must be complete.
+FRAME_DEADLINE = 10.0
+
+#: After a read deadline passes, how long a reader still looks for a frame already sent.
+SECOND_LOOK = 0.05
+
+#: TCP keepalive: first probe after this many idle seconds, then one per interval, 3 probes.
+KEEPALIVE_IDLE = 2
+KEEPALIVE_INTERVAL = 1
+
 #: Largest single message payload a server accepts (bytes).
 MAX_MESSAGE = 1024 * 1024
 
@@ -56,7 +74,7 @@ _HEADER = struct.Struct(">BI")
 #: Error codes a server may answer with.
 ERROR_CODES = frozenset({
     "bad_version", "bad_frame", "too_large", "unknown_topic", "not_primary", "stale_epoch",
-    "stale_copy", "no_in_sync_backup", "bad_request", "shutting_down",
+    "stale_copy", "no_in_sync_backup", "bad_request", "shutting_down", "not_placed",
 })
 
 
@@ -70,6 +88,21 @@ class ProtocolError(Exception):
 
 class PeerClosed(Exception):
     """The peer closed the connection (possibly in the middle of a frame)."""
+
+
+class LinkTimeout(PeerClosed):
+    """The peer stayed silent past a read deadline (the link counts as gone: close it)."""
+
+
+def keep_alive(stream: trio.SocketStream) -> None:
+    """Turn on TCP keepalive (see the module doc) and disable Nagle on ``stream``."""
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                        ("TCP_KEEPCNT", 3)):
+        option = getattr(socket, name, None)
+        if option is not None:  # Linux; other systems keep their defaults
+            stream.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def encode(body: dict[str, Any]) -> bytes:
@@ -101,9 +134,26 @@ class FrameReader:
                 raise PeerClosed("connection closed")
             self._buffer += chunk
 
-    async def read(self) -> dict[str, Any]:
+    async def read(self, idle: float | None = None) -> dict[str, Any]:
         """The next frame's body; :class:`ProtocolError` for a bad or truncated frame,
-        :class:`PeerClosed` at the end of the stream between frames."""
+        :class:`PeerClosed` at the end of the stream between frames, :class:`LinkTimeout`
+        when no frame begins within ``idle`` seconds (``None``: wait for ever) or a begun
+        frame is not complete within :data:`FRAME_DEADLINE`."""
+        if not self._buffer:
+            with trio.move_on_after(math.inf if idle is None else idle):
+                await self._fill(1)
+            if not self._buffer:
+                # a second look: after a pause of this process the peer's frame may be
+                # waiting in the kernel although our deadline passed meanwhile
+                with trio.move_on_after(SECOND_LOOK):
+                    await self._fill(1)
+            if not self._buffer:
+                raise LinkTimeout(f"no frame from the peer for {idle:g} s")
+        with trio.move_on_after(FRAME_DEADLINE):
+            return await self._read_frame()
+        raise LinkTimeout(f"a frame was not completed within {FRAME_DEADLINE:g} s")
+
+    async def _read_frame(self) -> dict[str, Any]:
         await self._fill(_HEADER.size)
         version, length = _HEADER.unpack_from(self._buffer)
         if version != VERSION:
@@ -138,8 +188,8 @@ class Connection:
         async with self._send_lock:
             await self.stream.send_all(frame)
 
-    async def read(self) -> dict[str, Any]:
-        return await self.reader.read()
+    async def read(self, idle: float | None = None) -> dict[str, Any]:
+        return await self.reader.read(idle)
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -150,5 +200,5 @@ async def connect(address: str) -> Connection:
     """Open a connection to ``host:port``."""
     host, _, port = address.rpartition(":")
     stream = await trio.open_tcp_stream(host, int(port))
-    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    keep_alive(stream)
     return Connection(stream)

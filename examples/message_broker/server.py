@@ -73,7 +73,8 @@ class BrokerServer(Worker):
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "", data_dir: str | os.PathLike[str] | None = None,
-                 port: int | None = None, fsync: str | None = None) -> None:
+                 port: int | None = None, fsync: str | None = None,
+                 lag_limit: float | None = None) -> None:
         super().__init__(app, name=name, address=address)
         #: the address published to clients and backups (default: where we listen)
         self.advertise = address or os.environ.get("BROKER_ADVERTISE", "")
@@ -85,6 +86,13 @@ class BrokerServer(Worker):
         self.data_dir = root / self.name
         self.port = int(port if port is not None else os.environ.get("BROKER_PORT", "0"))
         self.fsync = fsync or os.environ.get("BROKER_FSYNC", "never")
+        #: seconds a counted backup may stay behind before its primary drops it from the
+        #: in-sync set (``$BROKER_LAG_LIMIT``; default: 2/3 of the negotiated session
+        #: timeout, ZooKeeper's own read timeout); also the read deadline of every
+        #: replication link, on both ends
+        lag_env = os.environ.get("BROKER_LAG_LIMIT")
+        self.lag_limit: float | None = lag_limit if lag_limit is not None else (
+            float(lag_env) if lag_env else None)
         self.primaries: dict[str, PrimaryTopic] = {}
         #: topics whose local log holds every acknowledged record (we were primary, or the
         #: primary counted our copy in sync) - in this process; a log recovered from disk
@@ -136,12 +144,18 @@ class BrokerServer(Worker):
             "primaries": sorted(self.primaries),
             "backups": sorted(self.backups),
             "lag": {t: s.lag() for t, s in self.primaries.items()},
+            # placed backups our primaries dropped from the in-sync set (lag or link): the
+            # controller places a replacement for them
+            "out_of_sync": {t: sorted(s.dropped) for t, s in sorted(self.primaries.items())
+                            if s.dropped},
             "stranded": dict(sorted(self.stranded.items())),
         }
 
     async def run(self, session: Session) -> None:
         """Serve until stopped (see the module doc)."""
         self.session = session
+        if self.lag_limit is None:
+            self.lag_limit = session.read_timeout
         for path in (self.paths.nodes, self.paths.topics, self.paths.assign_dir(self.name)):
             await session.ensure_path(path)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -344,6 +358,8 @@ class BrokerServer(Worker):
                              self.paths.isr(topic), isr, isr_stat.version,
                              committed=committed)
         state.handing_over = self.stopping
+        state.lag_limit = self.lag_limit
+        state.owner_session = session.session_id
         self.primaries[topic] = state
         self.complete.add(topic)
         self.following.pop(topic, None)  # our log now grows as primary: no copy of anyone's
@@ -360,6 +376,8 @@ class BrokerServer(Worker):
                                        nursery.cancel_scope)
                     nursery.start_soon(_cancel_after, state.deposed.wait(),
                                        nursery.cancel_scope)
+                    nursery.start_soon(state.watch_lag)
+                    nursery.start_soon(state.follow_placement, self.paths.placement(topic))
         except errors.SessionInterrupted as exc:
             interrupted = exc.reason
         else:
@@ -426,8 +444,8 @@ class BrokerServer(Worker):
                 await conn.send({"op": "fetch", "id": 0, "topic": topic, "epoch": epoch,
                                  "offset": topic_log.end, "server": self.name,
                                  "copy": self.copies[topic]})
-                with trio.fail_after(FETCH_WAIT + 5):
-                    reply = await conn.read()
+                # the primary answers within FETCH_WAIT unless it hangs (LinkTimeout)
+                reply = await conn.read(idle=FETCH_WAIT + (self.lag_limit or 5.0))
                 if "error" in reply:
                     raise RequestError(reply["error"], reply.get("message", ""))
                 if reply.get("epoch") != epoch or reply.get("start") != topic_log.end:
@@ -444,13 +462,22 @@ class BrokerServer(Worker):
     # ------------------------------------------------------------ connections
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        protocol.keep_alive(stream)
         conn = protocol.Connection(stream)
         followers: set[tuple[str, str, str]] = set()
         try:
             async with trio.open_nursery() as nursery:
                 while True:
                     try:
-                        request = await conn.read()
+                        # a replication link brings its next fetch at once (the backup
+                        # pulls in a loop): silence for longer than the lag limit is a
+                        # hung or half-open backup; other links may idle (keepalive)
+                        request = await conn.read(
+                            idle=self.lag_limit if followers else None)
+                    except protocol.LinkTimeout as exc:
+                        log.warning("broker.link_timeout", error=str(exc),
+                                    followers=sorted(f[1] for f in followers))
+                        break
                     except protocol.ProtocolError as exc:
                         log.info("broker.bad_frame", code=exc.code, error=str(exc))
                         with contextlib.suppress(trio.BrokenResourceError, OSError):
