@@ -19,10 +19,24 @@ acknowledged message; ``ack(msg)`` is cumulative per topic; positions are commit
 ZooKeeper every ``commit_interval`` seconds (and on exit) - one multi per subscriber per
 interval, never a write per message.  After a crash the subscriber resumes from its last
 committed position (so messages after it are delivered again: dedupe by :attr:`Message.id`).
+
+Exclusive: one live instance per subscriber name.  An instance holds the lock
+``subscriber_locks/<name>`` (the framework's :class:`~framework.primitives.Lock`) for its
+whole life; a second instance waits for it (``exclusive="wait"``, the default) or is refused
+at once with :class:`SubscriberBusyError` (``exclusive="refuse"``).  Positions are read only
+once the lock is held, and every commit is a multi whose first op checks the holder's lock
+node: an instance whose session expired (a paused process, a partition) can never move a
+position, even if its commit is sent after it resumes.  A holder that loses the lock is
+cancelled (:class:`framework.errors.LockLost` leaves the ``async with``), and a message is
+handed to the application only while the session is trusted (``Session.ensure_trusted``:
+a paused instance that resumes past its trust deadline gets
+:class:`framework.errors.SessionInterrupted` instead of its next message).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,9 +49,11 @@ from examples.message_broker.layout import BrokerPaths, check_topic, dumps, load
 from examples.message_broker.watching import wait_watch
 from framework import errors
 from framework.logs import get_logger
+from framework.primitives import Lock, LockHolding
 from framework.zk import Session
 
-__all__ = ["BrokerError", "Message", "Producer", "Subscriber", "UnknownTopicError"]
+__all__ = ["BrokerError", "Message", "Producer", "Subscriber", "SubscriberBusyError",
+           "UnknownTopicError"]
 
 log = get_logger("examples.message_broker.client")
 
@@ -54,6 +70,10 @@ class UnknownTopicError(BrokerError):
     def __init__(self, topic: str) -> None:
         super().__init__("unknown_topic", f"unknown topic {topic!r} (create it with "
                                           "`python -m examples.message_broker.ctl create`)")
+
+
+class SubscriberBusyError(errors.FrameworkError):
+    """Another instance of this subscriber name is live (``exclusive="refuse"``)."""
 
 
 #: Pause before asking again after a refusal that the znode does not explain (seconds).
@@ -238,24 +258,31 @@ class Producer:
 
     async def send(self, topic: str, payload: bytes) -> None:
         """Publish one message; returns once it is acknowledged (see the module doc)."""
+        await self.send_many(topic, [payload])
+
+    async def send_many(self, topic: str, payloads: list[bytes]) -> None:
+        """Publish ``payloads`` in this order (batched as one ``send`` each would be);
+        returns once all are acknowledged, or raises the first permanent error."""
         check_topic(topic)
-        if not isinstance(payload, bytes):
-            raise errors.ConfigurationError("a message payload must be bytes")
-        if len(payload) > protocol.MAX_MESSAGE:
-            raise BrokerError("too_large", f"message of {len(payload)} bytes exceeds the "
-                                           f"maximum of {protocol.MAX_MESSAGE}")
+        for payload in payloads:
+            if not isinstance(payload, bytes):
+                raise errors.ConfigurationError("a message payload must be bytes")
+            if len(payload) > protocol.MAX_MESSAGE:
+                raise BrokerError("too_large", f"message of {len(payload)} bytes exceeds the "
+                                               f"maximum of {protocol.MAX_MESSAGE}")
         if self._nursery is None:
             raise errors.ConfigurationError("use the Producer inside `async with`")
-        item = _Pending(payload)
+        items = [_Pending(payload) for payload in payloads]
         if topic not in self._queues:
             self._queues[topic] = []
             self._wakeups[topic] = trio.Event()
             self._nursery.start_soon(self._sender, topic)
-        self._queues[topic].append(item)
+        self._queues[topic].extend(items)
         self._wakeups[topic].set()
-        await item.done.wait()
-        if item.error is not None:
-            raise item.error
+        for item in items:
+            await item.done.wait()
+            if item.error is not None:
+                raise item.error
 
     async def _link(self, address: str) -> _Link:
         link = self._links.get(address)
@@ -333,28 +360,100 @@ class Producer:
 
 
 class Subscriber:
-    """A durable subscriber to ``topics`` (see the module doc).  Use ``async with`` and
-    iterate; call :meth:`ack` for each processed message."""
+    """A durable, exclusive subscriber to ``topics`` (see the module doc).  Use ``async with``
+    and iterate; call :meth:`ack` for each processed message.
 
-    def __init__(self, session: Session, name: str, topics: list[str], *,
-                 commit_interval: float = 1.0, paths: BrokerPaths | None = None) -> None:
+    ``exclusive``: ``"wait"`` for a live instance of the same name to go, or ``"refuse"``
+    (raise :class:`SubscriberBusyError` from ``async with``).  ``start``: per topic, an offset
+    to read from instead of the committed position (the position moves on from there).
+
+    ``name=None``: an anonymous reader - no lock, no position read or committed, reading from
+    ``start`` (default 0).  :meth:`head` tells where a topic's high watermark was when this
+    subscriber first subscribed to it (a reader that does not follow stops there)."""
+
+    def __init__(self, session: Session, name: str | None, topics: list[str], *,
+                 commit_interval: float = 1.0, paths: BrokerPaths | None = None,
+                 exclusive: str = "wait", start: dict[str, int] | None = None) -> None:
         from framework.zk import validate_name
 
+        if exclusive not in ("wait", "refuse"):
+            raise errors.ConfigurationError(
+                f"exclusive must be 'wait' or 'refuse', got {exclusive!r}")
         self.session = session
-        self.name = validate_name("subscriber name", name)
+        self.name = None if name is None else validate_name("subscriber name", name)
         self.topics = [check_topic(t) for t in topics]
         self.paths = paths or BrokerPaths()
         self.router = Router(session, self.paths)
         self.commit_interval = commit_interval
+        self.exclusive = exclusive
+        self.start = dict(start or {})
         self.acked: dict[str, int] = {}
         self.committed: dict[str, int] = {}
         self.resubscribes = 0
+        self.holding: LockHolding | None = None
+        self.heads: dict[str, int] = {}
+        self._heads_changed = trio.Event()
         self._send, self._receive = trio.open_memory_channel[Message](1000)
+
+    def _set_head(self, topic: str, hw: int) -> None:
+        if topic not in self.heads:
+            self.heads[topic] = hw
+            self._heads_changed.set()
+            self._heads_changed = trio.Event()
+
+    async def head(self, topic: str) -> int:
+        """The topic's high watermark when this subscriber first subscribed to it (waits for
+        that first subscription)."""
+        while topic not in self.heads:
+            await self._heads_changed.wait()
+        return self.heads[topic]
+
+    async def _lock(self) -> Any:
+        """Acquire this name's lock (module doc); returns the entered context manager."""
+        if self.name is None:
+            return _NoLock()
+        path = self.paths.subscriber_lock(self.name)
+        identity = dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        if self.exclusive == "refuse":
+            holder = await self._holder(path)
+            if holder is not None:
+                raise SubscriberBusyError(f"subscriber {self.name!r} is already live ({holder})")
+        manager = Lock(self.session, path, identity).acquire()
+        self.holding = await manager.__aenter__()
+        log.info("subscriber.exclusive", subscriber=self.name, token=self.holding.token)
+        return manager
+
+    async def _holder(self, path: str) -> str | None:
+        """Who holds or waits for the lock at ``path`` (``None``: nobody)."""
+        try:
+            names = sorted(n for n in await self.session.children(path) if "lock-" in n)
+        except errors.NoNodeError:
+            return None
+        for name in names:
+            try:
+                doc = loads((await self.session.get(f"{path}/{name}"))[0])
+            except errors.NoNodeError:
+                continue
+            return f"pid {doc.get('pid', '?')} on {doc.get('host', '?')}"
+        return None
 
     async def __aenter__(self) -> Subscriber:
         for topic in self.topics:
             if await self.session.exists(self.paths.topic(topic)) is None:
                 raise UnknownTopicError(topic)
+        self._lock_cm = await self._lock()
+        try:
+            await self._start()
+        except BaseException as exc:
+            await self._lock_cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def _start(self) -> None:
+        for topic in self.topics:
+            if self.name is None:
+                self.committed[topic] = self.acked[topic] = self.start.get(topic, 0)
+                continue
             path = self.paths.subscriber(topic, self.name)
             try:
                 data, _ = await self.session.get(path)
@@ -362,23 +461,40 @@ class Subscriber:
             except errors.NoNodeError:
                 await self.session.create(path, dumps({"offset": 0}), makepath=True)
                 self.committed[topic] = 0
+            if topic in self.start:  # read from there; acks move the position on
+                self.committed[topic] = self.start[topic]
             self.acked[topic] = self.committed[topic]
         self._cm = trio.open_nursery()
         self._nursery = await self._cm.__aenter__()
         for topic in self.topics:
-            self._nursery.start_soon(self._follow, topic)
+            self._nursery.start_soon(self._follow, topic, self.committed[topic])
         self._nursery.start_soon(self._committer)
-        return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         self._nursery.cancel_scope.cancel()
-        result = await self._cm.__aexit__(*exc)
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await self.commit()
-        return result
+        try:
+            result = await self._cm.__aexit__(*exc)
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.commit()
+        except BaseException as inner:
+            await self._lock_cm.__aexit__(type(inner), inner, inner.__traceback__)
+            raise
+        if result:
+            exc = (None, None, None)
+        return bool(await self._lock_cm.__aexit__(*exc)) or bool(result)
 
     def __aiter__(self) -> AsyncIterator[Message]:
-        return self._receive.__aiter__()
+        return self
+
+    async def __anext__(self) -> Message:
+        """The next message, handed out only while the session is trusted (module doc)."""
+        try:
+            message = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if self.holding is not None:
+            self.session.ensure_trusted(self.holding.session_id)
+        return message
 
     def ack(self, message: Message) -> None:
         """Acknowledge ``message`` and everything before it in its topic."""
@@ -389,9 +505,9 @@ class Subscriber:
         """Write the acknowledged positions that moved, all topics in one multi (one
         ZooKeeper write per subscriber per ``commit_interval``, however many messages)."""
         moved = {t: o for t, o in list(self.acked.items()) if o > self.committed.get(t, 0)}
-        if not moved:
+        if not moved or self.name is None or self.holding is None:
             return
-        txn = self.session.transaction()
+        txn = self.holding.fence(self.session.transaction())  # only while we hold the name
         for topic, offset in moved.items():
             txn.set(self.paths.subscriber(topic, self.name), dumps({"offset": offset}))
         try:
@@ -407,8 +523,7 @@ class Subscriber:
             await trio.sleep(self.commit_interval)
             await self.commit()
 
-    async def _follow(self, topic: str) -> None:
-        offset = self.committed[topic]
+    async def _follow(self, topic: str, offset: int) -> None:
         while True:
             address, epoch = await self.router.primary(topic)
             link_failed = True
@@ -431,6 +546,8 @@ class Subscriber:
                                 raise BrokerError(code, frame.get("message", ""))
                             link_failed = False
                             break
+                        if frame.get("ok") and isinstance(frame.get("hw"), int):
+                            self._set_head(topic, frame["hw"])
                         if frame.get("op") != "msgs" or frame.get("start") != offset:
                             continue
                         for producer, seq, payload in frame["records"]:
@@ -450,3 +567,10 @@ class Subscriber:
             else:  # refused (not_primary): look the primary up again after a back-off
                 self.router.forget(topic)
                 await trio.sleep(RETRY_BACKOFF)
+
+
+class _NoLock:
+    """The lock of an anonymous reader: nothing to hold."""
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return False

@@ -1,13 +1,30 @@
-"""``python -m examples.message_broker.ctl``: create/list/describe topics, central control
-(``migration_prohibited``, ``shutdown``) and ``status`` (``--json``).
+"""``python -m examples.message_broker.ctl``: create/list/describe topics, publish and read
+messages (``produce``, ``consume``), central control (``migration_prohibited``, ``shutdown``),
+``status`` (``--json``) and the operator's unclean takeover (``force-leader``).
 
 Every user mistake ends in one line on stderr and exit status 2 (never a traceback).
+
+* ``produce TOPIC [MESSAGE | -]``: one message, or one per line of stdin (``-`` or no
+  message); returns once all are acknowledged, in order.
+* ``consume TOPIC [--from OFFSET] [--follow] [--name SUBSCRIBER [--no-wait]]``: print each
+  message on its own line (``--offsets``: ``OFFSET<TAB>MESSAGE``); without ``--follow`` it
+  stops at the high watermark it found when it started.  Without ``--name`` it reads from
+  ``--from`` (default 0) and commits nothing; with ``--name`` it is that durable, exclusive
+  subscriber (from its committed position unless ``--from``; it waits for a live instance of
+  the name to go, or with ``--no-wait`` refuses at once).
+* ``list``: one row per topic (mode, primary, replicas, in-sync set, subscribers); ``--json``.
+* ``force-leader TOPIC SERVER --may-lose N``: let ``SERVER``, outside the in-sync set, take
+  over a topic that has no primary and whose in-sync replicas are all gone.  It says how many
+  acknowledged messages are lost at least (the high watermark last recorded in ZooKeeper
+  minus the records ``SERVER`` holds) and refuses if that exceeds ``N``; anything
+  acknowledged after that record was written is lost too and cannot be counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -15,6 +32,7 @@ from typing import Any
 
 import trio
 
+from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.layout import (
     BrokerPaths,
     Isr,
@@ -28,7 +46,9 @@ from framework.cli import (
     ONE_SHOT_DEADLINE,
     add_deadline_argument,
     one_shot,
+    preflight,
     run_command,
+    split_chroot,
     zk_hosts_from,
 )
 from framework.logs import configure_logging
@@ -163,19 +183,152 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_topics(status: dict[str, Any]) -> str:
+    """``ctl list``: one row per topic."""
+    topics = status["topics"]
+    if not topics:
+        return "no topics (create some with `ctl create`)"
+    rows = [("TOPIC", "MODE", "PRIMARY", "EPOCH", "REPLICAS", "IN-SYNC", "SUBSCRIBERS")]
+    for name, info in topics.items():
+        primary = info.get("primary") or {}
+        subs = " ".join(f"{k}@{v}" for k, v in sorted(info["subscribers"].items()))
+        rows.append((name, info["mode"], primary.get("server", "NONE"),
+                     str(primary.get("epoch", "-")),
+                     ",".join((info.get("placement") or {}).get("replicas", [])) or "-",
+                     ",".join((info.get("isr") or {}).get("in_sync", [])) or "-",
+                     subs or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip()
+             for row in rows]
+    return "\n".join(lines)
+
+
+async def produce(session: Session, topic: str, payloads: list[bytes],
+                  paths: BrokerPaths | None = None) -> int:
+    """Publish ``payloads`` to ``topic`` in order; returns once all are acknowledged."""
+    check_topic(topic)
+    async with Producer(session, producer_id="ctl", paths=paths) as producer:
+        await producer.send_many(topic, payloads)
+    return len(payloads)
+
+
+async def consume(session: Session, topic: str, out: Any, *, start: int | None = None,
+                  follow: bool = False, name: str | None = None, wait: bool = True,
+                  offsets: bool = False, commit_interval: float = 1.0,
+                  paths: BrokerPaths | None = None) -> int:
+    """Write ``topic``'s messages to ``out``, one line each (module doc); returns how many."""
+    check_topic(topic)
+    if start is not None and start < 0:
+        raise errors.ConfigurationError(f"--from must be an offset >= 0, got {start}")
+    try:
+        return await _consume(session, topic, out, start=start, follow=follow, name=name,
+                              wait=wait, offsets=offsets, commit_interval=commit_interval,
+                              paths=paths)
+    except (errors.OwnershipLost, errors.SessionInterrupted) as exc:
+        raise errors.FrameworkError(
+            f"subscriber {name!r} is no longer the live instance ({exc}): after a pause or a "
+            "partition another instance may hold the name; nothing more was printed or "
+            "committed") from None
+
+
+async def _consume(session: Session, topic: str, out: Any, *, start: int | None,
+                   follow: bool, name: str | None, wait: bool, offsets: bool,
+                   commit_interval: float, paths: BrokerPaths | None) -> int:
+    count = 0
+    async with Subscriber(session, name, [topic], paths=paths,
+                          exclusive="wait" if wait else "refuse",
+                          commit_interval=commit_interval,
+                          start={topic: start} if start is not None else None) as sub:
+        stop = math.inf
+        if not follow:
+            stop = await sub.head(topic)
+            if sub.committed[topic] >= stop:
+                return 0
+        async for message in sub:
+            text = message.payload.decode("utf-8", errors="backslashreplace")
+            out.write(f"{message.offset}\t{text}\n" if offsets else f"{text}\n")
+            out.flush()
+            sub.ack(message)
+            count += 1
+            if message.offset + 1 >= stop:
+                break
+    return count
+
+
+async def force_leader(session: Session, topic: str, server: str, may_lose: int,
+                       paths: BrokerPaths | None = None) -> str:
+    """Let ``server`` take ``topic`` over although it is outside the in-sync set (module
+    doc); a conditional write of ``isr``, so it fails if anything changed meanwhile."""
+    from framework.zk import validate_name
+
+    paths = paths or BrokerPaths()
+    check_topic(topic)
+    validate_name("server name", server)
+    if may_lose < 0:
+        raise errors.ConfigurationError("--may-lose must be >= 0")
+    info = await topic_info(session, topic, paths)
+    if info["primary"] is not None:
+        raise errors.ConfigurationError(
+            f"topic {topic} has a primary ({info['primary'].get('server')}): nothing to force")
+    try:
+        raw, stat = await session.get(paths.isr(topic))
+    except errors.NoNodeError:
+        raise errors.ConfigurationError(f"topic {topic} was never placed") from None
+    isr = Isr.decode(raw)
+    live = await session.children(paths.nodes)
+    alive = [s for s in isr.in_sync if s in live]
+    if alive:
+        raise errors.ConfigurationError(
+            f"in-sync replica(s) {', '.join(alive)} of {topic} are live: they take over "
+            "by themselves, without loss")
+    try:
+        record = loads((await session.get(f"{paths.nodes}/{server}"))[0])
+    except errors.NoNodeError:
+        raise errors.ConfigurationError(f"server {server} is not live") from None
+    held = (record.get("stranded") or {}).get(topic)
+    if not isinstance(held, int):
+        raise errors.ConfigurationError(
+            f"server {server} holds no copy of {topic} waiting for a primary (is it placed "
+            "there? `ctl describe` shows the replicas)")
+    lost = max(0, isr.hw - held)
+    if lost > may_lose:
+        raise errors.ConfigurationError(
+            f"{server} holds {held} records of {topic}; the last recorded high watermark is "
+            f"{isr.hw}: at least {lost} acknowledged messages would be lost (> --may-lose "
+            f"{may_lose})")
+    forced = Isr((server,), isr.leader, isr.term + 1, {}, hw=isr.hw, forced=server)
+    try:
+        await session.set(paths.isr(topic), forced.encode(), version=stat.version)
+    except errors.BadVersionError:
+        raise errors.ConfigurationError(
+            f"the in-sync set of {topic} changed meanwhile: look again") from None
+    return (f"{server} takes over {topic} with {held} records: at least {lost} acknowledged "
+            f"messages lost (last recorded high watermark {isr.hw}), and any acknowledged "
+            "after that record was written")
+
+
 # ---------------------------------------------------------------- command line
+
+
+def _read_messages(args: argparse.Namespace) -> list[bytes]:
+    if args.message is not None and args.message != "-":
+        return [os.fsencode(args.message)]
+    return sys.stdin.buffer.read().splitlines()
 
 
 def _cmd(args: argparse.Namespace) -> int:
     hosts = zk_hosts_from(args.zk)
     paths = BrokerPaths()
+    if args.command == "produce":
+        payloads = _read_messages(args)
+    if args.command in ("produce", "consume"):
+        return _cmd_data(args, hosts, paths, payloads if args.command == "produce" else [])
 
     async def work(session: Session) -> Any:
         if args.command == "create":
             return await create_topics(session, args.topics, mode=args.mode, paths=paths)
         if args.command == "list":
-            return sorted(await session.children(paths.topics)) \
-                if await session.exists(paths.topics) else []
+            return await gather_status(session, paths)
         if args.command == "describe":
             return await topic_info(session, check_topic(args.topic), paths)
         if args.command == "prohibit-migration":
@@ -194,18 +347,62 @@ def _cmd(args: argparse.Namespace) -> int:
         if args.command == "clear-shutdown":
             await session.delete(paths.shutdown, missing_ok=True)
             return "shutdown cleared"
+        if args.command == "force-leader":
+            return await force_leader(session, args.topic, args.server, args.may_lose, paths)
         return await gather_status(session, paths)
 
     result = one_shot(hosts, work, chroot=args.chroot, deadline=args.timeout)
     if args.command == "status" and not args.json:
         print(render(result))
+    elif args.command == "list":
+        print(json.dumps(list(result["topics"].values()), indent=2) if args.json
+              else render_topics(result))
     elif args.command == "create":
         print(f"created {len(result)} topic(s): {' '.join(result)}" if result
               else "no new topic (all exist)")
     elif isinstance(result, str):
         print(result)
     else:
-        print(json.dumps(result, indent=None if args.command == "list" else 2))
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _run_data(hosts: str, args: argparse.Namespace, work: Any) -> int:
+    """``one_shot`` with the command's session timeout (a durable subscriber's name is free
+    for another instance once a dead one's session expired)."""
+    hosts, chroot = split_chroot(hosts, args.chroot)
+
+    async def run() -> int:
+        await preflight(hosts)
+        async with Session(hosts, chroot=chroot,
+                           session_timeout=args.session_timeout) as session:
+            return int(await work(session))
+
+    return trio.run(run)
+
+
+def _cmd_data(args: argparse.Namespace, hosts: str, paths: BrokerPaths,
+              payloads: list[bytes]) -> int:
+    """``produce`` and ``consume``: the deadline (``--timeout``) covers the work, not a
+    ``consume --follow`` (it runs until interrupted)."""
+    limit = None if args.command == "consume" and args.follow else args.timeout
+
+    async def work(session: Session) -> int:
+        with trio.move_on_after(math.inf if limit is None else limit):
+            if args.command == "produce":
+                return await produce(session, args.topic, payloads, paths)
+            return await consume(session, args.topic, sys.stdout, start=args.start,
+                                 follow=args.follow, name=args.name, wait=not args.no_wait,
+                                 offsets=args.offsets, commit_interval=args.commit_interval,
+                                 paths=paths)
+        what = "acknowledged" if args.command == "produce" else "read to its end"
+        raise errors.FrameworkError(
+            f"topic {args.topic} not {what} within {limit:g}s (no primary? see `ctl describe "
+            f"{args.topic}`; --timeout sets the limit)")
+
+    count = _run_data(hosts, args, work)
+    if args.command == "produce":
+        print(f"produced {count} message(s) to {args.topic}", file=sys.stderr)
     return 0
 
 
@@ -229,7 +426,33 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("topics", nargs="+")
     create.add_argument("--mode", choices=["refuse", "one_copy"], default="refuse",
                         help="without an in-sync backup: refuse writes or ack one copy")
-    command("list", "list topics")
+    listing = command("list", "topics: mode, primary, replicas, in-sync set, subscribers")
+    listing.add_argument("--json", action="store_true")
+    produce_cmd = command("produce", "publish MESSAGE, or one message per line of stdin")
+    produce_cmd.add_argument("topic")
+    produce_cmd.add_argument("message", nargs="?", help="the message; - or none: stdin")
+    consume_cmd = command("consume", "print a topic's messages, one per line")
+    consume_cmd.add_argument("topic")
+    consume_cmd.add_argument("--from", dest="start", type=int, default=None, metavar="OFFSET",
+                             help="first offset (default: 0, or the subscriber's position)")
+    consume_cmd.add_argument("--follow", action="store_true",
+                             help="keep reading new messages (until interrupted)")
+    consume_cmd.add_argument("--name", default=None,
+                             help="read as this durable, exclusive subscriber")
+    consume_cmd.add_argument("--no-wait", action="store_true",
+                             help="with --name: refuse if the subscriber is live elsewhere")
+    consume_cmd.add_argument("--offsets", action="store_true",
+                             help="print OFFSET<TAB>MESSAGE")
+    consume_cmd.add_argument("--commit-interval", type=float, default=1.0,
+                             help=argparse.SUPPRESS)
+    for data_cmd in (produce_cmd, consume_cmd):
+        data_cmd.add_argument("--session-timeout", type=float, default=10.0,
+                              help="ZooKeeper session timeout in seconds (default 10)")
+    force = command("force-leader", "unclean takeover by a replica outside the in-sync set")
+    force.add_argument("topic")
+    force.add_argument("server")
+    force.add_argument("--may-lose", type=int, required=True, metavar="N",
+                       help="refuse if more than N acknowledged messages are known lost")
     describe = command("describe", "one topic's placement, in-sync set, primary")
     describe.add_argument("topic")
     command("prohibit-migration", "create migration_prohibited")

@@ -560,7 +560,9 @@ class BrokerServer(Worker):
         try:
             state = self._primary_for(request)
             offset = int(request.get("offset", 0))
-            await conn.send({"id": request.get("id"), "ok": True, "epoch": state.epoch})
+            # the high watermark now: where a reader that does not follow stops
+            await conn.send({"id": request.get("id"), "ok": True, "epoch": state.epoch,
+                             "hw": state.hw})
             while True:
                 records = await state.deliverable(offset)
                 await conn.send({"op": "msgs", "id": request.get("id"), "start": offset,
