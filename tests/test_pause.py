@@ -141,3 +141,19 @@ async def test_a_paused_owner_starts_no_step_past_its_trust_deadline(
     # progress); its effect is refused by ensure_trusted, and nothing after it starts
     assert effects == [], rest
     assert len(started) <= 1, rest
+
+
+async def test_a_blocked_event_loop_is_not_a_pause_while_replies_prove_the_session(
+    zk_hosts: str, chroot: str
+) -> None:
+    """trio's loop blocked past the trust deadline it had armed (a CPU-bound step), while
+    kazoo's thread went on getting replies: the scope's deadline is moved forward before
+    trio expires it, so nothing is cancelled."""
+    async with Session(zk_hosts, chroot=chroot, session_timeout=OWNER_TIMEOUT) as s:
+        with trio.fail_after(20):
+            async with Lock(s, "/lock").acquire() as holding:
+                armed = trio.current_time()
+                time.sleep(s.read_timeout * 1.3)  # the whole loop is stuck, not waiting
+                assert trio.current_time() > armed + s.read_timeout  # past the old deadline
+                await trio.lowlevel.checkpoint()  # trio expires due deadlines here
+                s.ensure_trusted(holding.session_id)

@@ -176,15 +176,14 @@ class Election:
             reason: list[str] = []
             with single_body_error():
                 async with trio.open_nursery() as nursery:
-                    self.session.arm_trust(nursery.cancel_scope, self.suspended_grace)
-                    nursery.start_soon(self._cancel_when_untrusted, term, reason,
-                                       nursery.cancel_scope)
-                    nursery.start_soon(self._cancel_when_deleted, term, reason,
-                                       nursery.cancel_scope)
-                    try:
-                        yield term
-                    finally:
-                        nursery.cancel_scope.cancel()
+                    scope = nursery.cancel_scope
+                    with self.session.trusting(scope, term.session_id, self.suspended_grace):
+                        nursery.start_soon(self._cancel_when_untrusted, term, reason, scope)
+                        nursery.start_soon(self._cancel_when_deleted, term, reason, scope)
+                        try:
+                            yield term
+                        finally:
+                            scope.cancel()
             if not reason and trust_expired(nursery.cancel_scope):
                 reason.append("suspended")
             if reason:

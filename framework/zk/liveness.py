@@ -49,6 +49,8 @@ class Liveness:
         self.read_timeout = session_timeout * READ_TIMEOUT_FRACTION
         #: send time (monotonic) of the newest request the server answered
         self.proof = -math.inf
+        #: the session that ``proof`` is about (``None``: none, or it was lost)
+        self.session_id: int | None = None
         #: True while a connection is established and its replies are being timed
         self.armed = False
         self.dropped_connections = 0  # how often the read timeout dropped a connection
@@ -100,11 +102,16 @@ class Liveness:
         connection._submit = timed_submit
         connection._read_header = timed_read_header
 
-    def connected(self) -> None:
-        """The handshake succeeded (kazoo reports CONNECTED from inside it): the server knew
-        the session when the handshake started."""
+    def connected(self, session_id: int | None) -> None:
+        """The handshake of ``session_id`` succeeded (kazoo reports CONNECTED from inside
+        it): the server knew the session when the handshake started."""
+        self.session_id = session_id
         if self._connect_started > self.proof:
             self.proof = self._connect_started
+
+    def lost(self) -> None:
+        """kazoo reported LOST: the session is gone, whatever the last proof said."""
+        self.session_id = None
 
     def give_up(self) -> None:
         """Closing, and the server does not answer: drop the connection now.

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import trio
 from kazoo import exceptions as kz
@@ -63,6 +63,7 @@ from framework.zk.liveness import Liveness
 from framework.zk.paths import MAX_REQUEST_BYTES, validate_data, validate_path
 from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
+from framework.zk.trust import TrustKeeper
 
 Stat = ZnodeStat
 WatchCallback = Callable[..., None]
@@ -159,6 +160,7 @@ class Session:
         self.suspended_grace = suspended_grace
         self._limit = InFlightLimit(max_in_flight)
         self._liveness = Liveness(session_timeout)
+        self._trust = TrustKeeper(self._liveness)
         self._client: KazooClient | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._state = SessionState.LOST
@@ -215,6 +217,7 @@ class Session:
         if self._closed or self._client is None:
             return
         self._closed = True
+        self._trust.close()
         client = self._client
         with trio.CancelScope(shield=True):
             # a healthy close takes one round trip; a server that does not answer (or a
@@ -243,9 +246,12 @@ class Session:
     def _listener(self, state: KazooState) -> None:
         """kazoo's connection thread calls this; hand the change to trio and return."""
         assert self._client is not None and self._token is not None
-        if state == KazooState.CONNECTED:
-            self._liveness.connected()  # runs inside kazoo's handshake, before any select
         session_id = self._client._session_id if state == KazooState.CONNECTED else None
+        if state == KazooState.CONNECTED:
+            # runs inside kazoo's handshake, before any select
+            self._liveness.connected(session_id)
+        elif state == KazooState.LOST:
+            self._liveness.lost()
         try:
             self._token.run_sync_soon(self._on_state, _KAZOO_STATES[state], session_id)
         except trio.RunFinishedError:
@@ -359,12 +365,13 @@ class Session:
         with single_body_error():
             async with trio.open_nursery() as nursery:
                 scope = nursery.cancel_scope
-                self.arm_trust(scope, grace)
-                nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason, scope)
-                try:
-                    yield
-                finally:
-                    scope.cancel()
+                with self.trusting(scope, session_id, grace):
+                    nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason,
+                                       scope)
+                    try:
+                        yield
+                    finally:
+                        scope.cancel()
         if not reason and trust_expired(scope):
             reason.append("suspended")
         if reason:
@@ -391,9 +398,8 @@ class Session:
         Synchronous and callable from any thread: the newest reply's send time plus 2/3 of
         the session timeout is still ahead of the monotonic clock, and the session was not
         lost, closed or replaced.  A SUSPENDED connection within that window is trusted."""
-        if self._closed or self._session_id is None:
-            return False
-        if session_id is not None and self._session_id != session_id:
+        wanted = self._session_id if session_id is None else session_id
+        if self._closed or wanted is None or self._liveness.session_id != wanted:
             return False
         return time.monotonic() < self._liveness.trusted_until()
 
@@ -407,8 +413,8 @@ class Session:
         ``"lost"`` when the session is gone or replaced, else ``"suspended"``."""
         if self.is_trusted(session_id):
             return
-        gone = self._closed or self._session_id is None or (
-            session_id is not None and self._session_id != session_id)
+        wanted = self._session_id if session_id is None else session_id
+        gone = self._closed or wanted is None or self._liveness.session_id != wanted
         raise errors.SessionInterrupted("lost" if gone else "suspended")
 
     @property
@@ -417,18 +423,24 @@ class Session:
         negotiated session timeout)."""
         return self._liveness.read_timeout
 
-    def arm_trust(self, scope: trio.CancelScope, grace: float | None) -> None:
-        """Set ``scope``'s deadline to :meth:`trusted_until` (never earlier than it was).
+    @contextmanager
+    def trusting(
+        self, scope: trio.CancelScope, session_id: int | None, grace: float | None
+    ) -> Iterator[None]:
+        """Keep ``scope``'s deadline at ``session_id``'s trust deadline inside the block.
 
         trio's scheduler then cancels the scope at that time by itself, before it runs any
         task of the scope, so a process that resumes from a pause past the deadline starts
-        no new step in it.  :meth:`wait_untrusted` with ``scope=`` keeps moving the deadline
-        forward as replies prove the session alive.  ``grace=math.inf`` arms nothing."""
+        no new step in it; while replies prove the session alive the deadline moves forward
+        (:mod:`framework.zk.trust`).  ``grace=math.inf`` (unsafe) arms nothing."""
         if grace is not None and math.isinf(grace):
+            yield
             return
-        deadline = self.trusted_until()
-        if not scope.cancel_called and (math.isinf(scope.deadline) or deadline > scope.deadline):
-            scope.deadline = deadline
+        self._trust.arm(scope, session_id)
+        try:
+            yield
+        finally:
+            self._trust.disarm(scope)
 
     async def wait_untrusted(
         self, session_id: int | None, grace: float | None, *,
@@ -440,12 +452,11 @@ class Session:
         no limit of its own) and never later than :meth:`trusted_until`; ``math.inf`` waits
         for LOST only (unsafe: the server may expire the session while the body still runs).
 
-        With ``scope`` (the scope this task runs in, which it is meant to cancel), the
-        scope's deadline is kept at the trust deadline (:meth:`arm_trust`), moved forward a
-        while before it passes whenever a newer reply has proven the session alive.  If the
-        deadline passes first (this process was paused, or its event loop blocked), trio
-        cancels the scope, this task with it, and nothing is returned: the owner of the scope
-        tells that case by :func:`trust_expired`.
+        With ``scope`` (armed with :meth:`trusting`, the scope this task runs in and is
+        meant to cancel), the end of the grace period is also set as the scope's deadline.
+        If a deadline passes before this task runs (a paused process), trio cancels the
+        scope, this task with it, and nothing is returned: the owner of the scope tells that
+        case by :func:`trust_expired`.
         """
         unsafe = grace is not None and math.isinf(grace)
         while True:
@@ -462,26 +473,16 @@ class Session:
                         deadline = min(deadline, trio.current_time() + grace)
                 if deadline <= trio.current_time():
                     return "suspended"
-                if scope is not None and not unsafe and deadline < scope.deadline:
-                    scope.deadline = deadline
+                if scope is not None and grace is not None and not unsafe:
+                    self._trust.cap(scope, deadline)
                 with trio.move_on_at(deadline):
                     while self._state is SessionState.SUSPENDED and not self._closed:
                         await self._changed.wait()
                     continue
                 return "suspended"
-            if scope is None or unsafe:
-                await self._changed.wait()
-                continue
-            self.arm_trust(scope, grace)
-            with trio.move_on_at(self._renew_at(scope.deadline)):
-                await self._changed.wait()
-
-    def _renew_at(self, deadline: float) -> float:
-        """When to look for a newer proof of life before ``deadline``: a third of the read
-        timeout ahead of it (kazoo pings every half read timeout), then halfway to it."""
-        now = trio.current_time()
-        early = deadline - self._liveness.read_timeout / 3
-        return early if early > now else now + max((deadline - now) / 2, 0.005)
+            if scope is not None and grace is not None and not unsafe:
+                self._trust.cap(scope, math.inf)  # connected again: the grace starts anew
+            await self._changed.wait()
 
     # ------------------------------------------------------------------ requests
 
@@ -801,7 +802,7 @@ class Transaction:
 
 
 def trust_expired(scope: trio.CancelScope) -> bool:
-    """True when ``scope`` (armed by :meth:`Session.arm_trust`) ended because its trust
+    """True when ``scope`` (armed by :meth:`Session.trusting`) ended because its trust
     deadline passed: it caught a cancellation and the deadline is behind us."""
     return scope.cancelled_caught and scope.deadline <= trio.current_time()
 
