@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,8 @@ class BrokerServer(Worker):
         self.session = session
         if self.lag_limit is None:
             self.lag_limit = session.read_timeout
-        for path in (self.paths.nodes, self.paths.topics, self.paths.assign_dir(self.name)):
+        for path in (self.paths.nodes, self.paths.topics, self.paths.assign_dir(self.name),
+                     self.app.workers):
             await session.ensure_path(path)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
@@ -164,12 +166,16 @@ class BrokerServer(Worker):
         self.listen_address = f"127.0.0.1:{port}"
         self.address = self.advertise or self.listen_address
         group = Group(session, self.paths.nodes)
-        # a restarted server waits for its previous incarnation's session to expire
-        async with group.join(self.name, dumps(self.status()), wait_if_taken=True) as member:
+        # a restarted server waits for its previous incarnation's session to expire; it is
+        # also a member of the application's ``workers/`` group, where ``framework status``
+        # and the dashboard list an application's live processes
+        async with group.join(self.name, dumps(self.status()), wait_if_taken=True) as member, \
+                Group(session, self.app.workers).join(
+                    self.name, dumps(self.worker_record()), wait_if_taken=True) as worker:
             log.info("broker.serving", server=self.name, address=self.address)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
-                nursery.start_soon(self._report_status, member)
+                nursery.start_soon(self._report_status, member, worker)
                 nursery.start_soon(self._watch_shutdown, session)
                 nursery.start_soon(self._watch_prohibited, session)
                 async with trio.open_nursery() as topics:
@@ -218,13 +224,33 @@ class BrokerServer(Worker):
                          prohibited=snap.exists)
             self.migration_prohibited = snap.exists
 
-    async def _report_status(self, member: Membership) -> None:
+    def worker_record(self) -> dict[str, Any]:
+        """This server as the runtime lists workers (``framework status``, the dashboard):
+        the topics it is primary for as its shards, its replica counts as counters."""
+        return {
+            "name": self.name, "address": self.address, "host": socket.gethostname(),
+            "pid": os.getpid(), "state": "stopping" if self.stopping else "running",
+            "kind": "broker server", "shards": sorted(self.primaries),
+            "counters": {"primaries": len(self.primaries), "backups": len(self.backups),
+                         "stranded": len(self.stranded)},
+            "health": {"ok": True}, "at": time.time(),
+        }
+
+    async def _report_status(self, member: Membership, worker: Membership) -> None:
+        """Rewrite our ``nodes/`` record, and our ``workers/`` record, when they changed
+        (checked every ``status_interval``)."""
         last = b""
+        last_worker = ""
         while True:
             data = dumps({k: v for k, v in self.status().items() if k != "pid"})
             if data != last:
                 await member.update(data)
                 last = data
+            record = self.worker_record()
+            shape = dumps({k: v for k, v in record.items() if k != "at"}).decode()
+            if shape != last_worker:
+                await worker.update(dumps(record))
+                last_worker = shape
             await trio.sleep(self.status_interval)
 
     # ------------------------------------------------------------ topics
