@@ -45,6 +45,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -110,6 +111,8 @@ class PrimaryTopic:
     #: placed backups dropped from the in-sync set, with the reason (``lag``, ``link``)
     dropped: dict[str, str] = attrs.field(factory=dict)
     _appended: trio.Event = attrs.field(factory=trio.Event)
+    #: called when :attr:`dropped` gains a backup (the server reports it at once)
+    on_dropped: Callable[[], None] | None = None
 
     def __attrs_post_init__(self) -> None:
         # only what the previous term acknowledged is known to be on every in-sync replica;
@@ -372,6 +375,8 @@ class PrimaryTopic:
         log.warning("broker.backup_lost", topic=self.name, backup=follower, reason=reason)
         if reason != "unplaced":
             self.dropped[follower] = reason
+            if self.on_dropped is not None:
+                self.on_dropped()
         async with self._isr_lock:
             self.synced.discard(follower)
             self.isr_dirty = True

@@ -116,6 +116,8 @@ class BrokerServer(Worker):
         self._stop = trio.Event()
         self._term_changed = trio.Event()
         self._topic_done = trio.Event()
+        #: set to rewrite our ``nodes/`` record at once (a primary dropped a backup)
+        self._status_now = trio.Event()
         self.session: Session | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -251,7 +253,10 @@ class BrokerServer(Worker):
             if shape != last_worker:
                 await worker.update(dumps(record))
                 last_worker = shape
-            await trio.sleep(self.status_interval)
+            # a primary that dropped a backup says so at once: the controller replaces it
+            with trio.move_on_after(self.status_interval):
+                await self._status_now.wait()
+            self._status_now = trio.Event()
 
     # ------------------------------------------------------------ topics
 
@@ -386,6 +391,7 @@ class BrokerServer(Worker):
         state.handing_over = self.stopping
         state.lag_limit = self.lag_limit
         state.owner_session = session.session_id
+        state.on_dropped = lambda: self._status_now.set()
         self.primaries[topic] = state
         self.complete.add(topic)
         self.following.pop(topic, None)  # our log now grows as primary: no copy of anyone's
