@@ -33,7 +33,6 @@ from framework.zk import (
     gather,
     new_guid,
     sequence_of,
-    trust_expired,
     validate_data,
     validate_path,
     wait_gone,
@@ -184,8 +183,9 @@ class Election:
                             yield term
                         finally:
                             scope.cancel()
-            if not reason and trust_expired(nursery.cancel_scope):
-                reason.append("suspended")
+            if not reason and (expired := self.session.expired_reason(
+                    nursery.cancel_scope, term.session_id)):
+                reason.append(expired)
             if reason:
                 log.warning("election.lost", path=self.path, node=term.node, reason=reason[0])
                 raise errors.LeadershipLost(reason[0])

@@ -20,7 +20,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import trio
 
 from framework import errors
-from framework.zk import Session, trust_expired
+from framework.zk import Session
 
 #: Given the node's data, return a reason to end the scope (or ``None`` to keep it).
 DataCheck = Callable[[bytes], "str | None"]
@@ -81,8 +81,8 @@ async def node_scope(
                 scope.cancel()
     if body_error is not None:
         raise body_error
-    if not reason and trust_expired(scope):
-        reason.append("suspended")
+    if not reason and (expired := session.expired_reason(scope, session_id)):
+        reason.append(expired)
     if reason:
         raise error(reason[0])
 

@@ -372,8 +372,8 @@ class Session:
                         yield
                     finally:
                         scope.cancel()
-        if not reason and trust_expired(scope):
-            reason.append("suspended")
+        if not reason and (expired := self.expired_reason(scope, session_id)):
+            reason.append(expired)
         if reason:
             raise errors.SessionInterrupted(reason[0])
 
@@ -441,6 +441,15 @@ class Session:
             yield
         finally:
             self._trust.disarm(scope)
+
+    def expired_reason(self, scope: trio.CancelScope, session_id: int | None) -> str | None:
+        """Why ``scope`` (armed by :meth:`trusting`) was ended by its trust deadline:
+        ``"lost"`` (the session is gone), ``"suspended"`` (no proof of life in time), or
+        ``None`` if it was not."""
+        if not trust_expired(scope):
+            return None
+        gone = self._closed or session_id is None or self._liveness.session_id != session_id
+        return "lost" if gone else "suspended"
 
     async def wait_untrusted(
         self, session_id: int | None, grace: float | None, *,

@@ -9,7 +9,8 @@ scope's own trio deadline, which trio's scheduler expires before it runs any tas
 
 :class:`TrustKeeper` is a trio instrument.  After every I/O wait, right before trio expires
 deadlines, it moves each armed scope's deadline to the newest proof of life, if a reply has
-proven one since the last loop pass (one float comparison per pass otherwise).  Hence:
+proven one since the last loop pass (one float comparison per pass otherwise, and at most
+:data:`PROOF_STEP` updates per read timeout).  Hence:
 
 * a paused process (every thread stopped, no newer proof) finds its scopes expired and
   cancelled before any of their tasks takes another step;
@@ -31,6 +32,10 @@ import trio
 
 from framework.zk.liveness import Liveness
 
+#: Deadlines move when the proof has advanced by a sixteenth of the read timeout (under a
+#: busy client, every reply advances it: this keeps the updates to a few per read timeout).
+PROOF_STEP = 16
+
 
 @attrs.define
 class _Armed:
@@ -44,7 +49,8 @@ class TrustKeeper(trio.abc.Instrument):
     def __init__(self, liveness: Liveness) -> None:
         self._liveness = liveness
         self._armed: dict[trio.CancelScope, _Armed] = {}
-        self._proof_seen = -math.inf
+        self._proof_applied = -math.inf
+        self._session_applied: int | None = None
         self._installed = False
 
     # ------------------------------------------------------------------ trio side
@@ -88,10 +94,12 @@ class TrustKeeper(trio.abc.Instrument):
     # ------------------------------------------------------------------ instrument
 
     def after_io_wait(self, timeout: float) -> None:
-        proof = self._liveness.proof
-        if proof == self._proof_seen or not self._armed:
-            return
-        self._proof_seen = proof
+        liveness = self._liveness
+        proof, session_id = liveness.proof, liveness.session_id
+        if not self._armed or (session_id == self._session_applied and proof
+                               < self._proof_applied + liveness.read_timeout / PROOF_STEP):
+            return  # nothing new enough: deadlines lag the proof by under 1/16 read timeout
+        self._proof_applied, self._session_applied = proof, session_id
         deadlines: dict[int | None, float] = {}
         for scope, armed in self._armed.items():
             sid = armed.session_id
