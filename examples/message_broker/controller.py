@@ -41,7 +41,7 @@ from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Group
 from framework.runtime import Master, MasterContext
-from framework.zk import Session, watch_children, watch_data
+from framework.zk import Session, wait_exists, watch_children, watch_data
 
 __all__ = ["BrokerController", "plan_placement"]
 
@@ -71,9 +71,10 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     servers stopping gracefully - they keep their replicas (not counted as load) and get no
     new one.
 
-    ``stranded[topic]``: dead replicas kept in the placement (a topic none of whose in-sync
-    replicas is live: only they hold every acknowledged record, so they stay assigned to
-    serve it when they return, and the topic makes no move meanwhile).
+    ``stranded[topic]``: dead replicas kept in the placement (in-sync replicas of a topic
+    that has no primary: one of them may be the only server holding every acknowledged
+    record, so they stay assigned to serve it when they return, and the topic makes no move
+    meanwhile).
     """
     isr = isr or {}
     out_of_sync = out_of_sync or {}
@@ -154,7 +155,8 @@ class BrokerController(Master):
         changes_send, changes = trio.open_memory_channel[str](100)
         state: dict[str, Any] = {"live": None, "topics": None, "prohibited": None,
                                  "isr": {}, "watching": set(), "out_of_sync": {},
-                                 "draining": frozenset()}
+                                 "draining": frozenset(), "stranded": {},
+                                 "awaiting_primary": set()}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_nodes, session, paths, state, changes_send)
             nursery.start_soon(self._watch_topics, session, paths, state, changes_send)
@@ -177,6 +179,10 @@ class BrokerController(Master):
                         state["watching"].add(topic)
                         nursery.start_soon(self._watch_move, session, paths, topic, state,
                                            placement, changes_send)
+                for topic in set(state["stranded"]) - state["awaiting_primary"]:
+                    state["awaiting_primary"].add(topic)
+                    nursery.start_soon(_await_primary, session, paths, topic, state,
+                                       changes_send)
 
     async def _read_placement(self, session: Session, paths: BrokerPaths) -> dict[str, list[str]]:
         placement: dict[str, list[str]] = {}
@@ -237,11 +243,11 @@ class BrokerController(Master):
                          placement: dict[str, list[str]]) -> bool:
         """Drive the written placement towards the plan; False after a conflict."""
         topics = sorted(state["topics"])
+        state["stranded"] = await _stranded(ctx.session, paths, placement, state["live"])
         plan = plan_placement(topics, placement, state["live"], voluntary=not state["prohibited"],
                               isr=state["isr"], out_of_sync=state["out_of_sync"],
                               draining=state["draining"],
-                              stranded=await _stranded(ctx.session, paths, placement,
-                                                       state["live"]))
+                              stranded=state["stranded"])
         changed = [t for t in topics if plan[t] != placement.get(t)]
         known_dirs: set[str] = set(await ctx.session.children(paths.assign))
         for start in range(0, len(changed), BATCH):
@@ -285,8 +291,12 @@ class BrokerController(Master):
 
 async def _stranded(session: Session, paths: BrokerPaths, placement: dict[str, list[str]],
                     live: list[str]) -> dict[str, set[str]]:
-    """Per topic with a dead replica and no live in-sync one: its dead in-sync replicas (one
-    read of ``isr`` per topic with a dead replica; only after failures)."""
+    """Per topic with a dead in-sync replica and no primary: its dead in-sync replicas.
+
+    Only a server can tell whether its log proves it holds every acknowledged record (its
+    copy token), so while nobody serves the topic every dead in-sync replica stays placed: it
+    may be the only one able to take over when it returns.  Reads ``isr`` (and ``primary``)
+    of topics with a dead replica only, so only after failures."""
     alive = set(live)
     out: dict[str, set[str]] = {}
     for topic, replicas in placement.items():
@@ -296,6 +306,17 @@ async def _stranded(session: Session, paths: BrokerPaths, placement: dict[str, l
             record = Isr.decode((await session.get(paths.isr(topic)))[0])
         except errors.NoNodeError:
             continue
-        if record.in_sync and not any(s in alive for s in record.in_sync):
-            out[topic] = {s for s in record.in_sync if s in replicas}
+        dead = {s for s in record.in_sync if s in replicas and s not in alive}
+        if dead and await session.exists(paths.primary(topic)) is None:
+            out[topic] = dead
     return out
+
+
+async def _await_primary(session: Session, paths: BrokerPaths, topic: str,
+                         state: dict[str, Any], send: trio.MemorySendChannel[str]) -> None:
+    """A stranded topic got a primary again: reconcile (its dead replicas may go now)."""
+    try:
+        await wait_exists(session, paths.primary(topic))
+    finally:
+        state["awaiting_primary"].discard(topic)
+    await send.send("primary")

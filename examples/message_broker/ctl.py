@@ -168,10 +168,12 @@ def render(status: dict[str, Any]) -> str:
              f"{status['migration_prohibited']}   shutdown: {status['shutdown']}", "servers:"]
     for name, doc in sorted(status["servers"].items()):
         lags = [v for v in (doc.get("lag") or {}).values() if v is not None]
+        stranded = doc.get("stranded") or {}
         lines.append(f"  {name:<12} {doc.get('address', '-'):<22} {doc.get('state', '?'):<9}"
                      f" primaries={len(doc.get('primaries', []))}"
                      f" backups={len(doc.get('backups', []))}"
-                     f" max_backup_lag={max(lags) if lags else '-'}")
+                     f" max_backup_lag={max(lags) if lags else '-'}"
+                     + (f" stranded={','.join(sorted(stranded))}" if stranded else ""))
     lines.append(f"topics: {len(status['topics'])}")
     for name, info in status["topics"].items():
         primary = (info.get("primary") or {}).get("server", "NONE")
@@ -296,7 +298,7 @@ async def force_leader(session: Session, topic: str, server: str, may_lose: int,
             f"{server} holds {held} records of {topic}; the last recorded high watermark is "
             f"{isr.hw}: at least {lost} acknowledged messages would be lost (> --may-lose "
             f"{may_lose})")
-    forced = Isr((server,), isr.leader, isr.term + 1, {}, hw=isr.hw, forced=server)
+    forced = Isr((server,), None, isr.term + 1, {}, hw=isr.hw, forced=server)
     try:
         await session.set(paths.isr(topic), forced.encode(), version=stat.version)
     except errors.BadVersionError:
