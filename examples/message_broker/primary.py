@@ -274,6 +274,7 @@ class PrimaryTopic:
                     await self._set_isr((self.server, *sorted(self.synced | {follower})))
                     self.synced.add(follower)
                     self.caught_up[follower] = trio.current_time()
+                    self._wake()  # a hand-over may be waiting for an in-sync backup
                     self.dropped.pop(follower, None)
                     log.info("broker.backup_in_sync", topic=self.name, backup=follower,
                              offset=offset)
@@ -403,12 +404,12 @@ class PrimaryTopic:
             await self._changed.wait()
 
     async def drained(self) -> bool:
-        """Wait until an in-sync backup holds the whole log (handover); False if none."""
+        """Wait until an in-sync backup holds the whole log (hand-over); False once the term
+        is closed.  With no backup in sync it keeps waiting: the controller places a
+        replacement, which catches up (the caller bounds the wait)."""
         while True:
             if self.closed:
                 return False
             if self.synced and self.hw >= self.log.end:
                 return True
-            if not self.synced:
-                return False
             await self._changed.wait()

@@ -60,6 +60,9 @@ log = get_logger("examples.message_broker.server")
 #: Longest a replication fetch waits on the primary for new records (seconds).
 FETCH_WAIT = 1.0
 
+#: Longest a graceful stop waits for its primaries' hand-over (seconds).
+HAND_OVER_LIMIT = 30.0
+
 
 class BrokerServer(Worker):
     """A YMB-style topic server (see the module doc).
@@ -191,21 +194,30 @@ class BrokerServer(Worker):
         log.info("broker.stopped", server=self.name)
 
     async def _hand_over(self) -> None:
-        """Give every primary to its in-sync backup once it holds the whole log."""
+        """Give every primary to an in-sync backup once it holds the whole log, all topics
+        at once (each topic's ack gap is its own hand-over).  A topic with no in-sync backup
+        (a hung one was dropped) waits for the replacement the controller places - the
+        controller keeps a stopping server's replicas until it has left ``nodes/`` - for at
+        most :data:`HAND_OVER_LIMIT` seconds in all."""
         assert self.session is not None
-        with trio.move_on_after(30):
-            for name, state in list(self.primaries.items()):
-                state.handing_over = True
-                if await state.drained():
-                    path = self.paths.primary(name)
-                    try:
-                        stat = await self.session.exists(path)
-                        if stat is not None and stat.ephemeralOwner == self.session.session_id:
-                            await self.session.delete(path, version=stat.version)
-                            log.info("broker.handed_over", topic=name, to=sorted(state.synced))
-                    except errors.ZooKeeperError:
-                        pass
-                state.close()
+
+        async def one(name: str, state: PrimaryTopic) -> None:
+            state.handing_over = True
+            if await state.drained():
+                path = self.paths.primary(name)
+                try:
+                    stat = await self.session.exists(path)
+                    if stat is not None and stat.ephemeralOwner == self.session.session_id:
+                        await self.session.delete(path, version=stat.version)
+                        log.info("broker.handed_over", topic=name, to=sorted(state.synced))
+                except errors.ZooKeeperError:
+                    pass
+            state.close()
+
+        with trio.move_on_after(HAND_OVER_LIMIT):
+            async with trio.open_nursery() as nursery:
+                for name, state in list(self.primaries.items()):
+                    nursery.start_soon(one, name, state)
 
     async def _watch_shutdown(self, session: Session) -> None:
         async for snap in watch_data(session, self.paths.shutdown):
