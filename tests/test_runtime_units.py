@@ -59,7 +59,8 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """If taking work keeps failing (e.g. the app's znodes were deleted), the slot waits
-    ``backoff_base * 2**n`` (capped at ``backoff_max``) between tries; a success resets it."""
+    about ``backoff_base * 2**n`` (capped at ``backoff_max``, with jitter) between tries; a
+    success resets it."""
     from contextlib import asynccontextmanager
 
     import framework.runtime.worker as worker_module
@@ -93,7 +94,22 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
 
     monkeypatch.setattr(worker_module.trio, "sleep", record_sleep)
     await worker._slot(None, FailingQueue())  # type: ignore[arg-type]
-    assert waits == [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]
+    ceilings = [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]  # with jitter: between half and all of each
+    assert len(waits) == len(ceilings)
+    assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True)), waits
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
+    from framework.retry import Backoff
+
+    policy = Backoff(0.1, 2.0)
+    for attempt, ceiling in [(1, 0.1), (2, 0.2), (3, 0.4), (6, 2.0), (10_000, 2.0)]:
+        delays = {policy.delay(attempt) for _ in range(50)}
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(delays) > 1  # spread out, not in lockstep
+    assert Backoff(0.1, 2.0, jitter=0).delay(3) == pytest.approx(0.4)
+    with pytest.raises(ValueError):
+        Backoff(0, 1.0)
 
 
 def test_lost_ownership_has_one_base_and_says_what_was_lost() -> None:

@@ -45,6 +45,7 @@ from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
+from framework.retry import Backoff
 from framework.runtime.app import App, check_name, ensure_layout, ensure_result_buckets
 from framework.runtime.cancel import wait_cancelled
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task
@@ -267,6 +268,12 @@ class Worker:
         self._status_dirty.set()
 
     @property
+    def backoff(self) -> Backoff:
+        """The retry delays of this worker (``backoff_base`` doubling up to ``backoff_max``,
+        with jitter): a failed task's retry, a slot in trouble, a shard that failed."""
+        return Backoff(self.backoff_base, self.backoff_max)
+
+    @property
     def takes_tasks(self) -> bool:
         """Whether this worker pulls from the task queue (it does if it overrides handle)."""
         return type(self).handle is not Worker.handle
@@ -404,7 +411,7 @@ class Worker:
             if trouble:
                 # a persistent problem (e.g. the app's znodes deleted under us) must not
                 # turn into a busy loop: back off, exponentially, up to backoff_max
-                await trio.sleep(min(self.backoff_base * 2 ** (trouble - 1), self.backoff_max))
+                await self.backoff.sleep(trouble)
             marker: list[_Marker] = []
             try:
                 with trio.CancelScope() as slot:
@@ -698,7 +705,7 @@ class Worker:
                 pass
         if not final:
             # hold the claim for a while so the retry is delayed (exponential backoff)
-            await trio.sleep(min(self.backoff_base * 2 ** (task.attempts - 1), self.backoff_max))
+            await self.backoff.sleep(task.attempts)
 
     async def _report_status(self, member: Any) -> None:
         last = None
@@ -763,7 +770,7 @@ class Worker:
                     await trio.sleep_forever()  # until unassigned: never retried here
                 except Exception as exc:
                     failures += 1
-                    delay = min(self.backoff_base * 2 ** (failures - 1), self.backoff_max)
+                    delay = self.backoff.delay(failures)
                     log.error("shard.failed", worker=self.name, shard=shard,
                               error=f"{type(exc).__name__}: {exc}", retry_in=delay,
                               exc_info=exc)
