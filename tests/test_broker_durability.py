@@ -79,6 +79,26 @@ def test_reset_starts_a_new_copy_and_keeps_the_directory(tmp_path: Path) -> None
     assert again.end == 0 and again.copy == log.copy
 
 
+def test_log_of_another_topic_incarnation_is_not_taken(tmp_path: Path) -> None:
+    """A log is bound to the topic incarnation it was written for: reopened for the same one
+    it is kept, for a topic of the same name created again (or another cluster) it starts
+    afresh."""
+    log = TopicLog(tmp_path / "t")
+    log.bind("one")
+    log.append(_records(5))
+    log.close()
+    same = TopicLog(tmp_path / "t")
+    same.bind("one")
+    assert same.records == _records(5)
+    same.close()
+    other = TopicLog(tmp_path / "t")
+    copy = other.copy
+    other.bind("two")
+    assert other.end == 0 and other.copy != copy and other.topic_id == "two"
+    other.close()
+    assert TopicLog(tmp_path / "t").topic_id == "two"
+
+
 def test_stranded_topic_stays_on_its_dead_in_sync_replicas() -> None:
     """Both replicas of ``a`` died: no other server holds its acknowledged records, so the
     placement keeps them (they serve it again when they return) instead of moving it."""
@@ -276,3 +296,27 @@ async def test_double_failure_with_a_spare_server_waits_for_its_in_sync_replica(
             assert load.acked <= set(got) and len(got) == len(set(got))
     finally:
         cluster.stop_all()
+
+
+async def test_a_new_cluster_on_old_data_does_not_serve_old_records(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """Servers keep their logs across restarts, but a log belongs to one topic incarnation:
+    a new cluster (another chroot) on the same data directories creating a topic of the same
+    name starts it empty."""
+    from examples.message_broker.cluster import LocalCluster
+
+    with trio.fail_after(40):
+        for run, root in enumerate((chroot, f"{chroot}/again")):
+            async with Session(zk_hosts, chroot=root) as zk, trio.open_nursery() as nursery:
+                cluster = LocalCluster(zk_hosts, root, tmp_path, nursery)
+                for name in ("s1", "s2"):
+                    await cluster.start_server(name, zk)
+                await cluster.start_controller("c1")
+                await create_topics(zk, ["same"])
+                await wait_placed(zk, ["same"])
+                async with Producer(zk) as producer:
+                    await producer.send_many("same", [f"run{run}-{i}".encode() for i in range(3)])
+                got = await read_back(zk, "same", {f"run{run}-2".encode()})
+                assert got == [f"run{run}-{i}".encode() for i in range(3)]
+                nursery.cancel_scope.cancel()

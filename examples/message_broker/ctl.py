@@ -27,6 +27,7 @@ import json
 import math
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,7 +60,7 @@ async def create_topics(session: Session, names: Sequence[str], *, mode: str = "
                         paths: BrokerPaths | None = None) -> list[str]:
     """Create topics (the controller places them); returns the ones that were new."""
     paths = paths or BrokerPaths()
-    settings = TopicSettings(mode)
+    TopicSettings(mode)  # a bad mode is refused before anything is created
     for name in names:
         check_topic(name)
     await session.ensure_path(paths.topics)
@@ -67,6 +68,7 @@ async def create_topics(session: Session, names: Sequence[str], *, mode: str = "
 
     async def one(name: str) -> None:
         try:
+            settings = TopicSettings(mode, uuid.uuid4().hex[:16])
             await session.create(paths.topic(name), settings.encode())
             created.append(name)
         except errors.NodeExistsError:

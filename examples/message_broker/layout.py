@@ -57,6 +57,9 @@ class TopicSettings:
     ``refuse`` (the default) refuses writes, ``one_copy`` acknowledges with one copy."""
 
     mode: str = attrs.field(default="refuse")
+    #: a random id drawn when the topic is created: a server's log belongs to one topic
+    #: incarnation, never to an earlier topic of the same name (empty for older topics)
+    id: str = ""
 
     @mode.validator
     def _check(self, _attr: object, value: str) -> None:
@@ -66,12 +69,14 @@ class TopicSettings:
             raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
 
     def encode(self) -> bytes:
-        return dumps({"mode": self.mode})
+        return dumps({"mode": self.mode, **({"id": self.id} if self.id else {})})
 
     @classmethod
     def decode(cls, data: bytes | None) -> TopicSettings:
-        mode = loads(data).get("mode", "refuse")
-        return cls(mode if mode in MODES else "refuse")
+        doc = loads(data)
+        mode, topic_id = doc.get("mode", "refuse"), doc.get("id", "")
+        return cls(mode if mode in MODES else "refuse",
+                   topic_id if isinstance(topic_id, str) else "")
 
 
 @attrs.frozen

@@ -28,6 +28,9 @@ a backup starts copying a new primary term from offset 0), and the in-sync term 
 log last served as primary (:attr:`TopicLog.primary_term`, written *before* the takeover is
 attempted).  The server compares them with ZooKeeper's in-sync record to decide whether a log
 recovered after a restart is the one that was counted in sync (see ``server.py``).  The file
+also names the topic incarnation the log belongs to (:meth:`TopicLog.bind`: the id drawn
+when the topic was created): a log left by an earlier topic of the same name, or by another
+cluster, is never taken for this topic's - it starts afresh.  The file
 is replaced atomically (write, fsync, rename, fsync of the directory) before the log changes
 that it describes, so a crash never leaves a new log under an old token.
 
@@ -128,6 +131,8 @@ class TopicLog:
         #: this copy's token, and the in-sync term it last served as primary (module doc)
         self.copy = ""
         self.primary_term: int | None = None
+        #: the topic incarnation this log belongs to (``None``: not bound yet)
+        self.topic_id: str | None = None
         #: records found on disk when the log was opened, and bytes cut off as a torn tail
         self.recovered = 0
         self.cut_bytes = 0
@@ -154,11 +159,24 @@ class TopicLog:
     def _write_meta(self) -> None:
         tmp = self.directory / (_META + ".tmp")
         with open(tmp, "w") as out:
-            json.dump({"copy": self.copy, "primary_term": self.primary_term}, out)
+            json.dump({"copy": self.copy, "primary_term": self.primary_term,
+                       "topic_id": self.topic_id}, out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.directory / _META)
         _fsync_dir(self.directory)
+
+    def bind(self, topic_id: str) -> None:
+        """This log belongs to topic incarnation ``topic_id``; a log recovered for another one
+        (or for none) is reset first (module doc).  Idempotent."""
+        if self.topic_id == topic_id:
+            return
+        if self.end or self.topic_id is not None:
+            log.warning("broker.log_foreign", directory=str(self.directory), records=self.end,
+                        was=self.topic_id, topic_id=topic_id)
+            self.reset()
+        self.topic_id = topic_id
+        self._write_meta()
 
     def mark_primary(self, term: int) -> None:
         """Record (durably) that this log serves the in-sync term ``term`` as primary; call
@@ -180,9 +198,10 @@ class TopicLog:
 
     def _recover(self) -> None:
         meta = self._read_meta()
-        copy, term = meta.get("copy"), meta.get("primary_term")
+        copy, term, topic_id = meta.get("copy"), meta.get("primary_term"), meta.get("topic_id")
         self.copy = copy if isinstance(copy, str) and copy else ""
         self.primary_term = term if isinstance(term, int) else None
+        self.topic_id = topic_id if isinstance(topic_id, str) else None
         segments = self._segments()
         cut_at: tuple[Path, int, str] | None = None
         for index, path in enumerate(segments):
