@@ -29,7 +29,7 @@ from framework.errors import (
 )
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.primitives.queue import producer as queue_producer
-from framework.primitives.queue_view import parse_item, update_listing
+from framework.primitives.queue.view import parse_item, update_listing
 from framework.testing import TcpProxy, expire_session
 from framework.zk import Transaction
 

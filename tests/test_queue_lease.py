@@ -11,7 +11,7 @@ import trio
 from framework import Session
 from framework.errors import ClaimLost, ConfigurationError
 from framework.primitives.queue import WorkQueue, consumer
-from framework.primitives.queue_lease import Renewal, lease_of, lease_token
+from framework.primitives.queue.lease import Renewal, lease_of, lease_token
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from tests.test_runtime import nursery_session
 

@@ -36,7 +36,7 @@ from framework.dashboard.model import (
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.election import contenders_of
-from framework.primitives.queue_view import is_bucket
+from framework.primitives.queue.view import is_bucket
 from framework.runtime.app import App
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, validate_name, watch_children, watch_data

@@ -14,7 +14,7 @@ import attrs
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
-from framework.primitives.queue_view import parse_item
+from framework.primitives.queue.view import parse_item
 from framework.runtime.app import App
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, validate_name

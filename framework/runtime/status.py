@@ -27,7 +27,7 @@ from rich.table import Table
 
 from framework import errors
 from framework.primitives import Election
-from framework.primitives.queue_view import is_bucket
+from framework.primitives.queue.view import is_bucket
 from framework.runtime.app import App
 from framework.zk import Session, gather
 

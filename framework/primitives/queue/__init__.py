@@ -2,7 +2,7 @@
 
 Producers add persistent sequential items named ``i<priority>-<token>-NNNNNNNNNN``; consumers
 take the lowest priority value first, oldest first, from an up-to-date children list (see
-:mod:`framework.primitives.queue_view` for the layout and the watched view).
+:mod:`framework.primitives.queue.view` for the layout and the watched view).
 
 Puts survive lost replies: the ``token`` in every item's name is a GUID, so after a
 ``ConnectionLossError`` the producer lists the bucket and adopts the item it finds instead of
@@ -64,11 +64,11 @@ tasks): with buckets of 10,000, 315 tasks/s from a 3,000-task backlog but 144 ta
 100,000-task one; with buckets of 1,000, 464 and 402 tasks/s (500: 424 and 456, but
 ``submit_many`` slowed to 19,000 tasks/s by the extra bucket changes).
 
-Leases (``lease=``): see :mod:`framework.primitives.queue_lease`.
+Leases (``lease=``): see :mod:`framework.primitives.queue.lease`.
 
 Modules: :mod:`.items` (records), :mod:`.producer` (puts), :mod:`.consumer` (takes, acks,
-dead letters), :mod:`framework.primitives.queue_view` (the watched view and the names),
-:mod:`framework.primitives.queue_lease` (leases); inspection (``size``, ``dead_letters``)
+dead letters), :mod:`framework.primitives.queue.view` (the watched view and the names),
+:mod:`framework.primitives.queue.lease` (leases); inspection (``size``, ``dead_letters``)
 is here.
 """
 
@@ -86,10 +86,10 @@ from framework import errors
 from framework.errors import ConfigurationError
 from framework.primitives.queue.consumer import Consumer
 from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
+from framework.primitives.queue.lease import LeaseBreaker, Renewal
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.producer import Producer
-from framework.primitives.queue_lease import LeaseBreaker, Renewal
-from framework.primitives.queue_view import QueueView, is_bucket, parse_item
+from framework.primitives.queue.view import QueueView, is_bucket, parse_item
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
 __all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueItem", "WorkQueue"]
@@ -117,7 +117,7 @@ class WorkQueue(Producer, Consumer):
     ``dead_letter`` (default ``<path>/dead``), readable with :meth:`dead_letters`.  Bad
     settings raise :class:`ConfigurationError`.  With ``lease`` (seconds), a claim must be
     renewed by its owner's trio loop within that time or it is broken and the item delivered
-    again (a visibility timeout: see :mod:`framework.primitives.queue_lease`); every user
+    again (a visibility timeout: see :mod:`framework.primitives.queue.lease`); every user
     of the queue should set the same lease.  With ``fence=(path, version)`` every put
     also checks, in the same request, that ``path`` is at ``version`` (a leader's election
     node): a deposed leader's put is refused by the server and raises

@@ -18,9 +18,9 @@ from framework.errors import ClaimLost, PermanentFailure
 from framework.logs import get_logger
 from framework.primitives.holding import node_scope
 from framework.primitives.queue.items import Claim, ClaimExtras, Finisher, QueueItem
+from framework.primitives.queue.lease import LeaseBreaker, Renewal, lease_token, renew
 from framework.primitives.queue.line import WaitingLine
-from framework.primitives.queue_lease import LeaseBreaker, Renewal, lease_token, renew
-from framework.primitives.queue_view import Entry, QueueView, claim_name_of
+from framework.primitives.queue.view import Entry, QueueView, claim_name_of
 from framework.zk import Session, Transaction, cleanup_bound, cleanup_scope, gather
 
 log = get_logger("framework.primitives.queue")
@@ -67,7 +67,7 @@ class Consumer:
         With a ``lease``, the claim is renewed while the block runs, for at most
         ``renew_for`` seconds (default: as long as it runs); a claim not renewed for a whole
         lease is broken by an idle consumer, the block is cancelled with :class:`ClaimLost`
-        and the item is delivered again (:mod:`framework.primitives.queue_lease`)."""
+        and the item is delivered again (:mod:`framework.primitives.queue.lease`)."""
         await self._setup()
         claim = await self._claim()
         entry = claim.entry

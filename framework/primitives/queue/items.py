@@ -6,7 +6,7 @@ from typing import Any, Awaitable, Callable
 
 import attrs
 
-from framework.primitives.queue_view import Entry
+from framework.primitives.queue.view import Entry
 from framework.zk import Transaction
 
 

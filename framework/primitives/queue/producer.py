@@ -12,7 +12,7 @@ from framework import errors
 from framework.errors import ConfigurationError, DataTooLargeError
 from framework.logs import get_logger
 from framework.primitives.queue.items import Batch, Chain
-from framework.primitives.queue_view import (
+from framework.primitives.queue.view import (
     bucket_index,
     bucket_name,
     is_bucket,
