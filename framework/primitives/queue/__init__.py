@@ -1,77 +1,27 @@
 """A work queue with priorities and at-least-once delivery (seed: queues, priority queues).
 
-Producers add persistent sequential items named ``i<priority>-<token>-NNNNNNNNNN``; consumers
-take the lowest priority value first, oldest first, from an up-to-date children list (see
-:mod:`framework.primitives.queue.view` for the layout and the watched view).
+Guarantees:
 
-Puts survive lost replies: the ``token`` in every item's name is a GUID, so after a
-``ConnectionLossError`` the producer lists the bucket and adopts the item it finds instead of
-creating a second one.  (If consumers took and acknowledged the item before the producer could
-look, it cannot be told from one never written and is put again: puts stay at-least-once.)
+* **Puts** are never lost and, after a lost reply, not duplicated while the item is still
+  queued (a GUID in each item's name is looked for before creating again).
+* **Order**: lowest priority value first, oldest first, within the oldest bucket that holds
+  unclaimed work (``bucket_size`` items per bucket; across the whole queue below that).
+* **Delivery is at-least-once.**  ``async with queue.take() as item:`` claims an item; a
+  clean exit acknowledges it by a multi that deletes claim and item only while the claim is
+  ours; an exception hands it back (or dead-letters it after ``max_attempts`` deliveries, or
+  at once for :class:`~framework.errors.PermanentFailure`).  A take cancelled before its
+  block starts leaves no claim and no counted delivery.
+* **SUSPENDED**: the block runs on until the session's trust deadline, then is cancelled
+  with :class:`~framework.errors.ClaimLost`.  **LOST**: the block is cancelled at once; the
+  ephemeral claim is gone with the session and the item is delivered again.
+  :class:`ClaimLost` is also raised when an acknowledgement cannot be proven.
+* Idle consumers wait in a line and never poll: a put wakes two of them, not all.
 
-Delivery is at-least-once:
-
-* claim: one transaction creates the consumer's *ephemeral* claim node and bumps the item's
-  version (the version counts deliveries, so crashed deliveries count too);
-* clean exit from ``async with queue.take() as item:`` acknowledges: one transaction deletes
-  the claim and the item *at the version we claimed*, so it succeeds only while the claim is
-  still ours - an item is never deleted twice, and never by a consumer that lost its claim.
-  An acknowledgement is reported only when it is proven: if its reply is lost and the session
-  changes meanwhile, or it cannot be confirmed within the session timeout (plus a second),
-  :class:`ClaimLost` is raised (the item is delivered again unless that ack did apply);
-* an exception releases the claim (the item is delivered again), or moves the item to the
-  dead-letter path once ``max_attempts`` deliveries have been made, or at once for
-  :class:`~framework.errors.PermanentFailure` (retrying cannot help);
-* a ``take()`` cancelled before its block starts (even while the claim's request is in
-  flight, or while its outcome is being checked after a lost reply) removes a claim it may
-  have made and restores the item's delivery count, so the item is not stuck and the
-  delivery that never reached a handler is not counted;
-* a crashed consumer's claims vanish with its session, and the item is delivered again.
-
-Consumers wait on watches, never poll.  Idle consumers wait in a line
-(:mod:`.line`, ``<path>/waiting/``): only the first two watch the queue, each later one only
-the two waiters just ahead of it, so a put wakes two consumers rather than every idle one
-(no herd), and idle consumers are served in the order they started waiting (fair).  A
-consumer that finds work leaves the line as its claim goes out; busy consumers never wait in
-it.  Consumers that go for the same item race for it; one that loses tries the round's other
-items once more, and its next rounds start at a random place among the first items of the
-head's priority instead of racing for the next head in lockstep, so competitors spread
-out.  Within a process, consumer tasks sharing a
-``WorkQueue`` share one view and never compete for the same item.  A lone consumer takes
-items in strict order.
-
-Large queues: items live in buckets ``items/b-NNNNNNNNNN``.  A bucket is closed once its
-sequence counter reaches ``bucket_size`` (ZooKeeper counts every create in it); an item that
-gets a number at or past ``bucket_size`` (a concurrent or stale producer's) is moved by its
-producer to the newest bucket - and on again, if it lands past that one's capacity too -
-before ``put`` returns.  The exact bound: a bucket holds at most ``bucket_size`` items, plus
-items created past its capacity that are not moved yet.  Those exist only while the puts that
-made them are in flight, except an item that a consumer claimed before its producer could
-move it, or whose producer died first: it stays where it is until it is consumed (it is
-delivered normally).  So once puts have returned, and without consumers racing them, no
-bucket holds more than ``bucket_size`` items.  Priority order holds within the oldest bucket
-that still holds unclaimed work - that is, across the whole queue while it holds fewer than
-``bucket_size`` items.  The bound: an urgent item waits behind at most the unclaimed items of
-the buckets older than its own (fewer than ``bucket_size`` per bucket), whatever their
-priority.  Measured: with ``bucket_size=1000``, 1,500 items of priority 5 then one of
-priority -5, a lone consumer took the urgent item after exactly 1,000 others (the whole
-first bucket; 6.3 s).
-
-The default ``bucket_size`` is 1,000: a consumer re-lists the bucket it takes from whenever
-that bucket's watch fires (a put or an ack in it), so the size of a bucket, not of the queue,
-is the work per item.  Measured (``bench/runtime.py``, 4 workers x 4 slots draining 2,000
-tasks): with buckets of 10,000, 315 tasks/s from a 3,000-task backlog but 144 tasks/s from a
-100,000-task one; with buckets of 1,000, 464 and 402 tasks/s (500: 424 and 456, but
-``submit_many`` slowed to 19,000 tasks/s by the extra bucket changes).
-
-Leases (``lease=``): see :mod:`framework.primitives.queue.lease`.
-
-Modules: :mod:`.items` (records), :mod:`.producer` (puts), :mod:`.consumer` (takes, acks,
-dead letters), :mod:`framework.primitives.queue.view` (the watched view and the names),
-:mod:`framework.primitives.queue.lease` (leases); inspection (``size``, ``dead_letters``)
-is here.
+Design, costs and measurements: ``docs/architecture.md`` ("The work queue").  Modules:
+:mod:`.items` (records), :mod:`.producer` (puts), :mod:`.consumer` (takes, acks, dead
+letters), :mod:`.line` (idle consumers), :mod:`.view` (the watched view and the names),
+:mod:`.lease` (leases); inspection (``size``, ``dead_letters``) is here.
 """
-
 from __future__ import annotations
 
 import functools
