@@ -220,3 +220,30 @@ async def test_a_plan_that_disagrees_with_the_assignments_is_resumed_from_them(
                                                scopes, sessions)
             await wait_plan(session, app, lambda p, s: replicated(p, s, set(workers)))
             nursery.cancel_scope.cancel()
+
+
+async def test_a_late_clean_up_never_deletes_the_current_record(
+        zk_hosts: str, chroot: str, session: Session) -> None:
+    """One record per ``ready`` block: a record of ours left by an earlier block is
+    replaced, never adopted, and that block's withdrawal landing late
+    (``Session.delete_later`` with what it wrote) leaves the current record alone."""
+    app = App("rep3")
+    await session.ensure_path(app.deployed_dir("s0"))
+    worker = Replica(app, name="w1")
+    worker.session = session
+    path = f"{app.deployed_dir('s0')}/w1"
+    with trio.fail_after(10):
+        async with worker.ready("s0", {"worker": "w1"}) as listed:
+            assert listed
+            first, _ = await session.get(path)
+        # the earlier block's record is still there (its withdrawal not through yet)
+        await session.create(path, first, ephemeral=True)
+        old = await session.exists(path)
+        assert old is not None
+        async with worker.ready("s0", {"worker": "w1"}) as listed:
+            assert listed
+            data, stat = await session.get(path)
+            assert stat.czxid != old.czxid and data != first  # a new incarnation
+            session.delete_later(path, data=first)  # the earlier block's clean-up, late
+            await session.wait_leftovers_done()
+            assert (await session.get(path))[0] == data

@@ -35,7 +35,7 @@ from framework.logs import get_logger
 from framework.primitives import is_fence_failure
 from framework.runtime.app import check_name
 from framework.runtime.assignment import plan_replicas
-from framework.zk import watch_children
+from framework.zk import SessionState, watch_children
 
 if TYPE_CHECKING:
     from framework.runtime.master import MasterContext
@@ -77,6 +77,10 @@ class ReplicatedPlacement:
         self._watchers: dict[str, trio.CancelScope] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: (shard, worker) -> version of its confirmed deployment record, read this step
+        self._confirmed: dict[tuple[str, str], int] = {}
+        self._record_watches: set[str] = set()  # unconfirmed records with a watch armed
+        self._token: trio.lowlevel.TrioToken | None = None
 
     # ------------------------------------------------------------ the desired state
 
@@ -104,10 +108,12 @@ class ReplicatedPlacement:
         app = self.ctx.app
         for path in (app.shards, app.plan, app.deployed, app.refused, app.assignments):
             await session.ensure_path(path)
+        self._token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._load()
             nursery.start_soon(self._watch_workers)
+            nursery.start_soon(self._rearm_after_reconnect)
             # never plan from an empty live set: wait for the first listing of the workers,
             # and give every planned worker missing from it the grace of a lost one
             await self._workers_known.wait()
@@ -233,7 +239,12 @@ class ReplicatedPlacement:
         app = self.ctx.app
         session = self.ctx.session
         grace = {w for w, t in self._lost_at.items() if now < t + self.node_grace}
-        target = plan_replicas(self._wanted, self.live | grace, self.plan, self.serving,
+        candidates = self.live | grace
+        # a replica may be dropped only while every other one has a confirmed record:
+        # plan from the confirmed records of the shards where a drop is possible
+        serving = dict(self.serving)
+        serving.update(await self._read_confirmed(candidates))
+        target = plan_replicas(self._wanted, candidates, self.plan, serving,
                                self._replication, excluded=self.refused,
                                max_moves=self.max_moves)
         for shard in set(self.known) - set(self._wanted):
@@ -259,7 +270,17 @@ class ReplicatedPlacement:
                 continue
             if shard in self.known:
                 txn.set(app.plan_path(shard), json.dumps(workers).encode())
-            for worker in set(old) - set(workers):
+            dropped = set(old) - set(workers)
+            if dropped & candidates and workers:
+                # a live replica goes: in the same multi, every replica that stays must
+                # still have the confirmed record we read (else refused, re-read, retried)
+                for worker in sorted(set(workers) & set(old)):
+                    version = self._confirmed.get((shard, worker))
+                    if version is not None:
+                        txn.check(f"{app.deployed_dir(shard)}/{worker}", version)
+                log.info("replicated.replica_dropped", app=app.name, shard=shard,
+                         dropped=sorted(dropped), staying=sorted(workers))
+            for worker in dropped:
                 txn.delete(f"{app.assignment_dir(worker)}/{shard}")
             for worker in set(workers) - set(old):
                 txn.create(f"{app.assignment_dir(worker)}/{shard}")
@@ -277,6 +298,61 @@ class ReplicatedPlacement:
             log.info("replicated.plan_written", app=app.name, shards=len(target),
                      changes=moves)
         await self._forget_unserved()
+
+    async def _read_confirmed(self, candidates: set[str]) -> dict[str, set[str]]:
+        """For each shard with more planned live replicas than its R (a drop is possible):
+        the workers whose deployment record is confirmed (version 1 or more, see
+        ``Worker.ready``), reading each record's version now (kept for the multi's
+        ``check``).  An unconfirmed record gets a watch, so its confirmation (or end)
+        wakes the loop."""
+        session = self.ctx.session
+        self._confirmed = {}
+        out: dict[str, set[str]] = {}
+        for shard, planned in sorted(self.plan.items()):
+            if shard not in self._wanted:
+                continue
+            live = [w for w in planned if w in candidates]
+            if len(live) <= self._replication.get(shard, 0):
+                continue
+            out[shard] = set()
+            for worker in live:
+                if worker not in self.serving.get(shard, set()):
+                    continue
+                path = f"{self.ctx.app.deployed_dir(shard)}/{worker}"
+                watch = path not in self._record_watches
+                stat = await session.exists(
+                    path, watch=self._record_watcher(path) if watch else None)
+                if watch:
+                    self._record_watches.add(path)
+                if stat is not None and stat.version >= 1:
+                    self._confirmed[(shard, worker)] = stat.version
+                    out[shard].add(worker)
+        return out
+
+    def _record_watcher(self, path: str) -> Callable[..., None]:
+        """A watch on a deployment record (kazoo thread): wakes the loop in trio."""
+        token = self._token
+        assert token is not None
+
+        def fired(*_: Any) -> None:
+            try:
+                token.run_sync_soon(self._record_changed, path)
+            except trio.RunFinishedError:
+                pass
+
+        return fired
+
+    async def _rearm_after_reconnect(self) -> None:
+        """kazoo drops watches with a connection: after each reconnection the records'
+        watches are armed again at the next step."""
+        async for change in self.ctx.session.states():
+            if change.state is SessionState.CONNECTED:
+                self._record_watches.clear()
+                self._changed.set()
+
+    def _record_changed(self, path: str) -> None:
+        self._record_watches.discard(path)
+        self._changed.set()
 
     async def _forget_unserved(self) -> None:
         """Delete the znodes of shards no longer wanted that nobody serves (one multi)."""
