@@ -18,7 +18,14 @@ Guarantees:
   manifest checksum and opened.  A corrupt shard is refused (the runtime's ``refused/``) and
   never served.
 * Dropping a shard (unassigned, index removed) withdraws the record first, then closes the
-  searcher, then deletes the local files.
+  searcher, then deletes the local files.  A shard stopped for another reason (the session
+  could not be trusted for a while, the node stops) keeps its local copy: served again, it
+  is verified against the store's manifest and reopened, not copied again.
+* Before answering for a shard it owns, the node checks that the session it announced the
+  shard in is still provably alive (``Session.ensure_trusted``): after a pause past the
+  trust deadline it answers "not serving" and the client asks another replica.  The answer
+  itself could not be wrong (an index version never changes); the check keeps the promise
+  that a node answers as a replica only while its deployment record is provably its own.
 """
 
 from __future__ import annotations
@@ -36,13 +43,14 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from examples.katta_like.corpus import documents, shard_of
-from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths
+from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, parse_replica
 from examples.katta_like.store import (
     CorruptShard,
     GlobalStats,
     ShardSearcher,
     ShardStore,
     fetch_shard,
+    reuse_local,
     shard_dir_name,
 )
 from framework import Worker, errors, get_logger
@@ -69,6 +77,8 @@ class SearchNode(Worker):
         self.store = ShardStore(default_store())
         self.data_dir = Path(os.environ.get("KATTA_DATA") or f"out/katta/nodes/{self.name}")
         self.served: dict[tuple[str, int], ShardSearcher] = {}
+        self._active: set[tuple[str, int]] = set()  # shards in serve_shard now
+        self._owned_in: dict[tuple[str, int], int | None] = {}  # listed: session id
         self.queries = 0
 
     # ------------------------------------------------------------ index build (pull mode)
@@ -127,36 +137,76 @@ class SearchNode(Worker):
 
     async def serve_shard(self, shard: str, spec: bytes) -> None:
         """Serve one assigned shard (the runtime's replicated push mode): copy it to local
-        disk, verify it, open it, then say it is ready (the runtime writes the serving
-        record); unassigned, the record is withdrawn, the searcher closed, the local copy
-        deleted.  A corrupt shard is refused (PermanentFailure): never served here."""
+        disk (or reuse the local copy kept from an earlier serving, verified against the
+        store's manifest), verify it, open it, then say it is ready (the runtime writes the
+        serving record); unassigned, the record is withdrawn, the searcher closed, the
+        local copy deleted.  Stopped for another reason (the session not trusted, the node
+        stopping) the local copy is kept, to be verified and reopened.  A corrupt shard is
+        refused (PermanentFailure): never served here."""
         doc = json.loads(spec)
         index, number, store = str(doc["index"]), int(doc["shard"]), ShardStore(doc["store"])
+        key = (index, number)
         local = self.data_dir / index / shard_dir_name(number)
-        try:  # from here on, however this ends, the local copy goes
+        self._active.add(key)
+        try:  # from here on, if it ends unassigned (or corrupt), the local copy goes
             try:
-                await trio.to_thread.run_sync(fetch_shard, store, index, number,
-                                              self.data_dir)
+                reused = await trio.to_thread.run_sync(reuse_local, store, index, number,
+                                                       self.data_dir)
+                if not reused:
+                    await trio.to_thread.run_sync(fetch_shard, store, index, number,
+                                                  self.data_dir)
                 searcher = await trio.to_thread.run_sync(ShardSearcher, local)
             except (CorruptShard, OSError, ValueError) as exc:
                 log.error("shard.corrupt", node=self.name, index=index, shard=number,
                           error=str(exc))
+                shutil.rmtree(local, ignore_errors=True)
                 raise errors.PermanentFailure(f"corrupt shard {index}/{number}: {exc}"
                                               ) from None
-            self.served[(index, number)] = searcher
+            if reused:
+                log.info("shard.reopened", node=self.name, index=index, shard=number)
+            self.served[key] = searcher
             info = {"address": self.address, "docs": searcher.searcher.num_docs}
             async with self.ready(shard, info) as listed:
                 if not listed:
                     log.info("shard.index_gone", node=self.name, index=index, shard=number)
                     return
+                assert self.session is not None
+                self._owned_in[key] = self.session.session_id
                 self.status_changed()
                 log.info("shard.serving", node=self.name, index=index, shard=number)
                 await trio.sleep_forever()
         finally:
-            if self.served.pop((index, number), None) is not None:
+            self._owned_in.pop(key, None)
+            if self.served.pop(key, None) is not None:
                 self.status_changed()  # it stopped serving now (after its record went)
                 log.info("shard.dropped", node=self.name, index=index, shard=number)
-            shutil.rmtree(local, ignore_errors=True)
+            self._active.discard(key)
+            if shard not in self.assigned_shards:
+                shutil.rmtree(local, ignore_errors=True)
+            elif local.exists():
+                log.info("shard.copy_kept", node=self.name, index=index, shard=number)
+
+    async def on_assignments(self, shards: frozenset[str]) -> None:
+        """Delete the local copies of shards no longer assigned (kept through a pause or a
+        restart, and unassigned meanwhile), except those being served or dropped now."""
+        assigned = {parse_replica(s) for s in shards}
+        stale = []
+        for directory in sorted(self.data_dir.glob("*/shard-*")):
+            try:
+                key = (directory.parent.name, int(directory.name.removeprefix("shard-")))
+            except ValueError:
+                continue
+            if key not in assigned and key not in self._active:
+                trash = directory.parent / f".tmp-{os.urandom(8).hex()}"
+                try:
+                    os.rename(directory, trash)  # now, before another serving can start
+                except OSError:
+                    continue
+                stale.append(trash)
+                log.info("shard.copy_deleted", node=self.name, index=key[0], shard=key[1])
+        if stale:
+            await trio.to_thread.run_sync(
+                lambda: [shutil.rmtree(d, ignore_errors=True) for d in stale])
 
     # ------------------------------------------------------------ HTTP/JSON
 
@@ -189,6 +239,22 @@ class SearchNode(Worker):
                                 (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
 
+    def _trusted(self, key: tuple[str, int]) -> bool:
+        """Right before answering as an owner of a shard: is the session it was announced
+        in still provably alive (:meth:`Session.ensure_trusted`)?  After a pause (GC,
+        SIGSTOP) past the trust deadline a node answers "not serving" even before trio
+        ran the task that cancels its shards, so a client asks another replica."""
+        session = self.session
+        if session is None:
+            return False
+        try:
+            session.ensure_trusted(self._owned_in.get(key))
+        except errors.SessionInterrupted:
+            log.info("shard.answer_refused", node=self.name, index=key[0], shard=key[1],
+                     reason="session not trusted")
+            return False
+        return True
+
     def _answer(self, path: str, body: bytes) -> tuple[int, Any]:
         try:
             request = json.loads(body or b"{}")
@@ -207,6 +273,9 @@ class SearchNode(Worker):
                 searcher = self.served.get((index, shard))
                 if searcher is None:
                     answers[str(shard)] = {"error": f"{self.name} does not serve {index}/{shard}"}
+                elif not self._trusted((index, shard)):
+                    answers[str(shard)] = {"error": f"{self.name} cannot vouch for its "
+                                                    f"session: not serving {index}/{shard}"}
                 elif path == "/search":
                     self.queries += 1
                     answers[str(shard)] = searcher.search(query, top, stats)

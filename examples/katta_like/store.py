@@ -229,6 +229,23 @@ def verify(directory: Path) -> Manifest:
     return manifest
 
 
+def reuse_local(store: ShardStore, index: str, shard: int, local_root: Path) -> bool:
+    """Whether the local copy of a shard (kept from an earlier serving, say a pause or a
+    restart of the node) can be served again: every file matches its manifest and the
+    manifest is the store's.  A copy that does not is deleted (then fetch it again)."""
+    target = local_root / index / shard_dir_name(shard)
+    if not target.is_dir():
+        return False
+    try:
+        source = store.manifest(index, shard)
+        if source is not None and verify(target).checksum == source.checksum:
+            return True
+    except CorruptShard:
+        pass
+    shutil.rmtree(target, ignore_errors=True)
+    return False
+
+
 def fetch_shard(store: ShardStore, index: str, shard: int, local_root: Path) -> Path:
     """Copy a shard from the store to ``local_root`` (aside, verified, then renamed)."""
     source = store.shard_path(index, shard)
