@@ -4,9 +4,16 @@ Guarantees:
 
 * The deployment (which node serves which shard, at which address) is read from ZooKeeper
   through watches and cached: a query costs no ZooKeeper round trip.
-* Every shard's query goes to one serving replica (rotating); when that replica fails,
-  answers 404/503 or is slower than ``shard_timeout``, the next replica is tried.  A shard is
-  reported *missing* only when no replica answered.
+* Every shard's query goes to one serving replica (random, healthy first); when that
+  replica fails or answers that it does not serve the shard, the next replica is tried at
+  once; when it is slower than recent requests allow (:meth:`SearchClient.hedge_delay`: a
+  multiple of the recent 95th percentile, between ``hedge_floor`` and ``hedge_max``) the
+  shard is *also* sent to the next replica (a hedge; the first answer wins), so a frozen
+  node costs a query about ``hedge_max`` at most, not ``shard_timeout`` (after which a
+  request is abandoned).  A shard is reported *missing* only when no replica answered.
+* With global scoring a shard counts as answered only if it answered the statistics round
+  and the search: one missing from the statistics is not searched and is reported missing
+  (the result is partial, never silently mis-scored).
 * A result is never silently partial: :attr:`SearchResult.partial` is true and
   :attr:`SearchResult.missing` names the shards when any shard could not be answered.
 * An alias is resolved once per query, so a query sees one index version, never a mix, even
@@ -25,6 +32,7 @@ import heapq
 import json
 import math
 import random
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -46,6 +54,8 @@ log = get_logger("examples.katta_like.client")
 SUSPECT_FOR = 5.0
 #: Global statistics kept per (index, query): an index version never changes.
 STATS_CACHE = 4096
+#: Answered requests whose latency sets the hedge delay.
+LATENCY_SAMPLES = 256
 
 
 class UnknownIndex(FrameworkError):
@@ -73,6 +83,7 @@ class SearchResult:
     missing: list[int]
     retries: int
     state: str = "deployed"
+    hedged: int = 0  # of the retries, shards also sent elsewhere because a replica was slow
 
     @property
     def partial(self) -> bool:
@@ -93,6 +104,11 @@ class _IndexView:
 class SearchClient:
     """Use as ``async with SearchClient.open(session) as client: await client.search(q)``."""
 
+    #: Hedge delay bounds and factor (see :meth:`hedge_delay`), seconds.
+    hedge_floor: float = 0.02
+    hedge_max: float = 0.1
+    hedge_factor: float = 2.0
+
     def __init__(self, session: Session, nursery: trio.Nursery, http: httpx.AsyncClient, *,
                  app: str = APP_NAME, shard_timeout: float = 1.0,
                  scoring: str = "global") -> None:
@@ -112,6 +128,7 @@ class SearchClient:
         self._alias_ready: dict[str, trio.Event] = {}
         self._rng = random.Random()
         self._suspect: dict[str, float] = {}
+        self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
 
     @classmethod
     @asynccontextmanager
@@ -197,64 +214,97 @@ class SearchClient:
     # ------------------------------------------------------------ search
 
     async def search(self, query: str, *, index: str = "docs", top: int = 10) -> SearchResult:
-        """Search every shard of ``index`` (or the index an alias names) and merge the top K."""
+        """Search every shard of ``index`` (or the index an alias names) and merge the top K.
+
+        With global scoring a shard counts as answered only if it answered both the
+        statistics round and the search: a shard missing from the statistics is not
+        searched (its score would be off, and the others' too, by its statistics) and is
+        reported missing; the result is then partial."""
         check_query(query)
         if not 1 <= top <= 10_000:
             raise FrameworkError(f"--top must be 1..10000, not {top}")
         name = await self.resolve(index)
         view = await self.view(name)
         assert view.record is not None
-        retries = [0]
+        every = list(range(view.record.shards))
+        counts = _Counts()
         errors_seen: list[str] = []
         stats: GlobalStats | None = None
+        searched = every
         if self.scoring == "global":
             key = (name, query)
             stats = self._stats.get(key)
             if stats is None:
-                parts = await self._scatter(view, name, "/stats", {"query": query},
-                                            retries, errors_seen)
+                parts = await self._scatter(view, name, "/stats", {"query": query}, every,
+                                            counts, errors_seen)
                 if errors_seen:
                     raise FrameworkError(errors_seen[0])
-                stats = GlobalStats.merge(list(parts.values()))
+                stats = GlobalStats.merge([parts[s] for s in sorted(parts)])
+                searched = sorted(parts)
                 if len(parts) == view.record.shards:  # an index version never changes
                     if len(self._stats) >= STATS_CACHE:
                         self._stats.pop(next(iter(self._stats)))
                     self._stats[key] = stats
+                else:
+                    log.warning("katta.stats_missing", index=name, query=query,
+                                missing=sorted(set(every) - set(parts)))
         body: dict[str, Any] = {"query": query, "top": top}
         if stats is not None:
             body["stats"] = stats.to_json()
-        answers = await self._scatter(view, name, "/search", body, retries, errors_seen)
+        answers = await self._scatter(view, name, "/search", body, searched, counts,
+                                      errors_seen) if searched else {}
         if errors_seen:
             raise FrameworkError(errors_seen[0])
         merged = heapq.nlargest(top, (
             Hit(score, url, title, shard)
             for shard, answer in answers.items() for score, url, title in answer["hits"]),
             key=lambda h: (h.score, h.url))
-        missing = sorted(set(range(view.record.shards)) - set(answers))
+        missing = sorted(set(every) - set(answers))
         return SearchResult(name, merged, sum(a["count"] for a in answers.values()),
-                            sorted(answers), missing, retries[0], view.record.state)
+                            sorted(answers), missing, counts.retries, view.record.state,
+                            counts.hedged)
+
+    def hedge_delay(self) -> float:
+        """Seconds a request may run before its shards are also sent to another replica:
+        ``hedge_factor`` x the 95th percentile of the recent answered requests' latencies,
+        at least ``hedge_floor``, at most ``hedge_max`` (also while there are too few
+        samples)."""
+        if len(self._latencies) < 20:
+            return self.hedge_max
+        ordered = sorted(self._latencies)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return min(self.hedge_max, max(self.hedge_floor, self.hedge_factor * p95))
 
     async def _scatter(self, view: _IndexView, name: str, endpoint: str,
-                       body: dict[str, Any], retries: list[int], errors_seen: list[str]
-                       ) -> dict[int, dict[str, Any]]:
-        """Send ``body`` for every shard to one serving replica of it, one request per node
-        (Katta's way: a node gets the list of its shards); a shard whose replica failed, was
-        too slow or does not serve it (any more) is sent to its next replica, in rounds,
-        until it answered or no replica is left."""
+                       body: dict[str, Any], shards: list[int], counts: _Counts,
+                       errors_seen: list[str]) -> dict[int, dict[str, Any]]:
+        """Send ``body`` for ``shards`` to one serving replica each, one request per node
+        (Katta's way: a node gets the list of its shards).  A shard whose replica failed or
+        does not serve it (any more) is sent to its next replica at once; a shard whose
+        request runs longer than :meth:`hedge_delay` is *also* sent to its next replica
+        (a hedge: the first answer wins, the node is tried last for a while); a request
+        gives up after ``shard_timeout``.  Returns when every shard answered, or no
+        replica is left to try for the others (they are missing from the answers)."""
         assert view.record is not None
         answers: dict[int, dict[str, Any]] = {}
-        tried: dict[int, set[str]] = {s: set() for s in range(view.record.shards)}
-        pending = set(tried)
-        first = True
-        while pending and not errors_seen:
+        tried: dict[int, set[str]] = {s: set() for s in shards}
+        in_flight: dict[int, int] = {s: 0 for s in shards}
+        exhausted: set[int] = set()  # no replica left to try
+        outstanding: set[_Request] = set()
+        done_send: trio.MemorySendChannel[_Request]
+        done_receive: trio.MemoryReceiveChannel[_Request]
+        done_send, done_receive = trio.open_memory_channel(math.inf)
+        first = [True]
+
+        def dispatch(todo: list[int]) -> None:
             now = trio.current_time()
             batches: dict[str, list[int]] = {}
             addresses: dict[str, str] = {}
-            for shard in sorted(pending):
+            for shard in todo:
                 candidates = [(n, a) for n, a in view.replicas.get(shard, {}).items()
                               if n not in tried[shard]]
                 if not candidates:
-                    pending.discard(shard)  # no replica left: reported missing
+                    exhausted.add(shard)
                     continue
                 self._rng.shuffle(candidates)
                 # healthy first (a killed node's records stay until its session expires),
@@ -265,39 +315,99 @@ class SearchClient:
                 tried[shard].add(node)
                 batches.setdefault(node, []).append(shard)
                 addresses[node] = address
-                if not first:
-                    retries[0] += 1
-            first = False
+                if not first[0]:
+                    counts.retries += 1
+            for node, batch in batches.items():
+                request = _Request(node, batch, now)
+                outstanding.add(request)
+                for shard in batch:
+                    in_flight[shard] += 1
+                nursery.start_soon(ask, request, addresses[node])
 
-            async def ask(node: str, address: str, shards: list[int]) -> None:
-                try:
-                    with trio.fail_after(self.shard_timeout):
-                        response = await self._http.post(
-                            f"http://{address}{endpoint}",
-                            json={"index": name, "shards": shards, **body})
-                except (httpx.HTTPError, trio.TooSlowError) as exc:
-                    log.debug("katta.replica_failed", node=node, shards=shards, error=repr(exc))
-                    self._suspect[node] = trio.current_time()
-                    return
-                if response.status_code == 400:
-                    errors_seen.append(response.json().get("error", "bad request"))
-                    return
-                if response.status_code != 200:
-                    self._suspect[node] = trio.current_time()
-                    return
+        async def ask(request: _Request, address: str) -> None:
+            node = request.node
+            try:
+                with trio.fail_after(self.shard_timeout):
+                    response = await self._http.post(
+                        f"http://{address}{endpoint}",
+                        json={"index": name, "shards": request.shards, **body})
+            except (httpx.HTTPError, trio.TooSlowError) as exc:
+                log.debug("katta.replica_failed", node=node, shards=request.shards,
+                          error=repr(exc))
+                self._suspect[node] = trio.current_time()
+                done_send.send_nowait(request)
+                return
+            if response.status_code == 400:
+                errors_seen.append(response.json().get("error", "bad request"))
+            elif response.status_code != 200:
+                self._suspect[node] = trio.current_time()
+            else:
+                self._latencies.append(trio.current_time() - request.started)
                 for key, answer in response.json()["shards"].items():
                     if "error" not in answer:
-                        answers[int(key)] = answer
-                        pending.discard(int(key))
+                        answers.setdefault(int(key), answer)
                     else:
                         log.debug("katta.replica_refused", node=node, shard=key,
                                   error=answer["error"])
                 self._suspect.pop(node, None)
+            done_send.send_nowait(request)
 
-            async with trio.open_nursery() as nursery:
-                for node, shards in batches.items():
-                    nursery.start_soon(ask, node, addresses[node], shards)
+        async with trio.open_nursery() as nursery:
+            dispatch(sorted(shards))
+            first[0] = False
+            while not errors_seen:
+                open_shards = [s for s in shards if s not in answers]
+                idle = [s for s in open_shards if not in_flight[s] and s not in exhausted]
+                if idle:
+                    dispatch(idle)  # failed or refused: the next replica at once
+                if not any(in_flight[s] for s in open_shards):
+                    break  # every shard answered, or no replica left for the rest
+                delay = self.hedge_delay()
+                request: _Request | None = None
+                due = [r for r in outstanding if not r.hedged
+                       and any(s not in answers and s not in exhausted for s in r.shards)]
+                try:
+                    request = done_receive.receive_nowait()  # an answer already in
+                except trio.WouldBlock:
+                    with trio.move_on_at(min((r.started + delay for r in due),
+                                             default=math.inf)):
+                        request = await done_receive.receive()
+                if request is not None:
+                    outstanding.discard(request)
+                    for shard in request.shards:
+                        in_flight[shard] -= 1
+                    continue
+                now = trio.current_time()
+                for slow in due:  # slower than recent requests allow: hedge
+                    if slow.started + delay <= now:
+                        slow.hedged = True
+                        self._suspect[slow.node] = now
+                        todo = [s for s in slow.shards if s not in answers]
+                        counts.hedged += len(todo)
+                        log.debug("katta.hedged", node=slow.node, shards=todo,
+                                  after=round(now - slow.started, 4))
+                        dispatch(todo)
+            nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
         return answers
+
+
+@attrs.define(eq=False)
+class _Request:
+    """One HTTP request of a scatter: a node and the shards it was asked for."""
+
+    node: str
+    shards: list[int]
+    started: float
+    hedged: bool = False
+
+
+@attrs.define
+class _Counts:
+    """Re-sends of one query: ``retries`` (every shard sent to another replica, after a
+    failure or as a hedge), ``hedged`` (those sent because a replica was slow)."""
+
+    retries: int = 0
+    hedged: int = 0
 
 
 def describe_shard(shard: int) -> str:
