@@ -64,6 +64,7 @@ class LoadStats:
     overlap_sum: float = 0.0
     correct_sum: float = 0.0
     latencies: list[float] = attrs.Factory(list)
+    started: list[float] = attrs.Factory(list)  # time.monotonic() at each query's start
     errors: list[str] = attrs.Factory(list)
     _progress: trio.Event = attrs.Factory(trio.Event)
 
@@ -86,6 +87,12 @@ class LoadStats:
         """Mean fraction of merged hits that belong in the single index's top K (ties)."""
         return self.correct_sum / self.answered if self.answered else 0.0
 
+    def worst_between(self, start: float, end: float) -> float:
+        """The longest latency of the queries that ran at some point in ``[start, end]``
+        (``time.monotonic()`` seconds)."""
+        return max((lat for at, lat in zip(self.started, self.latencies, strict=True)
+                    if at <= end and at + lat >= start), default=0.0)
+
     def percentile(self, p: float) -> float:
         if not self.latencies:
             return 0.0
@@ -106,6 +113,7 @@ async def run_load(client: SearchClient, queries: list[str],
             n += concurrency
             stats.sent += 1
             started = time.perf_counter()
+            began = time.monotonic()
             try:
                 result = await client.search(query, index=index, top=top)
             except Exception as exc:  # counted and reported, never hidden
@@ -115,6 +123,7 @@ async def run_load(client: SearchClient, queries: list[str],
                 log.warning("katta.query_failed", query=query, error=repr(exc))
                 continue
             stats.latencies.append(time.perf_counter() - started)
+            stats.started.append(began)
             stats.retries += result.retries
             if result.partial:
                 stats.partial += 1
