@@ -34,6 +34,7 @@ async def deploy(session: Session, tmp: Path, shards: int, name: str = "docs") -
     record = await wait_state(session, name, ("deployed", "error"))
     assert record is not None and record.state == "deployed", record
     await wait_replicated(session, name, 2)
+    await wait_balanced(session, name)  # no move in flight (a fault test starts settled)
 
 
 def checked(stats: LoadStats) -> None:
