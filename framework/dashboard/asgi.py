@@ -1,21 +1,28 @@
-"""The dashboard's web application: a small hand-written ASGI app.
+"""The dashboard's web application (Starlette).
 
 Routes: ``/`` (the page), ``/static/*``, ``/events`` (server-sent events: the model's JSON
 state at each new version, at most every :data:`PUSH_INTERVAL` per viewer), ``/api/state``,
 ``/api/result?app=&key=``, ``/metrics`` (Prometheus), and, only when actions are allowed,
 ``POST /api/requeue`` and ``POST /api/discard`` (JSON ``{"app": ..., "name": ...}``, with
-the ``X-Dashboard-Action`` header so that another site's form cannot post them).
+the ``X-Dashboard-Action`` header so that another site's form cannot post them).  Errors are
+JSON ``{"ok": false, "error": ...}``: 400 for a bad request, 403 for a refused action, 404
+for an unknown route, 503 when ZooKeeper cannot answer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from framework import errors
 from framework.dashboard import prom
@@ -26,154 +33,117 @@ from framework.zk import Session
 
 log = get_logger("framework.dashboard.web")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 STATIC = Path(__file__).parent / "static"
-STATIC_FILES = {
-    "dashboard.js": "text/javascript; charset=utf-8",
-    "dashboard.css": "text/css; charset=utf-8",
-}
 #: Shortest time between two pushes to one viewer (a burst of versions collapses).
 PUSH_INTERVAL = 0.2
 #: Largest request body accepted (actions are tiny JSON documents).
 MAX_BODY = 16 * 1024
+NO_STORE = {"cache-control": "no-store"}
 
 
-class DashboardApp:
-    """ASGI callable serving ``model``; ``session`` is used only for lookups and actions."""
+def dashboard_app(model: Model, session: Session) -> Starlette:
+    """The ASGI application serving ``model``; ``session`` is used only for lookups and
+    actions."""
+    registry = prom.registry_for(model)
 
-    def __init__(self, model: Model, session: Session) -> None:
-        self.model = model
-        self.session = session
-        self.registry = prom.registry_for(model)
+    async def page(request: Request) -> Response:
+        return Response((STATIC / "index.html").read_bytes(), headers=NO_STORE,
+                        media_type="text/html; charset=utf-8")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        method, path = scope["method"], scope["path"]
-        try:
-            if method == "GET" and path == "/":
-                await _respond(send, 200, (STATIC / "index.html").read_bytes(),
-                               "text/html; charset=utf-8")
-            elif method == "GET" and path.startswith("/static/"):
-                name = path.removeprefix("/static/")
-                if name not in STATIC_FILES:
-                    await _error(send, 404, "no such file")
-                    return
-                await _respond(send, 200, (STATIC / name).read_bytes(), STATIC_FILES[name])
-            elif method == "GET" and path == "/events":
-                await self._events(receive, send)
-            elif method == "GET" and path == "/api/state":
-                await _respond(send, 200, self.model.snapshot_bytes(), "application/json")
-            elif method == "GET" and path == "/api/result":
-                await self._result(scope, send)
-            elif method == "GET" and path == "/metrics":
-                await _respond(send, 200, prom.render(self.registry), prom.CONTENT_TYPE)
-            elif method == "POST" and path in ("/api/requeue", "/api/discard"):
-                await self._action(scope, receive, send, path.removeprefix("/api/"))
-            else:
-                await _error(send, 404, f"no route {method} {path}")
-        except actions.ActionError as exc:
-            await _error(send, 400, str(exc))
-        except errors.ZooKeeperError as exc:
-            await _error(send, 503, f"ZooKeeper: {type(exc).__name__}: {exc}")
+    async def state(request: Request) -> Response:
+        return Response(model.snapshot_bytes(), media_type="application/json",
+                        headers=NO_STORE)
 
-    async def _events(self, receive: Receive, send: Send) -> None:
-        """Server-sent events until the viewer goes away; reads the model only."""
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no")]})
-        self.model.viewers += 1
-        log.info("dashboard.viewer_joined", viewers=self.model.viewers)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                version = -1
-                while True:
-                    version = await self.model.wait_newer(version)
-                    body = b"data: " + self.model.snapshot_bytes() + b"\n\n"
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-                    await trio.sleep(PUSH_INTERVAL)
-        finally:
-            self.model.viewers -= 1
-            log.info("dashboard.viewer_left", viewers=self.model.viewers)
+    async def metrics(request: Request) -> Response:
+        return Response(prom.render(registry), media_type=prom.CONTENT_TYPE, headers=NO_STORE)
 
-    async def _result(self, scope: Scope, send: Send) -> None:
-        query = parse_qs(scope.get("query_string", b"").decode())
-        app, key = query.get("app", [""])[0], query.get("key", [""])[0]
+    async def events(request: Request) -> Response:
+        return StreamingResponse(_pushes(model), media_type="text/event-stream", headers={
+            "cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def result(request: Request) -> Response:
+        app, key = request.query_params.get("app", ""), request.query_params.get("key", "")
         if not app or not key:
             raise actions.ActionError("give app and key")
-        record = await actions.lookup_result(self.session, app, key)
-        await _json(send, 200, {"app": app, "key": key, "found": record is not None,
-                                "result": record})
+        record = await actions.lookup_result(session, app, key)
+        return _json({"app": app, "key": key, "found": record is not None, "result": record})
 
-    async def _action(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
-        if not self.model.allow_actions:
-            await _error(send, 403, "read-only dashboard: start it with --allow-actions")
-            return
-        headers = dict(scope.get("headers", []))
-        if headers.get(b"x-dashboard-action") != b"1":
-            await _error(send, 403, "missing X-Dashboard-Action header")
-            return
+    async def act(request: Request) -> Response:
+        if not model.allow_actions:
+            return _error(403, "read-only dashboard: start it with --allow-actions")
+        if request.headers.get("x-dashboard-action") != "1":
+            return _error(403, "missing X-Dashboard-Action header")
         try:
-            doc = json.loads(await _body(receive))
+            doc = json.loads(await _body(request))
             app, name = str(doc["app"]), str(doc["name"])
         except (ValueError, KeyError, TypeError):
             raise actions.ActionError('expected JSON {"app": ..., "name": ...}') from None
-        if what == "requeue":
-            item = await actions.requeue(self.session, app, name)
-            await _json(send, 200, {"ok": True, "item": item})
-        else:
-            await actions.discard(self.session, app, name)
-            await _json(send, 200, {"ok": True})
+        if request.path_params["action"] == "requeue":
+            return _json({"ok": True, "item": await actions.requeue(session, app, name)})
+        await actions.discard(session, app, name)
+        return _json({"ok": True})
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        return _error(400, str(exc))
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        return _error(503, f"ZooKeeper: {type(exc).__name__}: {exc}")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return _error(404, f"no route {request.method} {request.url.path}")
+        return _error(exc.status_code, str(exc.detail))
+
+    return Starlette(
+        routes=[
+            Route("/", page),
+            Mount("/static", StaticFiles(directory=STATIC)),
+            Route("/events", events),
+            Route("/api/state", state),
+            Route("/api/result", result),
+            Route("/metrics", metrics),
+            Route("/api/{action:str}", act, methods=["POST"]),
+        ],
+        exception_handlers={
+            actions.ActionError: bad_request,
+            errors.ZooKeeperError: unavailable,
+            HTTPException: http_error,
+        },
+    )
 
 
-async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
+async def _pushes(model: Model) -> AsyncIterator[bytes]:
+    """The model's state at each new version until the viewer goes away (Starlette
+    cancels the stream when it disconnects); reads the model only."""
+    model.viewers += 1
+    log.info("dashboard.viewer_joined", viewers=model.viewers)
+    try:
+        version = -1
+        while True:
+            version = await model.wait_newer(version)
+            yield b"data: " + model.snapshot_bytes() + b"\n\n"
+            await trio.sleep(PUSH_INTERVAL)
+    finally:
+        model.viewers -= 1
+        log.info("dashboard.viewer_left", viewers=model.viewers)
 
 
-async def _body(receive: Receive) -> bytes:
+async def _body(request: Request) -> bytes:
     chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise actions.ActionError("the request was cut off")
-        chunk = message.get("body", b"")
+    async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY:
             raise actions.ActionError("request body too large")
         chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+    return b"".join(chunks)
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(json.dumps(doc, default=str).encode(), status_code=status,
+                    media_type="application/json", headers=NO_STORE)
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store")]})
-    await send({"type": "http.response.body", "body": body})
+def _error(status: int, message: str) -> Response:
+    return _json({"ok": False, "error": message}, status)
 
-
-async def _json(send: Send, status: int, doc: Any) -> None:
-    await _respond(send, status, json.dumps(doc, default=str).encode(), "application/json")
-
-
-async def _error(send: Send, status: int, message: str) -> None:
-    await _json(send, status, {"ok": False, "error": message})

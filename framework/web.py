@@ -1,0 +1,69 @@
+"""The framework's one HTTP stack: Starlette applications served by hypercorn on trio.
+
+:func:`listen` binds the sockets first (a taken port is a one-line error before anything
+else starts); :func:`serve` runs an ASGI application on them until cancelled and reports the
+URL it serves through ``task_status``.  The dashboard, the Katta node and the examples' test
+sites are Starlette applications served this way.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+import trio
+from hypercorn.config import Config, Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from framework.errors import ConfigurationError, FrameworkError
+
+
+@attrs.frozen
+class Listener:
+    """Listening sockets, bound before anything else starts."""
+
+    config: Config
+    sockets: Sockets
+
+    @property
+    def port(self) -> int:
+        return int(self.sockets.insecure_sockets[0].getsockname()[1])
+
+
+def listen(host: str = "127.0.0.1", port: int = 0, *, what: str = "server",
+           graceful_timeout: float = 1.0) -> Listener:
+    """Listen on ``host:port`` now (port 0: any free port), or raise a one-line error."""
+    if not 0 <= port <= 65535:
+        raise ConfigurationError(f"--port must be between 0 and 65535, got {port}")
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = graceful_timeout
+    try:
+        sockets = config.create_sockets()
+        for sock in sockets.insecure_sockets:
+            sock.listen(config.backlog)
+    except OSError as exc:
+        raise FrameworkError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+            f"(is another {what} running there? choose another port)"
+        ) from None
+    return Listener(config, sockets)
+
+
+async def serve(app: Any, listener: Listener, *,
+                task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ASGI ``app`` on ``listener`` until cancelled; ``task_status.started`` gets the
+    URL (``http://host:port``)."""
+    config = listener.config
+
+    async def run(task_status: Any) -> None:
+        await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
+                           sockets=listener.sockets, task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(run)
+        task_status.started(binds[0])
