@@ -13,7 +13,10 @@ Guarantees:
 * After :meth:`close` nothing is acknowledged any more: every waiter gets ``not_primary``
   (a deposed primary, frozen rather than dead, cannot acknowledge a write).
 * A backup's fetch carries the epoch it follows (the ``czxid`` of the primary znode); a fetch
-  with another epoch is refused, and one with a *newer* epoch deposes this primary at once.
+  with another epoch is refused.  One claiming a *newer* epoch is checked against ZooKeeper
+  first (a ``sync`` and a read of the primary znode): the term ends only if the znode is
+  gone or is another node; a forged or confused frame changes nothing (``broker.
+  newer_epoch_refused``; one check at a time, at most one per second per term).
 * A fetch also names the backup's *copy* (a token the backup draws each time it starts its
   copy of the log afresh).  A new copy from a server supersedes its earlier one at once: the
   server leaves the in-sync set (in ZooKeeper first) and must catch up again; fetches of a
@@ -113,6 +116,10 @@ class PrimaryTopic:
     _appended: trio.Event = attrs.field(factory=trio.Event)
     #: called when :attr:`dropped` gains a backup (the server reports it at once)
     on_dropped: Callable[[], None] | None = None
+    #: the topic's ``primary`` znode (a fetch claiming a newer epoch is checked there)
+    primary_path: str = ""
+    _epoch_checked_at: float = -math.inf
+    _epoch_checking: bool = False
 
     def __attrs_post_init__(self) -> None:
         # only what the previous term acknowledged is known to be on every in-sync replica;
@@ -241,10 +248,7 @@ class PrimaryTopic:
         self._check_open()
         if epoch != self.epoch:
             if epoch > self.epoch:
-                log.warning("broker.deposed_by_fetch", topic=self.name, epoch=self.epoch,
-                            newer=epoch)
-                self.deposed.set()
-                self.close()
+                await self._check_newer_epoch(epoch)
             raise RequestError("stale_epoch", f"epoch {epoch} is not {self.epoch}")
         if offset > self.log.end:
             raise RequestError("bad_request", f"offset {offset} beyond log end {self.log.end}")
@@ -298,6 +302,30 @@ class PrimaryTopic:
         self.followers.pop(follower, None)
         self.copies.pop(follower, None)
         await self._drop(follower)
+
+    async def _check_newer_epoch(self, claimed: int) -> None:
+        """A fetch claims epoch ``claimed`` > ours: end the term only if ZooKeeper says the
+        primary znode is no longer ours (module doc)."""
+        now = trio.current_time()
+        if self._epoch_checking or now - self._epoch_checked_at < 1.0 or not self.primary_path:
+            return
+        self._epoch_checking = True
+        try:
+            await self.session.sync(self.primary_path)
+            stat = await self.session.exists(self.primary_path)
+        except errors.ZooKeeperError:
+            return  # cannot tell: the znode watch and the trust deadline still guard us
+        finally:
+            self._epoch_checking = False
+            self._epoch_checked_at = trio.current_time()
+        if stat is None or stat.czxid != self.epoch:
+            log.warning("broker.deposed_by_fetch", topic=self.name, epoch=self.epoch,
+                        newer=claimed)
+            self.deposed.set()
+            self.close()
+        else:
+            log.warning("broker.newer_epoch_refused", topic=self.name, epoch=self.epoch,
+                        claimed=claimed)
 
     def _note_fetch(self, follower: str, offset: int) -> None:
         """Kafka's rule: a fetch at the current log end, or at the end this backup was shown

@@ -37,12 +37,25 @@ even on an idle link), a frame that has begun must be complete within :data:`FRA
 (``read(idle=...)``: the replication links use the lag limit on both ends).  A fetch from a
 server that is not in the topic's placement is refused with ``not_placed``.
 
+Authenticated frames (links between servers): with a shared secret (``$BROKER_SECRET``, the
+same on every server; :func:`link_secret`), a server signs what it sends on a replication
+link: version :data:`SIGNED_VERSION`, and the body is followed by a 32-byte keyed BLAKE2b tag
+(a MAC from the standard library's ``hashlib``) over the header and the body.  A reader
+holding the secret checks the tag (a bad one: ``bad_mac``, the connection is closed); a
+server with a secret accepts a ``fetch`` only in a signed frame (else ``unauthenticated``) and
+answers a signed request with signed frames.  Clients (produce, subscribe) need no secret.
+A signed frame proves who sent it, not that what it says is true: a fetch claiming a newer
+epoch is still checked against ZooKeeper before the primary's term ends.
+
 A record is ``[producer, seq, payload]``.  Error replies are {id, error: code, message}.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import os
 import socket
 import struct
 from typing import Any
@@ -52,6 +65,15 @@ import trio
 
 #: Protocol version carried in every frame's first byte.
 VERSION = 1
+
+#: The version byte of a signed frame (body followed by a MAC, see the module doc).
+SIGNED_VERSION = 2
+
+#: Bytes of a signed frame's MAC.
+MAC_SIZE = 32
+
+#: The environment variable holding the servers' shared secret.
+SECRET_ENV = "BROKER_SECRET"
 
 #: Largest frame body accepted (bytes).  A produce batch must fit in one frame.
 MAX_FRAME = 4 * 1024 * 1024
@@ -75,6 +97,7 @@ _HEADER = struct.Struct(">BI")
 ERROR_CODES = frozenset({
     "bad_version", "bad_frame", "too_large", "unknown_topic", "not_primary", "stale_epoch",
     "stale_copy", "no_in_sync_backup", "bad_request", "shutting_down", "not_placed",
+    "bad_mac", "unauthenticated",
 })
 
 
@@ -105,12 +128,26 @@ def keep_alive(stream: trio.SocketStream) -> None:
             stream.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
-def encode(body: dict[str, Any]) -> bytes:
-    """One frame holding ``body``; raises :class:`ProtocolError` (``too_large``) if too big."""
+def link_secret() -> bytes | None:
+    """The servers' shared secret from ``$BROKER_SECRET`` (``None`` when unset or empty)."""
+    value = os.environ.get(SECRET_ENV, "")
+    return value.encode() if value else None
+
+
+def _mac(secret: bytes, data: bytes) -> bytes:
+    return hashlib.blake2b(data, key=secret[:64], digest_size=MAC_SIZE).digest()
+
+
+def encode(body: dict[str, Any], secret: bytes | None = None) -> bytes:
+    """One frame holding ``body``, signed with ``secret`` if given; raises
+    :class:`ProtocolError` (``too_large``) if too big."""
     payload = msgpack.packb(body, use_bin_type=True)
     if len(payload) > MAX_FRAME:
         raise ProtocolError("too_large", f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
-    return _HEADER.pack(VERSION, len(payload)) + payload
+    if secret is None:
+        return _HEADER.pack(VERSION, len(payload)) + payload
+    signed = _HEADER.pack(SIGNED_VERSION, len(payload) + MAC_SIZE) + payload
+    return signed + _mac(secret, signed)
 
 
 def error_frame(code: str, message: str, request_id: Any = None) -> bytes:
@@ -120,9 +157,13 @@ def error_frame(code: str, message: str, request_id: Any = None) -> bytes:
 class FrameReader:
     """Reads whole frames from a trio stream, buffering partial reads."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, secret: bytes | None = None) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        self._secret = secret
+        #: whether the last frame read was signed with our secret (a signed frame is read
+        #: unchecked, as not authenticated, by a reader that has no secret)
+        self.authenticated = False
 
     async def _fill(self, size: int) -> None:
         while len(self._buffer) < size:
@@ -156,13 +197,25 @@ class FrameReader:
     async def _read_frame(self) -> dict[str, Any]:
         await self._fill(_HEADER.size)
         version, length = _HEADER.unpack_from(self._buffer)
-        if version != VERSION:
+        if version not in (VERSION, SIGNED_VERSION):
             raise ProtocolError("bad_version",
                                 f"protocol version {version} not supported (this is {VERSION})")
-        if length > MAX_FRAME:
+        if length > MAX_FRAME + (MAC_SIZE if version == SIGNED_VERSION else 0):
             raise ProtocolError("too_large", f"frame of {length} bytes exceeds {MAX_FRAME}")
+        if version == SIGNED_VERSION and length < MAC_SIZE:
+            raise ProtocolError("bad_frame", "signed frame shorter than its MAC")
         await self._fill(_HEADER.size + length)
-        raw = bytes(self._buffer[_HEADER.size:_HEADER.size + length])
+        end = _HEADER.size + length
+        self.authenticated = False
+        if version == SIGNED_VERSION:
+            end -= MAC_SIZE
+            if self._secret is not None:
+                expected = _mac(self._secret, bytes(self._buffer[:end]))
+                if not hmac.compare_digest(expected, bytes(self._buffer[end:end + MAC_SIZE])):
+                    del self._buffer[:_HEADER.size + length]
+                    raise ProtocolError("bad_mac", "frame signed with another secret")
+                self.authenticated = True
+        raw = bytes(self._buffer[_HEADER.size:end])
         del self._buffer[:_HEADER.size + length]
         try:
             body = msgpack.unpackb(raw, raw=False)
@@ -176,13 +229,17 @@ class FrameReader:
 class Connection:
     """A framed, bidirectional connection: serialised sends, one reader."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, secret: bytes | None = None, *,
+                 sign: bool = False) -> None:
         self.stream = stream
-        self.reader = FrameReader(stream)
+        self.reader = FrameReader(stream, secret)
+        self.secret = secret
+        #: sign what we send (a server turns it on once the peer sent a signed frame)
+        self.sign = sign and secret is not None
         self._send_lock = trio.Lock()
 
     async def send(self, body: dict[str, Any]) -> None:
-        await self.send_raw(encode(body))
+        await self.send_raw(encode(body, self.secret if self.sign else None))
 
     async def send_raw(self, frame: bytes) -> None:
         async with self._send_lock:
@@ -196,9 +253,10 @@ class Connection:
             await self.stream.aclose()
 
 
-async def connect(address: str) -> Connection:
-    """Open a connection to ``host:port``."""
+async def connect(address: str, secret: bytes | None = None) -> Connection:
+    """Open a connection to ``host:port``; with ``secret``, every frame sent is signed and
+    every frame read must be signed with it (a link between servers)."""
     host, _, port = address.rpartition(":")
     stream = await trio.open_tcp_stream(host, int(port))
     keep_alive(stream)
-    return Connection(stream)
+    return Connection(stream, secret, sign=True)

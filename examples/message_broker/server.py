@@ -94,6 +94,9 @@ class BrokerServer(Worker):
         #: in-sync set (``$BROKER_LAG_LIMIT``; default: 2/3 of the negotiated session
         #: timeout, ZooKeeper's own read timeout); also the read deadline of every
         #: replication link, on both ends
+        #: the servers' shared secret (``$BROKER_SECRET``): replication links are signed
+        #: and a fetch is served only in a signed frame (see protocol.py)
+        self.secret = protocol.link_secret()
         lag_env = os.environ.get("BROKER_LAG_LIMIT")
         self.lag_limit: float | None = lag_limit if lag_limit is not None else (
             float(lag_env) if lag_env else None)
@@ -319,11 +322,7 @@ class BrokerServer(Worker):
             wake = session.waker(fired)
             generation = session.snapshot().generation
             try:
-                raw, topic_stat = await session.get(paths.topic(topic))
-                settings = TopicSettings.decode(raw)
-                # a log left by another topic of this name (deleted and created again, or
-                # another cluster) is not this topic's: it starts afresh (see log.py)
-                topic_log.bind(settings.id or f"czxid-{topic_stat.czxid}")
+                settings = TopicSettings.decode((await session.get(paths.topic(topic)))[0])
                 stat = await session.exists(paths.primary(topic), watch=wake)
                 if stat is None:
                     data, isr_stat = await session.get(paths.isr(topic), watch=wake)
@@ -408,6 +407,7 @@ class BrokerServer(Worker):
         state.lag_limit = self.lag_limit
         state.owner_session = session.session_id
         state.on_dropped = lambda: self._status_now.set()
+        state.primary_path = self.paths.primary(topic)
         self.primaries[topic] = state
         self.complete.add(topic)
         self.following.pop(topic, None)  # our log now grows as primary: no copy of anyone's
@@ -486,7 +486,7 @@ class BrokerServer(Worker):
 
     async def _replicate(self, topic: str, topic_log: TopicLog, address: str, epoch: int,
                          info: dict[str, Any]) -> None:
-        conn = await protocol.connect(address)
+        conn = await protocol.connect(address, self.secret)
         try:
             while True:
                 await conn.send({"op": "fetch", "id": 0, "topic": topic, "epoch": epoch,
@@ -494,6 +494,8 @@ class BrokerServer(Worker):
                                  "copy": self.copies[topic]})
                 # the primary answers within FETCH_WAIT unless it hangs (LinkTimeout)
                 reply = await conn.read(idle=FETCH_WAIT + (self.lag_limit or 5.0))
+                if self.secret is not None and not conn.reader.authenticated:
+                    raise RequestError("unauthenticated", "unsigned reply from the primary")
                 if "error" in reply:
                     raise RequestError(reply["error"], reply.get("message", ""))
                 if reply.get("epoch") != epoch or reply.get("start") != topic_log.end:
@@ -511,7 +513,7 @@ class BrokerServer(Worker):
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         protocol.keep_alive(stream)
-        conn = protocol.Connection(stream)
+        conn = protocol.Connection(stream, self.secret)
         followers: set[tuple[str, str, str]] = set()
         try:
             async with trio.open_nursery() as nursery:
@@ -537,6 +539,15 @@ class BrokerServer(Worker):
                     if op == "produce":
                         nursery.start_soon(_quietly, self._produce, conn, request)
                     elif op == "fetch":
+                        if self.secret is not None and not conn.reader.authenticated:
+                            log.warning("broker.unauthenticated_fetch",
+                                        topic=str(request.get("topic")),
+                                        server=str(request.get("server")))
+                            await self._reply_error(conn, request, "unauthenticated",
+                                                    "fetch needs a frame signed with the "
+                                                    "servers' secret")
+                            continue
+                        conn.sign = conn.reader.authenticated  # answer a server in kind
                         followers.add((str(request.get("topic")), str(request.get("server")),
                                        str(request.get("copy", ""))))
                         await _quietly(self._fetch, conn, request)
@@ -569,7 +580,8 @@ class BrokerServer(Worker):
 
     async def _reply_error(self, conn: protocol.Connection, request: dict[str, Any],
                            code: str, message: str) -> None:
-        await conn.send_raw(protocol.error_frame(code, message, request.get("id")))
+        # signed on a signed link: the backup trusts only signed answers
+        await conn.send({"id": request.get("id"), "error": code, "message": message})
 
     async def _produce(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
         try:

@@ -1,0 +1,102 @@
+"""Authenticated links between servers (issue #25, item 5): with a shared secret, replication
+runs over signed frames; an unsigned fetch, a frame signed with another key, and even a
+signed fetch claiming a newer epoch change nothing - the primary's term goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from examples.message_broker import protocol
+from examples.message_broker.client import Producer
+from examples.message_broker.cluster import LocalCluster
+from examples.message_broker.ctl import create_topics, wait_placed
+from examples.message_broker.layout import BrokerPaths, loads
+from framework import Session
+from tests.test_broker_failover import wait_full_isr
+
+PATHS = BrokerPaths()
+SECRET = b"the servers' shared secret"
+
+
+async def forged_fetch(address: str, epoch: int, secret: bytes | None) -> dict[str, object]:
+    """One fetch frame claiming ``epoch``, signed with ``secret`` (``None``: unsigned)."""
+    conn = await protocol.connect(address)
+    try:
+        frame = protocol.encode({"op": "fetch", "id": 7, "topic": "a", "epoch": epoch,
+                                 "offset": 0, "server": "intruder", "copy": "x"}, secret)
+        await conn.send_raw(frame)
+        return await conn.read()
+    finally:
+        await conn.aclose()
+
+
+async def test_forged_fetch_frames_change_nothing(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, captured_logs: list[dict[str, object]]
+) -> None:
+    monkeypatch.setenv(protocol.SECRET_ENV, SECRET.decode())
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=4.0)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["a"])
+            await wait_placed(session, ["a"])
+            await wait_full_isr(session, ["a"], {"s1", "s2"})  # replication over signed frames
+            data, stat = await session.get(PATHS.primary("a"))
+            primary = cluster.servers[loads(data)["server"]]
+            epoch = stat.czxid
+            async with Producer(session) as producer:
+                await producer.send("a", b"before")
+
+                # unsigned, with a newer epoch: refused, nothing asked of ZooKeeper
+                reply = await forged_fetch(primary.address, epoch + 1000, None)
+                assert reply["error"] == "unauthenticated"
+                # signed with another secret: bad_mac, that connection closed
+                reply = await forged_fetch(primary.address, epoch + 1000, b"guessed")
+                assert reply["error"] == "bad_mac"
+                # signed with the right secret (a confused or compromised peer), repeated:
+                # checked against ZooKeeper, which says the term is still this primary's
+                for _ in range(5):
+                    reply = await forged_fetch(primary.address, epoch + 1000, SECRET)
+                    assert reply["error"] == "stale_epoch"
+
+                await producer.send("a", b"after")  # still acknowledged by the same term
+            assert [t[1] for t in primary.terms if t[0] == "a"] == [epoch]
+            assert primary.terms[-1][3] is None  # the term has not ended
+            assert (await session.exists(PATHS.primary("a"))).czxid == epoch
+            nursery.cancel_scope.cancel()
+    events = [e["event"] for e in captured_logs]
+    assert "broker.deposed_by_fetch" not in events
+    assert events.count("broker.unauthenticated_fetch") == 1
+    assert events.count("broker.newer_epoch_refused") >= 1
+
+
+async def test_without_a_secret_a_forged_newer_epoch_is_checked_against_zookeeper(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=4.0)
+            for name in ("s1", "s2"):
+                await cluster.start_server(name, session)
+            await cluster.start_controller("c1")
+            await create_topics(session, ["a"])
+            await wait_placed(session, ["a"])
+            await wait_full_isr(session, ["a"], {"s1", "s2"})
+            data, stat = await session.get(PATHS.primary("a"))
+            primary = cluster.servers[loads(data)["server"]]
+            for _ in range(5):
+                reply = await forged_fetch(primary.address, stat.czxid + 1000, None)
+                assert reply["error"] == "stale_epoch"
+            async with Producer(session) as producer:
+                await producer.send("a", b"after")
+            assert [t[1] for t in primary.terms if t[0] == "a"] == [stat.czxid]
+            assert primary.terms[-1][3] is None
+            nursery.cancel_scope.cancel()
