@@ -9,6 +9,7 @@ ZooKeeper (or ``$FRAMEWORK_ZK_HOSTS``, in a fresh chroot), builds a generated co
 * queries/s and p50/p99 latency of scatter-gather (HTTP/JSON to one replica per shard, top 10
   merged) with global term statistics (cold: two rounds per query; warm: statistics cached)
   and with per-shard scoring, against the same queries on one tantivy index in this process;
+  with and without the client's hedged requests (what hedging costs when nothing fails);
 * index build time as a job (4 nodes) against one in-process build of the whole corpus;
 * shard deploy time (copy from the store, verify the checksum, open, announce: from the
   index's ``deploying`` state until every shard has 2 serving replicas);
@@ -148,13 +149,19 @@ async def bench(args: argparse.Namespace, hosts: str) -> list[Row]:
                             round(replicated - seen["deploying"], 3)))
             # the configurations take turns, ``--rounds`` times, so a neighbour's burst of
             # CPU on this shared machine does not land on one of them only; medians reported
-            configs = (("global stats, cold", "global", False),
-                       ("global stats, cached", "global", True),
-                       ("per-shard scoring", "local", False))
+            # "no hedging": the client waits for each request (up to its shard timeout)
+            # before asking another replica - what hedging costs when nothing fails
+            configs = (("global stats, cold", "global", False, True),
+                       ("global stats, cached", "global", True, True),
+                       ("global stats, cached, no hedging", "global", True, False),
+                       ("per-shard scoring", "local", False, True),
+                       ("per-shard scoring, no hedging", "local", False, False))
             measured: dict[str, list[tuple[float, list[float]]]] = {c[0]: [] for c in configs}
             for _ in range(args.rounds):
-                for label, scoring, warm in configs:
+                for label, scoring, warm, hedge in configs:
                     async with SearchClient.open(session, scoring=scoring) as client:
+                        if not hedge:
+                            client.hedge_floor = client.hedge_max = client.shard_timeout
                         if warm:
                             await scatter(client, queries, args.concurrency)
                         qps, lat, bad = await scatter(client, queries, args.concurrency)

@@ -8,9 +8,11 @@ Guarantees:
   replica fails or answers that it does not serve the shard, the next replica is tried at
   once; when it is slower than recent requests allow (:meth:`SearchClient.hedge_delay`: a
   multiple of the recent 95th percentile, between ``hedge_floor`` and ``hedge_max``) the
-  shard is *also* sent to the next replica (a hedge; the first answer wins), so a frozen
-  node costs a query about ``hedge_max`` at most, not ``shard_timeout`` (after which a
-  request is abandoned).  A shard is reported *missing* only when no replica answered.
+  shard is *also* sent to the next replica (a hedge; the first answer wins; at most
+  ``hedge_ratio`` of the requests, with ``hedge_burst`` saved, so hedges cannot snowball
+  when everything is slow), so a frozen node costs a query about ``hedge_max``, not
+  ``shard_timeout`` (after which a request is abandoned).  A shard is reported *missing*
+  only when no replica answered.
 * With global scoring a shard counts as answered only if it answered the statistics round
   and the search: one missing from the statistics is not searched and is reported missing
   (the result is partial, never silently mis-scored).
@@ -108,6 +110,10 @@ class SearchClient:
     hedge_floor: float = 0.02
     hedge_max: float = 0.1
     hedge_factor: float = 2.0
+    #: Hedge budget: each request sent earns ``hedge_ratio`` of a hedge, up to
+    #: ``hedge_burst`` saved; a hedge spends one (no storm of hedges when all are slow).
+    hedge_ratio: float = 0.1
+    hedge_burst: float = 20.0
 
     def __init__(self, session: Session, nursery: trio.Nursery, http: httpx.AsyncClient, *,
                  app: str = APP_NAME, shard_timeout: float = 1.0,
@@ -128,6 +134,8 @@ class SearchClient:
         self._alias_ready: dict[str, trio.Event] = {}
         self._rng = random.Random()
         self._suspect: dict[str, float] = {}
+        self._answered_at: dict[str, float] = {}  # node -> when it last answered
+        self._hedge_tokens = self.hedge_burst
         self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
 
     @classmethod
@@ -282,9 +290,11 @@ class SearchClient:
         (Katta's way: a node gets the list of its shards).  A shard whose replica failed or
         does not serve it (any more) is sent to its next replica at once; a shard whose
         request runs longer than :meth:`hedge_delay` is *also* sent to its next replica
-        (a hedge: the first answer wins, the node is tried last for a while); a request
-        gives up after ``shard_timeout``.  Returns when every shard answered, or no
-        replica is left to try for the others (they are missing from the answers)."""
+        (a hedge: the first answer wins; a node that answered nothing since the request
+        was sent is tried last for a while), within the hedge budget (``hedge_ratio`` of
+        the requests, ``hedge_burst`` saved); a request gives up after ``shard_timeout``.
+        Returns when every shard answered, or no replica is left to try for the others
+        (they are missing from the answers)."""
         assert view.record is not None
         answers: dict[int, dict[str, Any]] = {}
         tried: dict[int, set[str]] = {s: set() for s in shards}
@@ -318,6 +328,9 @@ class SearchClient:
                 if not first[0]:
                     counts.retries += 1
             for node, batch in batches.items():
+                if first[0]:
+                    self._hedge_tokens = min(self.hedge_burst,
+                                             self._hedge_tokens + self.hedge_ratio)
                 request = _Request(node, batch, now)
                 outstanding.add(request)
                 for shard in batch:
@@ -343,6 +356,7 @@ class SearchClient:
                 self._suspect[node] = trio.current_time()
             else:
                 self._latencies.append(trio.current_time() - request.started)
+                self._answered_at[node] = trio.current_time()
                 for key, answer in response.json()["shards"].items():
                     if "error" not in answer:
                         answers.setdefault(int(key), answer)
@@ -381,7 +395,13 @@ class SearchClient:
                 for slow in due:  # slower than recent requests allow: hedge
                     if slow.started + delay <= now:
                         slow.hedged = True
-                        self._suspect[slow.node] = now
+                        if self._hedge_tokens < 1:
+                            log.debug("katta.hedge_skipped", node=slow.node)
+                            continue  # over budget: wait for this request
+                        self._hedge_tokens -= 1
+                        if self._answered_at.get(slow.node, -math.inf) < slow.started:
+                            # nothing from it since: frozen or gone, not only busy
+                            self._suspect[slow.node] = now
                         todo = [s for s in slow.shards if s not in answers]
                         counts.hedged += len(todo)
                         log.debug("katta.hedged", node=slow.node, shards=todo,

@@ -143,6 +143,9 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                     nursery.start_soon(run_load, client, queries, expected, stats, stop)
                     await bounded("first queries", 20, stats.wait_done(50))
                     say(t0, f"query load running ({stats.sent} sent)")
+                    calm = time.monotonic()
+                    await trio.sleep(2.0)  # a window with no fault, to compare with
+                    windows["no fault (2 s before the first)"] = (calm, time.monotonic())
                     # 1. kill -9 a search node
                     victim = "node-2"
                     cluster.kill9(victim)
