@@ -243,11 +243,13 @@ class BrokerServer(Worker):
 
     def worker_record(self) -> dict[str, Any]:
         """This server as the runtime lists workers (``framework status``, the dashboard):
-        the topics it is primary for as its shards, its replica counts as counters."""
+        the topics it serves as its shards (backups marked), its replica counts as
+        counters."""
         return {
             "name": self.name, "address": self.address, "host": socket.gethostname(),
             "pid": os.getpid(), "state": "stopping" if self.stopping else "running",
-            "kind": "broker server", "shards": sorted(self.primaries),
+            "kind": "broker server",
+            "shards": sorted(self.primaries) + [f"{t} (backup)" for t in sorted(self.backups)],
             "counters": {"primaries": len(self.primaries), "backups": len(self.backups),
                          "stranded": len(self.stranded)},
             "health": {"ok": True}, "at": time.time(),
