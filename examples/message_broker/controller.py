@@ -69,7 +69,9 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     ``out_of_sync[topic]``: placed backups its primary dropped from the in-sync set; a topic
     with one gets a third replica (a repair, with or without ``voluntary``).  ``draining``:
     servers stopping gracefully - they keep their replicas (not counted as load) and get no
-    new one.
+    new one.  A server named in any topic's ``out_of_sync`` (a hung or slow one) gets no new replica
+    while it is named, not even by a voluntary move (its replicas leaving make it look
+    lightest), unless no other server can take a repair.
 
     ``stranded[topic]``: dead replicas kept in the placement (in-sync replicas of a topic
     that has no primary: one of them may be the only server holding every acknowledged
@@ -78,6 +80,7 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     """
     isr = isr or {}
     out_of_sync = out_of_sync or {}
+    suspects = set().union(*out_of_sync.values()) if out_of_sync else set()
     stranded = stranded or {}
     load = {s: 0 for s in live}
     plan: dict[str, list[str]] = {}
@@ -99,7 +102,8 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
                 replicas.remove(drop)
             continue
         while len(replicas) < REPLICAS:
-            candidates = [s for s in sorted(load, key=lambda s: (load[s], s)) if s not in replicas]
+            candidates = [s for s in sorted(load, key=lambda s: (s in suspects, load[s], s))
+                          if s not in replicas]
             if not candidates:
                 break
             replicas.append(candidates[0])
@@ -109,7 +113,7 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
         if len(replicas) != REPLICAS or not out_of_sync.get(topic, set()) & set(replicas):
             continue
         candidates = [s for s in sorted(load, key=lambda s: (load[s], s))
-                      if s not in replicas and s not in draining]
+                      if s not in replicas and s not in draining and s not in suspects]
         if candidates:
             replicas.append(candidates[0])
             load[candidates[0]] += 1
@@ -122,7 +126,10 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
             movable = [s for s in replicas if s != leader]
             if not movable:
                 continue
-            lightest = min(sorted(load), key=lambda s: load[s])
+            targets = [s for s in sorted(load) if s not in suspects]
+            if not targets:
+                continue
+            lightest = min(targets, key=lambda s: load[s])
             if lightest not in replicas and load[movable[0]] - load[lightest] > 1:
                 replicas.append(lightest)  # make before break
                 load[movable[0]] -= 1  # counted as gone: it leaves once the new one is in
@@ -281,7 +288,10 @@ class BrokerController(Master):
                 return False
             for topic in chunk:
                 log.info("controller.placed", topic=topic, replicas=plan[topic],
-                         was=placement.get(topic))
+                         was=placement.get(topic),
+                         out_of_sync=sorted(state["out_of_sync"].get(topic, ())),
+                         in_sync=list(state["isr"][topic].in_sync)
+                         if topic in state["isr"] else None)
                 placement[topic] = list(plan[topic])
         if changed:
             log.info("controller.reconciled", topics=len(topics), changed=len(changed),

@@ -13,9 +13,11 @@ of the active controller, and a SIGSTOP of the busiest backup.
 7. SIGSTOPs the server that is backup for the most topics for twice the session timeout
    (its session expires meanwhile), then SIGCONTs it, and reports the longest stretch
    without an acknowledgement on any topic it backed up (target: at most the lag limit
-   + 1 s: its primaries drop it from the in-sync set after the lag limit and the controller
-   places a replacement at once) and, apart, on the topics it led (those wait for its
-   session to expire: a frozen primary is replaced only then);
+   + 1 s: silent and behind for half the lag limit, it is reported by its primaries and
+   the controller places a replacement; it leaves the in-sync set at the lag limit or once
+   the replacement is in sync) and, apart, on the topics it led (those wait for its
+   session to expire: a frozen primary is replaced only then).  The servers' replication
+   links are signed with a shared secret (``$BROKER_SECRET``, random unless set);
 8. stops the producers, waits for the subscribers to receive everything, and checks:
    acknowledged-but-never-received = 0 and per-topic order violations = 0 (duplicates are
    reported: delivery is at-least-once).  Exit status 0 only if every check holds
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -42,6 +45,7 @@ from typing import Any
 
 import trio
 
+from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ROOT, ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, wait_placed
@@ -440,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         print("demo-broker: error: --topics must be at least 4", file=sys.stderr)
         return 2
     configure_logging(level="warning")
+    # the servers sign their replication links with a shared secret (protocol.py); the
+    # child processes inherit it
+    os.environ.setdefault(protocol.SECRET_ENV, secrets.token_hex(16))
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -111,7 +111,9 @@ class PrimaryTopic:
     #: backup -> trio time it was last caught up; backup -> (log end, time) at its last fetch
     caught_up: dict[str, float] = attrs.field(factory=dict)
     last_fetch: dict[str, tuple[int, float]] = attrs.field(factory=dict)
-    #: placed backups dropped from the in-sync set, with the reason (``lag``, ``link``)
+    #: placed backups dropped from the in-sync set, with the reason (``lag``, ``link``), or
+    #: still counted but silent and behind for half the lag limit (``slow``): the controller
+    #: places a replacement for each, so one is catching up by the time a hung backup drops
     dropped: dict[str, str] = attrs.field(factory=dict)
     _appended: trio.Event = attrs.field(factory=trio.Event)
     #: called when :attr:`dropped` gains a backup (the server reports it at once)
@@ -359,8 +361,16 @@ class PrimaryTopic:
             deadline = math.inf
             for backup in sorted(self.synced):
                 if self.followers.get(backup, 0) >= self.log.end:
+                    if self.dropped.get(backup) == "slow":  # it caught up after all
+                        self._report(backup, None)
                     continue  # holds everything: not behind
                 since = self.caught_up.get(backup, now)
+                silent = now - self.last_fetch.get(backup, (0, now))[1]
+                if since + self.lag_limit / 2 <= now and silent >= self.lag_limit / 2 \
+                        and backup not in self.dropped:
+                    log.info("broker.backup_slow", topic=self.name, backup=backup,
+                             silent=round(silent, 3), lag_limit=self.lag_limit)
+                    self._report(backup, "slow")
                 if since + self.lag_limit <= now:
                     log.warning("broker.backup_lagging", topic=self.name, backup=backup,
                                 behind=self.log.end - self.followers.get(backup, 0),
@@ -384,6 +394,17 @@ class PrimaryTopic:
                              seconds=round(late, 3))
                     for backup in self.caught_up:
                         self.caught_up[backup] += late
+                    for backup, (end, fetched) in self.last_fetch.items():
+                        self.last_fetch[backup] = (end, fetched + late)
+
+    def _report(self, backup: str, reason: str | None) -> None:
+        """Set or clear ``backup``'s entry in :attr:`dropped` and tell the server."""
+        if reason is None:
+            self.dropped.pop(backup, None)
+        else:
+            self.dropped[backup] = reason
+        if self.on_dropped is not None:
+            self.on_dropped()
 
     async def follow_placement(self, path: str) -> None:
         """Run for the term: keep :attr:`placement` from the topic's ``placement`` znode (a
