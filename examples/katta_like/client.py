@@ -112,6 +112,7 @@ class SearchClient:
     hedge_factor: float = 2.0
     #: Hedge budget: each request sent earns ``hedge_ratio`` of a hedge, up to
     #: ``hedge_burst`` saved; a hedge spends one (no storm of hedges when all are slow).
+    #: A request to a node that answered nothing since it was sent is hedged anyway.
     hedge_ratio: float = 0.1
     hedge_burst: float = 20.0
 
@@ -292,7 +293,9 @@ class SearchClient:
         request runs longer than :meth:`hedge_delay` is *also* sent to its next replica
         (a hedge: the first answer wins; a node that answered nothing since the request
         was sent is tried last for a while), within the hedge budget (``hedge_ratio`` of
-        the requests, ``hedge_burst`` saved); a request gives up after ``shard_timeout``.
+        the requests, ``hedge_burst`` saved) unless that node answered nothing since (a
+        frozen or dead node is always hedged around); a request gives up after
+        ``shard_timeout``.
         Returns when every shard answered, or no replica is left to try for the others
         (they are missing from the answers)."""
         assert view.record is not None
@@ -395,12 +398,14 @@ class SearchClient:
                 for slow in due:  # slower than recent requests allow: hedge
                     if slow.started + delay <= now:
                         slow.hedged = True
-                        if self._hedge_tokens < 1:
+                        # nothing from that node since: frozen or gone, not only busy
+                        silent = self._answered_at.get(slow.node, -math.inf) < slow.started
+                        if self._hedge_tokens >= 1:
+                            self._hedge_tokens -= 1
+                        elif not silent:
                             log.debug("katta.hedge_skipped", node=slow.node)
-                            continue  # over budget: wait for this request
-                        self._hedge_tokens -= 1
-                        if self._answered_at.get(slow.node, -math.inf) < slow.started:
-                            # nothing from it since: frozen or gone, not only busy
+                            continue  # over budget, and the node is busy: wait for it
+                        if silent:
                             self._suspect[slow.node] = now
                         todo = [s for s in slow.shards if s not in answers]
                         counts.hedged += len(todo)

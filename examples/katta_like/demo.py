@@ -210,6 +210,9 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "worst_query_ms_per_fault": {
             fault: round(stats.worst_between(start, end) * 1000, 1)
             for fault, (start, end) in windows.items()},
+        "worst_query_began_s_after_fault": {
+            fault: round(stats.worst_at(start, end), 2)
+            for fault, (start, end) in windows.items()},
         "under_replicated_at_end": status["under_replicated"],
         "errors": stats.errors[:5],
         "seconds": round(time.monotonic() - t0, 1),

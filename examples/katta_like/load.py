@@ -93,6 +93,12 @@ class LoadStats:
         return max((lat for at, lat in zip(self.started, self.latencies, strict=True)
                     if at <= end and at + lat >= start), default=0.0)
 
+    def worst_at(self, start: float, end: float) -> float:
+        """When (seconds after ``start``) the query of :meth:`worst_between` began."""
+        ran = [(lat, at) for at, lat in zip(self.started, self.latencies, strict=True)
+               if at <= end and at + lat >= start]
+        return max(ran)[1] - start if ran else 0.0
+
     def percentile(self, p: float) -> float:
         if not self.latencies:
             return 0.0
