@@ -159,10 +159,13 @@ async def wait_primary(session: Session, topic: str, server: str) -> None:
             return
 
 
-@pytest.mark.parametrize("order", ["backup_first", "primary_first", "both_at_once"])
+@pytest.mark.parametrize("order", ["backup_first", "primary_first", "both_at_once",
+                                   "primary_first_one_copy"])
 async def test_double_failure_loses_no_acknowledged_message(
     session: Session, zk_hosts: str, chroot: str, tmp_path: Path, order: str
 ) -> None:
+    """``primary_first_one_copy``: a ``one_copy`` topic, whose surviving backup takes over and
+    acknowledges alone before it is killed too: those one-copy acknowledgements survive."""
     topic = "d"
     cluster = ProcessCluster(zk_hosts, chroot, tmp_path / "data", tmp_path / "logs",
                              session_timeout=TIMEOUT)
@@ -174,7 +177,8 @@ async def test_double_failure_loses_no_acknowledged_message(
             cluster.spawn("controller", "c1")
             for name in ("s1", "s2"):
                 await cluster.wait_joined(session, name)
-            await create_topics(session, [topic])
+            mode = "one_copy" if order.endswith("one_copy") else "refuse"
+            await create_topics(session, [topic], mode=mode)
             await wait_placed(session, [topic])
             await wait_isr(session, topic, {"s1", "s2"})
             primary = (await primaries(session, [topic]))[topic]
@@ -184,14 +188,16 @@ async def test_double_failure_loses_no_acknowledged_message(
                     trio.open_nursery() as nursery:
                 for lane in range(4):
                     nursery.start_soon(load.run, producer, topic, lane)
-                await load.until(300)
+                await load.until(200)
                 if order == "backup_first":
                     cluster.kill9(backup)
                     await wait_isr(session, topic, {primary})  # the primary went on alone
                     cluster.kill9(primary)
-                elif order == "primary_first":
+                elif order.startswith("primary_first"):
                     cluster.kill9(primary)
                     await wait_primary(session, topic, backup)  # the backup took over
+                    if mode == "one_copy":
+                        await load.until(len(load.acked) + 100)  # acknowledged with one copy
                     cluster.kill9(backup)
                 else:  # both still in the in-sync set: either may take over
                     cluster.kill9(primary)
@@ -199,7 +205,7 @@ async def test_double_failure_loses_no_acknowledged_message(
                 before = len(load.acked)
                 for name in ("s1", "s2"):  # both come back under their names
                     cluster.spawn("server", name, env=durable)
-                await load.until(before + 200)  # publishing resumed
+                await load.until(before + 100)  # publishing resumed
                 nursery.cancel_scope.cancel()
             got = await read_back(session, topic, load.acked)
             lost = load.acked - set(got)
