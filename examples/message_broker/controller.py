@@ -88,7 +88,7 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
         kept = [s for s in current.get(topic, []) if s in load or s in stranded.get(topic, ())]
         kept = [s for s in current.get(topic, []) if s in kept or s in draining]
         plan[topic] = kept
-        leaving = _leaving(kept, isr.get(topic))
+        leaving = _leaving(kept, isr.get(topic), draining, suspects)
         for s in kept:
             if s != leaving and s in load:  # a replica on its way out no longer counts as load
                 load[s] += 1
@@ -96,7 +96,7 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
         replicas = plan[topic]
         if len(replicas) > REPLICAS:  # a move in progress: finish it once the new one is in
             record = isr.get(topic)
-            drop = _leaving(replicas, record)
+            drop = _leaving(replicas, record, draining, suspects)
             if voluntary and record is not None and replicas[-1] in record.in_sync \
                     and drop is not None:
                 replicas.remove(drop)
@@ -123,7 +123,7 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
             if len(replicas) != REPLICAS or topic in stranded:
                 continue
             leader = isr[topic].leader if topic in isr else replicas[0]
-            movable = [s for s in replicas if s != leader]
+            movable = [s for s in replicas if s != leader and s in load]
             if not movable:
                 continue
             targets = [s for s in sorted(load) if s not in suspects]
@@ -137,13 +137,16 @@ def plan_placement(topics: list[str], current: dict[str, list[str]], live: list[
     return plan
 
 
-def _leaving(replicas: list[str], record: Isr | None) -> str | None:
-    """During a move (more than ``REPLICAS`` replicas), the one that will leave: the oldest
-    that is neither the primary nor the newest replica."""
+def _leaving(replicas: list[str], record: Isr | None, draining: frozenset[str] = frozenset(),
+             suspects: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """During a move (more than ``REPLICAS`` replicas), the one that will leave: a replica
+    reported out of sync if there is one, else the oldest; never the primary, the newest
+    replica, or a server stopping gracefully (it leaves by itself once it has handed over)."""
     if len(replicas) <= REPLICAS:
         return None
     leader = record.leader if record is not None else replicas[0]
-    return next((s for s in replicas[:-1] if s != leader), None)
+    candidates = [s for s in replicas[:-1] if s != leader and s not in draining]
+    return next((s for s in candidates if s in suspects), next(iter(candidates), None))
 
 
 class BrokerController(Master):
