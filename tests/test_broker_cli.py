@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +37,8 @@ async def run_ctl(zk_hosts: str, chroot: str, *argv: str,
 
 
 async def test_produce_consume_and_list_from_the_command_line(
-    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
+    procs: list[subprocess.Popen[bytes]]
 ) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -60,6 +62,20 @@ async def test_produce_consume_and_list_from_the_command_line(
                                   "--name", "tail"))[:2] == (0, "c\n")
             assert loads((await session.get(PATHS.subscriber("cli", "tail")))[0]) == \
                 {"offset": 4}
+            # `consume --follow | head -1`: the reader goes away, the command ends quietly
+            env = os.environ | {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"}
+            follow = subprocess.Popen(
+                [sys.executable, "-m", "examples.message_broker.ctl", "--zk", zk_hosts,
+                 "--chroot", chroot, "consume", "cli", "--follow"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+            procs.append(follow)  # killed at teardown whatever happens
+            assert follow.stdout is not None and follow.stderr is not None
+            first = await trio.to_thread.run_sync(follow.stdout.readline, abandon_on_cancel=True)
+            assert first == b"hello\n"
+            follow.stdout.close()
+            await run_ctl(zk_hosts, chroot, "produce", "cli", "x" * 70_000)  # > a pipe's buffer
+            code = await trio.to_thread.run_sync(follow.wait, abandon_on_cancel=True)
+            assert (code, follow.stderr.read()) == (0, b"")
             status, table, _ = await run_ctl(zk_hosts, chroot, "list")
             header, row = table.strip().splitlines()
             assert status == 0 and header.split()[:3] == ["TOPIC", "MODE", "PRIMARY"]

@@ -371,6 +371,14 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _broken_pipe(exc: BaseException) -> bool:
+    if isinstance(exc, BrokenPipeError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_broken_pipe(e) for e in exc.exceptions)
+    return False
+
+
 def _run_data(hosts: str, args: argparse.Namespace, work: Any) -> int:
     """``one_shot`` with the command's session timeout (a durable subscriber's name is free
     for another instance once a dead one's session expired)."""
@@ -404,7 +412,13 @@ def _cmd_data(args: argparse.Namespace, hosts: str, paths: BrokerPaths,
             f"topic {args.topic} not {what} within {limit:g}s (no primary? see `ctl describe "
             f"{args.topic}`; --timeout sets the limit)")
 
-    count = _run_data(hosts, args, work)
+    try:
+        count = _run_data(hosts, args, work)
+    except BaseException as exc:  # `consume ... | head`: the reader went away, that is all
+        if not _broken_pipe(exc):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if args.command == "produce":
         print(f"produced {count} message(s) to {args.topic}", file=sys.stderr)
     return 0
