@@ -112,7 +112,7 @@ class SearchClient:
     hedge_factor: float = 2.0
     #: Hedge budget: each request sent earns ``hedge_ratio`` of a hedge, up to
     #: ``hedge_burst`` saved; a hedge spends one (no storm of hedges when all are slow).
-    #: A request to a node that answered nothing since it was sent is hedged anyway.
+    #: A request whose node answered nothing for ``hedge_max`` since is hedged anyway.
     hedge_ratio: float = 0.1
     hedge_burst: float = 20.0
 
@@ -291,10 +291,10 @@ class SearchClient:
         (Katta's way: a node gets the list of its shards).  A shard whose replica failed or
         does not serve it (any more) is sent to its next replica at once; a shard whose
         request runs longer than :meth:`hedge_delay` is *also* sent to its next replica
-        (a hedge: the first answer wins; a node that answered nothing since the request
-        was sent is tried last for a while), within the hedge budget (``hedge_ratio`` of
-        the requests, ``hedge_burst`` saved) unless that node answered nothing since (a
-        frozen or dead node is always hedged around); a request gives up after
+        (a hedge: the first answer wins), within the hedge budget (``hedge_ratio`` of the
+        requests, ``hedge_burst`` saved); a request whose node answered nothing for
+        ``hedge_max`` since it was sent is hedged even over budget, and that node is tried
+        last for a while (frozen or dead, not only busy); a request gives up after
         ``shard_timeout``.
         Returns when every shard answered, or no replica is left to try for the others
         (they are missing from the answers)."""
@@ -379,7 +379,11 @@ class SearchClient:
                     dispatch(idle)  # failed or refused: the next replica at once
                 if not any(in_flight[s] for s in open_shards):
                     break  # every shard answered, or no replica left for the rest
+                # within the budget a request is hedged once it is slower than recent
+                # ones allow; over it, only once it ran hedge_max with its node silent
                 delay = self.hedge_delay()
+                if self._hedge_tokens < 1:
+                    delay = max(delay, self.hedge_max)
                 request: _Request | None = None
                 due = [r for r in outstanding if not r.hedged
                        and any(s not in answers and s not in exhausted for s in r.shards)]
@@ -396,22 +400,25 @@ class SearchClient:
                     continue
                 now = trio.current_time()
                 for slow in due:  # slower than recent requests allow: hedge
-                    if slow.started + delay <= now:
-                        slow.hedged = True
-                        # nothing from that node since: frozen or gone, not only busy
-                        silent = self._answered_at.get(slow.node, -math.inf) < slow.started
-                        if self._hedge_tokens >= 1:
-                            self._hedge_tokens -= 1
-                        elif not silent:
-                            log.debug("katta.hedge_skipped", node=slow.node)
-                            continue  # over budget, and the node is busy: wait for it
-                        if silent:
-                            self._suspect[slow.node] = now
-                        todo = [s for s in slow.shards if s not in answers]
-                        counts.hedged += len(todo)
-                        log.debug("katta.hedged", node=slow.node, shards=todo,
-                                  after=round(now - slow.started, 4))
-                        dispatch(todo)
+                    if slow.started + delay > now:
+                        continue
+                    slow.hedged = True
+                    # nothing from its node for hedge_max, since it was sent: frozen or
+                    # gone, not only busy with other requests
+                    silent = (now - slow.started >= self.hedge_max and self._answered_at.get(
+                        slow.node, -math.inf) < slow.started)
+                    if self._hedge_tokens >= 1:
+                        self._hedge_tokens -= 1
+                    elif not silent:
+                        log.debug("katta.hedge_skipped", node=slow.node)
+                        continue  # over budget, and the node is busy: wait for it
+                    if silent:
+                        self._suspect[slow.node] = now
+                    todo = [s for s in slow.shards if s not in answers]
+                    counts.hedged += len(todo)
+                    log.debug("katta.hedged", node=slow.node, shards=todo,
+                              after=round(now - slow.started, 4))
+                    dispatch(todo)
             nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
         return answers
 
