@@ -419,6 +419,10 @@ class SearchClient:
                     log.debug("katta.hedged", node=slow.node, shards=todo,
                               after=round(now - slow.started, 4))
                     dispatch(todo)
+            now = trio.current_time()
+            for slow in outstanding:  # a hedge answered first and its node said nothing
+                if slow.hedged and self._answered_at.get(slow.node, -math.inf) < slow.started:
+                    self._suspect[slow.node] = now  # at all meanwhile: try it last
             nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
         return answers
 

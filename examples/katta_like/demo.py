@@ -210,6 +210,9 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "worst_query_ms_per_fault": {
             fault: round(stats.worst_between(start, end) * 1000, 1)
             for fault, (start, end) in windows.items()},
+        "worst_query_ms_first_second_of_fault": {
+            fault: round(stats.worst_between(start, min(end, start + 1.0)) * 1000, 1)
+            for fault, (start, end) in windows.items()},
         "worst_query_began_s_after_fault": {
             fault: round(stats.worst_at(start, end), 2)
             for fault, (start, end) in windows.items()},
