@@ -247,3 +247,62 @@ async def test_a_late_clean_up_never_deletes_the_current_record(
             session.delete_later(path, data=first)  # the earlier block's clean-up, late
             await session.wait_leftovers_done()
             assert (await session.get(path))[0] == data
+
+
+class Unconfirmed(Replica):
+    """A worker whose serving records are never confirmed (as if it froze right after
+    announcing them)."""
+
+    confirm_after = None
+
+
+async def test_a_move_completes_only_once_the_new_replica_is_confirmed(
+        zk_hosts: str, chroot: str, session: Session) -> None:
+    """R=1, moves w1 -> w2: while w2's records are unconfirmed (version 0) the leader steps
+    with w2 serving but never drops w1; once they are confirmed (written again, as
+    ``Worker.ready`` does ``confirm_after`` seconds in) the record's watch wakes the
+    leader and the moves complete."""
+    app = App("rep4")
+    seen: list[tuple[dict[str, list[str]], dict[str, set[str]]]] = []
+    stepped = [trio.Event()]
+
+    class One(Master):
+        stable_for = 0.2
+
+        async def lead(self, ctx: MasterContext) -> None:
+            async def step(placement: ReplicatedPlacement) -> None:
+                seen.append(({s: list(w) for s, w in placement.plan.items()},
+                             {s: set(w) for s, w in placement.serving.items()}))
+                stepped[0].set()
+
+            await ctx.run_replicated(SHARDS, 1, node_grace=GRACE, on_step=step)
+
+    sessions: dict[str, Session] = {}
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_with_session, zk_hosts, chroot, Replica(app, name="w1"),
+                                trio.CancelScope(), sessions)
+            await nursery.start(run_with_session, zk_hosts, chroot, One(app, name="m1"),
+                                trio.CancelScope(), sessions)
+            await wait_plan(session, app, lambda p, s: all(
+                p[x] == ["w1"] and s[x] == {"w1"} for x in SHARDS))
+            await nursery.start(run_with_session, zk_hosts, chroot,
+                                Unconfirmed(app, name="w2"), trio.CancelScope(), sessions)
+            # the moves start and w2 serves its new replicas, unconfirmed
+            plan = await wait_plan(session, app, lambda p, s: sum(
+                p[x] == ["w1", "w2"] and s[x] == {"w1", "w2"} for x in SHARDS) == 2)
+            moving = [x for x in SHARDS if plan[x] == ["w1", "w2"]]
+            # a step that saw w2 serving them still plans w1 (never dropped unconfirmed)
+            while not any(all("w2" in serving.get(x, ()) for x in moving)
+                          for _, serving in seen):
+                stepped[0] = trio.Event()
+                await stepped[0].wait()
+            assert all(all("w1" in p[x] for x in moving) for p, _ in seen), seen
+            for shard in moving:  # confirm w2's records, as Worker.ready would
+                path = f"{app.deployed_dir(shard)}/w2"
+                data, stat = await session.get(path)
+                assert stat.version == 0
+                await session.set(path, data, version=0)
+            await wait_plan(session, app, lambda p, s: all(
+                p[x] == ["w2"] and s[x] == {"w2"} for x in moving))
+            nursery.cancel_scope.cancel()
