@@ -324,7 +324,11 @@ class BrokerServer(Worker):
             wake = session.waker(fired)
             generation = session.snapshot().generation
             try:
-                settings = TopicSettings.decode((await session.get(paths.topic(topic)))[0])
+                raw, topic_stat = await session.get(paths.topic(topic))
+                settings = TopicSettings.decode(raw)
+                # a log left by another topic of this name (deleted and created again, or
+                # another cluster) is not this topic's: it starts afresh (see log.py)
+                topic_log.bind(settings.id or f"czxid-{topic_stat.czxid}")
                 stat = await session.exists(paths.primary(topic), watch=wake)
                 if stat is None:
                     data, isr_stat = await session.get(paths.isr(topic), watch=wake)
