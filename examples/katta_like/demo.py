@@ -256,6 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = trio.run(demo, args)
         print(json.dumps({k: v for k, v in summary.items() if k != "corpus"}, indent=2))
         ok = all(summary["checks"].values())
+        print("slowest query per fault (whole window / first second / began after):")
+        for fault, worst in summary["worst_query_ms_per_fault"].items():
+            print(f"  {fault}: {worst:g} ms / "
+                  f"{summary['worst_query_ms_first_second_of_fault'][fault]:g} ms / "
+                  f"{summary['worst_query_began_s_after_fault'][fault]:g} s")
         for name, passed in summary["checks"].items():
             print(f"  [{'ok' if passed else 'FAILED'}] {name}")
         print("demo-katta: " + ("all checks hold" if ok else "SOME CHECKS FAILED"))
