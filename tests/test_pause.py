@@ -10,9 +10,6 @@ owner's synchronous ``ensure_trusted`` refuses the effect of a step woken before
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +21,7 @@ import trio
 from framework import Session
 from framework.primitives import Election, Lock, WorkQueue
 from framework.runtime import App
+from framework.testing import Lines, python_argv, spawn
 from framework.zk import wait_exists, wait_gone
 
 HELPER = Path(__file__).parent / "helpers" / "pause_owner.py"
@@ -31,33 +29,14 @@ OWNER_TIMEOUT = 2.0  # the paused process's session timeout (trust window 1.33 s
 SHORT_PAUSE = 0.3  # well inside the trust window, even with a ping due
 
 
-class Lines:
-    """The child's stdout as ``(kind, value)`` pairs, read as they come."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
-        self._buffer = b""
-        self.seen: list[tuple[str, str]] = []
-
-    async def next(self) -> tuple[str, str]:
-        while b"\n" not in self._buffer:
-            chunk = await self._stream.receive_some(65536)
-            if not chunk:
-                raise AssertionError(f"the owner exited; it said {self.seen[-5:]}")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        kind, _, value = line.decode().partition(" ")
-        self.seen.append((kind, value))
-        return kind, value
-
-    async def until(self, done: Callable[[str, str], bool]) -> list[tuple[str, str]]:
-        """Read until ``done(kind, value)``; return everything read, that line included."""
-        read = []
-        while True:
-            kind, value = await self.next()
-            read.append((kind, value))
-            if done(kind, value):
-                return read
+async def read_until(lines: Lines, done: Callable[[str, str], bool]) -> list[tuple[str, str]]:
+    """Read the owner's ``KIND value`` lines until ``done(kind, value)``; return them."""
+    read = []
+    while True:
+        kind, _, value = (await lines.next()).partition(" ")
+        read.append((kind, value))
+        if done(kind, value):
+            return read
 
 
 def after(lines: list[tuple[str, str]], kind: str, moment: float) -> list[float]:
@@ -93,43 +72,34 @@ async def test_a_paused_owner_starts_no_step_past_its_trust_deadline(
     its effect; no effect after SIGCONT."""
     if mode == "claim":
         await WorkQueue(session, "/q").put(b"job")
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPER), zk_hosts, chroot, mode, "--timeout", str(OWNER_TIMEOUT)]
-        + ([] if checked else ["--unchecked"]),
-        stdout=subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    lines = Lines(proc.stdout)
-    try:
+    argv = python_argv(HELPER, zk_hosts, chroot, mode, "--timeout", OWNER_TIMEOUT)
+    async with spawn(argv + ([] if checked else ["--unchecked"]), pipe_stdout=True) as owner:
+        assert owner.lines is not None
         with trio.fail_after(40):
             if mode == "shard":
                 assignments = App("pause").assignment_dir("w")
                 await wait_exists(session, assignments)
                 await session.create(f"{assignments}/s0", b"")
-            await lines.until(lambda kind, _: kind == "READY")
+            await read_until(owner.lines, lambda kind, _: kind == "READY")
             progress = "EFFECT" if checked else "START"
-            await lines.until(lambda kind, _: kind == progress)
+            await read_until(owner.lines, lambda kind, _: kind == progress)
 
             # shorter than the trust window: the body goes on as if nothing happened
-            proc.send_signal(signal.SIGSTOP)
+            owner.pause()
             await trio.sleep(SHORT_PAUSE)  # the length of the fault, not a wait for it
-            proc.send_signal(signal.SIGCONT)
+            owner.resume()
             resumed = time.monotonic()
-            short = await lines.until(
-                lambda kind, value: kind == "ENDED"
-                or (kind == progress and float(value) > resumed))
+            short = await read_until(owner.lines, lambda kind, value: kind == "ENDED"
+                                     or (kind == progress and float(value) > resumed))
             assert short[-1][0] == progress, short[-3:]
 
             # past the session timeout: the server expires it and someone else takes over
-            proc.send_signal(signal.SIGSTOP)
+            owner.pause()
             stopped = time.monotonic()
             async with taken_over(session, mode):
-                proc.send_signal(signal.SIGCONT)
+                owner.resume()
                 resumed = time.monotonic()
-                rest = await lines.until(lambda kind, _: kind == "ENDED")
-    finally:
-        proc.kill()
-        await proc.wait()
+                rest = await read_until(owner.lines, lambda kind, _: kind == "ENDED")
     if not checked:
         rest = [("START", t) for k, v in rest if k == "STARTS" for t in v.split()] + rest
     started = after(rest, "START", resumed)
