@@ -40,7 +40,8 @@ demo: zookeeper install
 	$(PY) -m examples.fetch_service.demo
 
 # Katta-like search: index built as a job, 2 masters, 4 search nodes, 8 shards x 2 replicas,
-# a query load while a node and the active master are killed with kill -9.
+# a query load while a node is killed with kill -9, another frozen with SIGSTOP, and the active
+# master killed with kill -9; prints the worst query latency per fault.
 demo-katta: zookeeper install
 	$(PY) -m examples.katta_like.demo
 
