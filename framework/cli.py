@@ -343,13 +343,19 @@ def _environment_help() -> str:
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser, *,
-                             connect_timeout: bool = True) -> None:
-    """``--zk``, ``--chroot`` (and ``--connect-timeout``), with their defaults in the help."""
+                             connect_timeout: bool = True, shared: bool = False) -> None:
+    """``--zk``, ``--chroot`` (and ``--connect-timeout``), with their defaults in the help.
+
+    ``shared``: for a parent parser shared by a program and its subcommands (the options
+    may come before or after the command); ``--zk`` and ``--chroot`` are then left unset when
+    not given (fill in ``None`` after parsing)."""
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if shared else {}
     parser.add_argument("--zk", metavar="HOSTS",
                         help="ZooKeeper connect string HOST:PORT[,HOST:PORT...][/CHROOT] "
-                             "(default: $FRAMEWORK_ZK_HOSTS)")
+                             "(default: $FRAMEWORK_ZK_HOSTS)", **unset)
     parser.add_argument("--chroot", help="ZooKeeper chroot for every path (default: none; "
-                                         "nested inside a /CHROOT of the connect string)")
+                                         "nested inside a /CHROOT of the connect string)",
+                        **unset)
     if connect_timeout:
         parser.add_argument("--connect-timeout", type=_positive_seconds, default=10.0,
                             metavar="S", help="seconds to connect (default 10)")

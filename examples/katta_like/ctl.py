@@ -25,7 +25,13 @@ from examples.katta_like.layout import (
     shard_name,
 )
 from framework import configure_logging, errors
-from framework.cli import add_deadline_argument, one_shot, run_command, zk_hosts_from
+from framework.cli import (
+    add_connection_arguments,
+    add_deadline_argument,
+    one_shot,
+    run_command,
+    zk_hosts_from,
+)
 from framework.errors import FrameworkError
 from framework.runtime import App
 from framework.zk import Session, validate_name, watch_children, watch_data
@@ -260,8 +266,7 @@ def render_status(status: dict[str, Any]) -> str:
 
 
 def _session_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--zk", help="ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)")
-    parser.add_argument("--chroot", help="ZooKeeper chroot")
+    add_connection_arguments(parser, connect_timeout=False)
     parser.add_argument("--app", default=APP_NAME, help="application name (default katta)")
     add_deadline_argument(parser)
 

@@ -45,6 +45,7 @@ from examples.message_broker.layout import (
 from framework import errors
 from framework.cli import (
     ONE_SHOT_DEADLINE,
+    add_connection_arguments,
     add_deadline_argument,
     one_shot,
     preflight,
@@ -429,9 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     # H" and "broker --zk H status"): SUPPRESS keeps the subcommand from resetting what was
     # given before it, and parse() fills in the defaults of those not given at all.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--zk", default=argparse.SUPPRESS,
-                        help="ZooKeeper connect string (default: $FRAMEWORK_ZK_HOSTS)")
-    common.add_argument("--chroot", default=argparse.SUPPRESS, help="ZooKeeper chroot")
+    add_connection_arguments(common, connect_timeout=False, shared=True)
     add_deadline_argument(common, shared=True)
     parser = argparse.ArgumentParser(prog="broker ctl", parents=[common],
                                      description="Control the YMB-style message broker.")
