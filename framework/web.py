@@ -28,13 +28,19 @@ class Listener:
     sockets: Sockets
 
     @property
-    def port(self) -> int:
-        return int(self.sockets.insecure_sockets[0].getsockname()[1])
+    def address(self) -> str:
+        """``host:port`` of the first socket."""
+        host, port = self.sockets.insecure_sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
 
 
 def listen(host: str = "127.0.0.1", port: int = 0, *, what: str = "server",
-           graceful_timeout: float = 1.0) -> Listener:
-    """Listen on ``host:port`` now (port 0: any free port), or raise a one-line error."""
+           graceful_timeout: float = 1.0, keep_alive_timeout: float | None = None) -> Listener:
+    """Listen on ``host:port`` now (port 0: any free port), or raise a one-line error.
+
+    ``graceful_timeout``: seconds open requests may finish once serving is cancelled;
+    ``keep_alive_timeout``: seconds an idle client connection is kept (hypercorn's default
+    if ``None``)."""
     if not 0 <= port <= 65535:
         raise ConfigurationError(f"--port must be between 0 and 65535, got {port}")
     config = Config()
@@ -42,6 +48,8 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, what: str = "server",
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = graceful_timeout
+    if keep_alive_timeout is not None:
+        config.keep_alive_timeout = keep_alive_timeout
     try:
         sockets = config.create_sockets()
         for sock in sockets.insecure_sockets:

@@ -31,16 +31,16 @@ Guarantees:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from examples.katta_like.corpus import documents, shard_of
 from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, parse_replica
@@ -53,7 +53,7 @@ from examples.katta_like.store import (
     reuse_local,
     shard_dir_name,
 )
-from framework import Worker, errors, get_logger
+from framework import Worker, errors, get_logger, web
 from framework.runtime import Task
 from framework.zk import Session
 
@@ -106,29 +106,22 @@ class SearchNode(Worker):
     # ------------------------------------------------------------ runtime
 
     async def run(self, session: Session) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        self.address = f"127.0.0.1:{sock.getsockname()[1]}"
+        listener = web.listen("127.0.0.1", 0, what="search node", graceful_timeout=0.2,
+                              keep_alive_timeout=60.0)
+        self.address = listener.address
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.data_dir, os.W_OK | os.X_OK):
                 raise PermissionError("not writable")
         except OSError as exc:
-            sock.close()
+            for sock in listener.sockets.insecure_sockets:
+                sock.close()
             raise errors.ConfigurationError(
                 f"KATTA_DATA: cannot use {str(self.data_dir)!r} as this node's disk "
                 f"({exc.strerror or exc})") from None
-        config = HypercornConfig()
-        config.bind = [f"fd://{sock.detach()}"]
-        config.accesslog = None
-        config.errorlog = logging.getLogger("examples.katta_like.node.hypercorn")
-        config.graceful_timeout = 0.2
-        config.keep_alive_timeout = 60.0
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: hypercorn_serve(
-                self.asgi, config, shutdown_trigger=trio.sleep_forever,  # type: ignore[arg-type]
-                task_status=task_status))
+            await nursery.start(lambda task_status: web.serve(
+                self.http_app(), listener, task_status=task_status))
             log.info("node.http", node=self.name, address=self.address)
             await super().run(session)
             nursery.cancel_scope.cancel()
@@ -210,34 +203,25 @@ class SearchNode(Worker):
 
     # ------------------------------------------------------------ HTTP/JSON
 
-    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    def http_app(self) -> Starlette:
         """``POST /stats`` ``{"index", "shards", "query"}`` -> each shard's term statistics;
         ``POST /search`` ``{"index", "shards", "query", "top", "stats"?}`` -> each shard's
         ``{"count", "hits"}`` (scored with the global ``stats`` when given), as
         ``{"shards": {shard: answer}}``; a shard this node does not serve (now) answers
         ``{"error": ...}``; 400: bad request or query syntax."""
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        status, answer = self._answer(scope["path"], body)
-        data = json.dumps(answer).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(data)).encode())]})
-        await send({"type": "http.response.body", "body": data})
+
+        async def endpoint(request: Request) -> Response:
+            status, answer = self._answer(request.url.path, await request.body())
+            return Response(json.dumps(answer).encode(), status_code=status,
+                            media_type="application/json")
+
+        async def not_found(request: Request, exc: Exception) -> Response:
+            return Response(json.dumps({"error": f"no such endpoint {request.url.path}"}),
+                            status_code=404, media_type="application/json")
+
+        return Starlette(routes=[Route("/search", endpoint, methods=["POST"]),
+                                 Route("/stats", endpoint, methods=["POST"])],
+                         exception_handlers={404: not_found})
 
     def _trusted(self, key: tuple[str, int]) -> bool:
         """Right before answering as an owner of a shard: is the session it was announced
