@@ -179,8 +179,9 @@ class MasterContext:
                    stable_for: float | None = None) -> ReplicatedPlacement:
         """A replicated placement loop for shards that change while it runs: call its
         ``set_shards`` whenever the wanted shards change, and ``await`` its ``run``."""
-        return ReplicatedPlacement(self, node_grace=node_grace, max_moves=max_moves,
-                                   stable_for=stable_for)
+        return ReplicatedPlacement(
+            self, node_grace=node_grace, max_moves=max_moves,
+            stable_for=self.master.stable_for if stable_for is None else stable_for)
 
     async def run_replicated(self, shards: Mapping[str, bytes],
                              replication: int | Mapping[str, int], *, node_grace: float,

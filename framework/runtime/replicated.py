@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import trio
 
@@ -38,7 +38,22 @@ from framework.runtime.assignment import plan_replicas
 from framework.zk import SessionState, watch_children
 
 if TYPE_CHECKING:
-    from framework.runtime.master import MasterContext
+    from framework.primitives import Term
+    from framework.runtime.app import App
+    from framework.zk import Session
+
+
+class LeaderContext(Protocol):
+    """What the placement loop needs of the leading master (``MasterContext`` is one):
+    the app's layout, the leader's session and term (writes are fenced by it), and the
+    live group members."""
+
+    app: App
+    session: Session
+    term: Term
+
+    def watch_workers(self) -> AsyncIterator[dict[str, dict[str, Any]]]: ...
+
 
 log = get_logger("framework.runtime.replicated")
 
@@ -53,8 +68,8 @@ class ReplicatedPlacement:
     :attr:`plan` (shard -> workers), :attr:`serving` (shard -> workers with a deployment
     record), :attr:`refused` (shard -> workers), :attr:`known` (shards with znodes)."""
 
-    def __init__(self, ctx: MasterContext, *, node_grace: float, max_moves: int = 2,
-                 stable_for: float | None = None) -> None:
+    def __init__(self, ctx: LeaderContext, *, node_grace: float, stable_for: float,
+                 max_moves: int = 2) -> None:
         if not 0 <= node_grace < math.inf:
             raise errors.ConfigurationError(f"node_grace must be finite seconds >= 0, "
                                             f"not {node_grace!r}")
@@ -63,7 +78,7 @@ class ReplicatedPlacement:
         self.ctx = ctx
         self.node_grace = node_grace
         self.max_moves = max_moves
-        self.stable_for = ctx.master.stable_for if stable_for is None else stable_for
+        self.stable_for = stable_for
         self.live: set[str] = set()
         self.plan: dict[str, list[str]] = {}
         self.serving: dict[str, set[str]] = {}
