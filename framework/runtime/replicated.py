@@ -33,6 +33,7 @@ import trio
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import is_fence_failure
+from framework.retry import Backoff
 from framework.runtime.app import check_name
 from framework.runtime.assignment import plan_replicas
 from framework.zk import SessionState, watch_children
@@ -56,6 +57,9 @@ class LeaderContext(Protocol):
 
 
 log = get_logger("framework.runtime.replicated")
+
+#: Delays before re-reading ZooKeeper after a failed placement step.
+STEP_RETRY = Backoff(0.1, 2.0)
 
 #: Called after every placement step (the view is current): react to serving records.
 StepHook = Callable[["ReplicatedPlacement"], Awaitable[None]]
@@ -150,7 +154,7 @@ class ReplicatedPlacement:
                     # our memory disagrees with ZooKeeper (a reply lost, say): re-read it
                     failures += 1
                     log.warning("replicated.step_failed", app=app.name, error=str(exc))
-                    await trio.sleep(min(0.05 * 2 ** failures, 2.0))
+                    await STEP_RETRY.sleep(failures)
                     await self._reload()
                     continue
                 if on_step is not None:
