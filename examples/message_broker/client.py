@@ -50,6 +50,7 @@ from examples.message_broker.watching import wait_watch
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Lock, LockHolding
+from framework.retry import Backoff
 from framework.zk import Session
 
 __all__ = ["BrokerError", "Message", "Producer", "Subscriber", "SubscriberBusyError",
@@ -76,8 +77,9 @@ class SubscriberBusyError(errors.FrameworkError):
     """Another instance of this subscriber name is live (``exclusive="refuse"``)."""
 
 
-#: Pause before asking again after a refusal that the znode does not explain (seconds).
-RETRY_BACKOFF = 0.05
+#: Pauses before asking again after refusals that the znode does not explain: 50 ms
+#: doubling to 1 s, with jitter (many producers refused at once do not retry in lockstep).
+RETRY_BACKOFF = Backoff(0.05, 1.0)
 
 #: Longest a client waits for a newer primary after its link to the current one failed,
 #: before it tries the same one again (the server may have been out of reach only).
@@ -321,6 +323,7 @@ class Producer:
 
     async def _deliver(self, topic: str, seq: int, payloads: list[bytes]) -> None:
         """Send one batch until acknowledged (same sequence numbers on every retry)."""
+        refusals = 0
         while True:
             address, epoch = await self.router.primary(topic)
             try:
@@ -356,7 +359,8 @@ class Producer:
                 # not_primary: that server is starting or has just been deposed; the znode
                 # tells which, so look again after a short back-off
                 self.router.forget(topic)
-                await trio.sleep(RETRY_BACKOFF)
+                refusals += 1
+                await RETRY_BACKOFF.sleep(refusals)
 
 
 class Subscriber:
@@ -524,6 +528,7 @@ class Subscriber:
             await self.commit()
 
     async def _follow(self, topic: str, offset: int) -> None:
+        refusals = 0
         while True:
             address, epoch = await self.router.primary(topic)
             link_failed = True
@@ -548,6 +553,7 @@ class Subscriber:
                             break
                         if frame.get("ok") and isinstance(frame.get("hw"), int):
                             self._set_head(topic, frame["hw"])
+                            refusals = 0
                         if frame.get("op") != "msgs" or frame.get("start") != offset:
                             continue
                         for producer, seq, payload in frame["records"]:
@@ -566,7 +572,8 @@ class Subscriber:
                     await self.router.primary(topic, not_epoch=epoch)
             else:  # refused (not_primary): look the primary up again after a back-off
                 self.router.forget(topic)
-                await trio.sleep(RETRY_BACKOFF)
+                refusals += 1
+                await RETRY_BACKOFF.sleep(refusals)
 
 
 class _NoLock:
