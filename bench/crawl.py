@@ -1,18 +1,21 @@
-"""Crawl benchmark: the partitioned Fetch Service against the level-by-level one (issue #17).
+"""Crawl benchmark: the partitioned Fetch Service against a plain single-process crawler.
 
 Run: ``.venv/bin/python bench/crawl.py [--json] [--quick]``.
 
-Every crawl is a whole run of ``examples.fetch_service.scale.run`` (its own embedded
+Every crawl of ours is a whole run of ``examples.fetch_service.scale.run`` (its own embedded
 ZooKeeper, the lazy site, 1 master and 4 fetcher processes); ZooKeeper numbers come from the
 server's ``mntr`` (``zk_znode_count``; writes = ``zk_cnt_updatelatency``, every write request
-the server applied).  Workloads:
+the server applied).  The baseline is the crawl with no framework at all: one process, one
+``Fetcher`` with as many exchanges in flight as the 4 fetchers together (32), the seen-set
+and the frontier in memory, robots.txt obeyed, WARC files on disk, against the same site in
+its own process.  It is the ceiling of one machine's crawler with nothing to survive a crash.
+Workloads:
 
-1. pages/s, politeness off, 50k pages: ours vs the level-by-level design (the baseline);
-2. pages/s, politeness 0.1 s per host, 10k pages: both designs;
-3. ZooKeeper znodes (peak) and writes/s at 10k, 50k and 200k pages (the baseline at 10k and
-   50k): flat is the goal;
-4. kill -9 of a fetcher half-way through a 50k-page crawl (a replacement is started): missing
-   pages (must be 0) and duplicate WARC records (at-least-once redelivery).
+1. pages/s, politeness off, 50k pages: ours vs the baseline;
+2. pages/s, politeness 0.1 s per host, 10k pages: both;
+3. ZooKeeper znodes (peak) and writes/s at 10k, 50k and 200k pages (ours): flat is the goal;
+4. kill -9 of the active master and of a fetcher during a 50k-page crawl (a replacement is
+   started): missing pages (must be 0), duplicate WARC records, pages/s.
 
 ``--quick`` divides every size by 10 (a smoke run).  ``--json`` prints a JSON list of
 ``{workload, unit, baseline, ours, ratio}`` (ratio = ours / baseline).
@@ -22,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -34,19 +40,32 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench.common import Result  # noqa: E402
-from examples.fetch_service.scale.run import RunOptions, RunResult, run_crawl  # noqa: E402
+from examples.fetch_service.config import CrawlConfig  # noqa: E402
+from examples.fetch_service.fetch import Fetcher  # noqa: E402
+from examples.fetch_service.lazysite import LazySite  # noqa: E402
+from examples.fetch_service.scale.robots import RobotsRules, robots_url  # noqa: E402
+from examples.fetch_service.scale.run import (  # noqa: E402
+    NO_DEPTH_LIMIT,
+    RunOptions,
+    RunResult,
+    run_crawl,
+)
+from examples.fetch_service.scale.urls import canonical, host_of  # noqa: E402
+from examples.fetch_service.warc import WarcWriter, iter_stored  # noqa: E402
 from framework import configure_logging  # noqa: E402
+from framework.testing import python_argv, spawn  # noqa: E402
 
 POLITE_DELAY = 0.1
+SLOTS = 32  # the baseline's exchanges in flight: 4 fetchers x fetch_concurrency 8
 
 
-def crawl(design: str, pages: int, *, politeness: float = 0.0, kill_at: float = 0.0,
-          out: Path) -> RunResult:
-    name = f"{design}-{pages}-p{politeness:g}-k{kill_at:g}"
+def crawl(pages: int, *, politeness: float = 0.0, kill: bool = False, out: Path) -> RunResult:
+    name = f"ours-{pages}-p{politeness:g}" + ("-killed" if kill else "")
     print(f"crawl: {name} ...", file=sys.stderr, flush=True)
-    options = RunOptions(design=design, pages=pages, politeness=politeness, kill_at=kill_at,
-                         out=out / name, progress=lambda t: print(f"  {t}", file=sys.stderr,
-                                                                  flush=True))
+    options = RunOptions(pages=pages, politeness=politeness, out=out / name,
+                         masters=2 if kill else 1, kill_master_at=0.4 if kill else 0.0,
+                         kill_at=0.5 if kill else 0.0,
+                         progress=lambda t: print(f"  {t}", file=sys.stderr, flush=True))
     result = trio.run(run_crawl, options)
     print(f"  -> {json.dumps(result.to_dict())}", file=sys.stderr, flush=True)
     if not result.ok:
@@ -55,9 +74,79 @@ def crawl(design: str, pages: int, *, politeness: float = 0.0, kill_at: float = 
     return result
 
 
+async def plain_crawl(pages: int, politeness: float, out: Path) -> tuple[int, int, float]:
+    """The baseline (see the module doc): ``(expected, stored, seconds)``."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    manifest = out / "site.json"
+    argv = python_argv("-m", "examples.fetch_service.lazysite", "--pages", pages,
+                       "--manifest", manifest)
+    async with spawn(argv, name="site", log_dir=out, pipe_stdout=True, cwd=ROOT) as child:
+        assert child.lines is not None
+        with trio.fail_after(30):
+            await child.lines.until(lambda line: line == "READY")
+        site = LazySite.from_manifest(manifest)
+        config = CrawlConfig(politeness_delay_s=politeness, max_depth=NO_DEPTH_LIMIT,
+                             request_timeout_s=10.0, fetch_concurrency=SLOTS,
+                             allowed_hosts=site.hosts)
+        seen = set(site.seeds)
+        robots: dict[str, RobotsRules] = {}
+        send, receive = trio.open_memory_channel[str](math.inf)
+        pending = len(site.seeds)
+        for seed in site.seeds:
+            send.send_nowait(seed)
+        started = time.monotonic()
+        async with Fetcher(config, canonical=canonical) as fetcher, \
+                WarcWriter(out / "warc", writer_id="plain") as warc:
+
+            async def allowed(url: str) -> bool:
+                host = host_of(url)
+                if host not in robots:
+                    answer = await fetcher.fetch(robots_url(host))
+                    status = answer.outcome.status or 0
+                    body = answer.responses[-1].body.decode() if answer.responses else ""
+                    robots[host] = RobotsRules.from_answer(status, body)
+                return robots[host].allows(url, config.user_agent)
+
+            async def slot() -> None:
+                nonlocal pending
+                async for url in receive:
+                    if await allowed(url):
+                        result = await fetcher.fetch(url)
+                        await warc.store(result)
+                        for link in result.outcome.links:
+                            if link not in seen:
+                                seen.add(link)
+                                pending += 1
+                                send.send_nowait(link)
+                    pending -= 1
+                    if pending == 0:
+                        await send.aclose()
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(SLOTS):
+                    nursery.start_soon(slot)
+        seconds = time.monotonic() - started
+    stored = {url for url, _digest in iter_stored(out / "warc")}
+    expected = site.expected_urls()
+    if stored != expected:
+        print(f"  WARNING: baseline stored {len(stored & expected)}/{len(expected)}, "
+              f"{len(stored - expected)} unexpected", file=sys.stderr)
+    return len(expected), len(stored & expected), seconds
+
+
+def baseline(pages: int, *, politeness: float = 0.0, out: Path) -> float:
+    """The baseline's pages/s."""
+    name = f"plain-{pages}-p{politeness:g}"
+    print(f"crawl: {name} ...", file=sys.stderr, flush=True)
+    expected, stored, seconds = trio.run(plain_crawl, pages, politeness, out / name)
+    print(f"  -> {stored}/{expected} in {seconds:.1f}s", file=sys.stderr, flush=True)
+    return stored / seconds
+
+
 def print_table(rows: list[Result]) -> None:
-    """Rows with the baseline (level by level) next to ours and the ratio ours/baseline."""
-    table = Table(title="Fetch Service: partitioned (ours) vs level by level (baseline)")
+    """Rows with the baseline (one process, no framework) next to ours and the ratio."""
+    table = Table(title="Fetch Service: partitioned (ours) vs one plain process (baseline)")
     for column in ("workload", "unit", "baseline", "ours", "ours/baseline", "note"):
         table.add_column(column, justify="left" if column in ("workload", "note") else "right")
     for r in rows:
@@ -81,48 +170,41 @@ def main() -> int:
     small, medium, large = 10_000 // scale, 50_000 // scale, 200_000 // scale
     out = args.out
 
-    ours = {n: crawl("partitioned", n, out=out) for n in (small, medium, large)}
-    base_medium = crawl("levels", medium, out=out)
-    polite_ours = crawl("partitioned", small, politeness=POLITE_DELAY, out=out)
-    polite_base = crawl("levels", small, politeness=POLITE_DELAY, out=out)
-    killed = crawl("partitioned", medium, kill_at=0.5, out=out)
-    base_by_size = {small: polite_base, medium: base_medium}
+    ours = {n: crawl(n, out=out) for n in (small, medium, large)}
+    plain_medium = baseline(medium, out=out)
+    polite_ours = crawl(small, politeness=POLITE_DELAY, out=out)
+    polite_plain = baseline(small, politeness=POLITE_DELAY, out=out)
+    killed = crawl(medium, kill=True, out=out)
 
     k = lambda n: f"{n // 1000}k" if n >= 1000 else str(n)  # noqa: E731
     rows = [
         Result(f"pages/s, 4 fetchers, politeness off, {k(medium)} pages", "pages/s",
-               base_medium.pages_per_s, ours[medium].pages_per_s),
+               plain_medium, ours[medium].pages_per_s),
         Result(f"pages/s, 4 fetchers, politeness {POLITE_DELAY:g} s, {k(small)} pages",
-               "pages/s", polite_base.pages_per_s, polite_ours.pages_per_s),
+               "pages/s", polite_plain, polite_ours.pages_per_s),
     ]
     for n in (small, medium, large):
-        base = base_by_size.get(n)
-        note = "baseline politeness 0.1 s" if n == small else ""
-        rows.append(Result(f"ZooKeeper znodes (peak), {k(n)} pages", "znodes",
-                           base.znodes_peak if base else None, ours[n].znodes_peak,
-                           higher_is_better=False, note=note))
-        rows.append(Result(f"ZooKeeper writes/s, {k(n)} pages", "writes/s",
-                           base.writes_per_s if base else None, ours[n].writes_per_s,
-                           higher_is_better=False, note=note))
-        rows.append(Result(f"ZooKeeper writes per 1,000 pages, {k(n)} pages", "writes",
-                           base.writes * 1000 / base.stored if base else None,
-                           ours[n].writes * 1000 / ours[n].stored, higher_is_better=False,
-                           note=note))
+        rows.append(Result(f"ZooKeeper znodes (peak), {k(n)} pages", "znodes", None,
+                           ours[n].znodes_peak, higher_is_better=False))
+        rows.append(Result(f"ZooKeeper writes/s, {k(n)} pages", "writes/s", None,
+                           ours[n].writes_per_s, higher_is_better=False))
+        rows.append(Result(f"ZooKeeper writes per 1,000 pages, {k(n)} pages", "writes", None,
+                           ours[n].writes * 1000 / ours[n].stored, higher_is_better=False))
     rows += [
-        Result(f"kill -9 of a fetcher at 50%, {k(medium)} pages: missing", "pages", None,
+        Result(f"kill -9 of master and fetcher, {k(medium)} pages: missing", "pages", None,
                killed.missing, higher_is_better=False),
-        Result(f"kill -9 of a fetcher at 50%, {k(medium)} pages: duplicates", "records", None,
-               killed.duplicates, higher_is_better=False,
+        Result(f"kill -9 of master and fetcher, {k(medium)} pages: duplicates", "records",
+               None, killed.duplicates, higher_is_better=False,
                note=f"{killed.stored}/{killed.expected} stored"),
-        Result(f"kill -9 of a fetcher at 50%, {k(medium)} pages: pages/s", "pages/s", None,
-               killed.pages_per_s),
+        Result(f"kill -9 of master and fetcher, {k(medium)} pages: pages/s", "pages/s",
+               plain_medium, killed.pages_per_s),
     ]
     if args.json:
         print(json.dumps([{"workload": r.workload, "unit": r.unit, "baseline": r.kazoo,
                            "ours": r.ours, "ratio": r.ratio} for r in rows], indent=2))
     else:
         print_table(rows)
-    everything = [*ours.values(), base_medium, polite_ours, polite_base, killed]
+    everything = [*ours.values(), polite_ours, killed]
     return 0 if all(r.ok for r in everything) else 1
 
 

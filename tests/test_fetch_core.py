@@ -7,7 +7,6 @@ with the site's rendezvous hook.  No ZooKeeper here.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import signal
@@ -70,7 +69,7 @@ def find(site: Site, predicate: object) -> list[Target]:
 async def crawl(
     fetcher: Fetcher, seeds: tuple[str, ...], max_depth: int, warc: WarcWriter | None = None
 ) -> dict[str, FetchOutcome]:
-    """A level-by-level crawl (the real master distributes this through ZooKeeper)."""
+    """A level-by-level crawl in one process, for the fetcher's and the site's tests."""
     depth = dict.fromkeys(seeds, 0)
     outcomes: dict[str, FetchOutcome] = {}
     frontier = list(seeds)
@@ -492,38 +491,3 @@ async def test_site_cli_prints_seeds_serves_and_stops_on_sigint(tmp_path: Path) 
         if process.returncode is None:
             process.kill()
             await process.wait()
-
-
-async def test_a_shared_gate_keeps_fetchers_of_several_processes_polite(site: Site) -> None:
-    """Two fetchers (think: two machines) sharing a per-host gate: one host's requests
-    never overlap and keep the delay, redirect hops to other hosts included."""
-    delay = 0.02
-    locks: dict[str, trio.Lock] = {}
-    entered: Counter[str] = Counter()
-
-    @contextlib.asynccontextmanager
-    async def gate(host: str) -> AsyncIterator[None]:
-        async with locks.setdefault(host, trio.Lock()):
-            entered[host] += 1
-            yield
-
-    home = site.roots[0]
-    urls = [home, *(link for link in (await _links(site, home)))][:8]
-    config = config_for(site, politeness_delay_s=delay)
-    with trio.fail_after(20):
-        async with Fetcher(config, gate=gate) as one, Fetcher(config, gate=gate) as two:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one.fetch_batch, urls)
-                nursery.start_soon(two.fetch_batch, urls)
-    assert sum(entered.values()) == len(site.access_log) >= 2 * len(urls)
-    for port in site.ports:
-        log = sorted((r for r in site.access_log if r.port == port), key=lambda r: r.started)
-        for before, after in itertools.pairwise(log):
-            assert after.started - before.finished >= delay - 1e-6, (before, after)
-
-
-async def _links(site: Site, url: str) -> list[str]:
-    async with Fetcher(config_for(site)) as fetcher:
-        result = await fetcher.fetch(url)
-    site.access_log.clear()
-    return list(result.outcome.links)

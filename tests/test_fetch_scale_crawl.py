@@ -3,8 +3,10 @@ test session's server): a master, 4 fetchers and the lazy site, each its own pro
 
 - the znodes under the crawl's chroot are as many after a crawl of 3,000 pages as after one
   of 500 (ZooKeeper holds no per-URL state);
-- kill -9 of a fetcher mid-crawl (a replacement started on "another machine": its own WARC
-  and local directories): every page is stored, nothing else; duplicates are reported.
+- kill -9 of the active master and then of a fetcher mid-crawl (``make demo`` in small: a
+  standby master leads, a replacement fetcher is started on "another machine" with its own
+  WARC and local directories): every page is stored as the site serves it, nothing else;
+  duplicates are reported.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ async def test_znode_count_does_not_grow_with_pages(zk_hosts: str, tmp_path: Pat
     assert large.app_znodes == small.app_znodes < 100
 
 
-async def test_fetcher_killed_mid_crawl_loses_no_page(zk_hosts: str, tmp_path: Path) -> None:
+async def test_master_and_fetcher_killed_mid_crawl_lose_no_page(zk_hosts: str,
+                                                                tmp_path: Path) -> None:
     with trio.fail_after(120):
-        result = await run_crawl(options(zk_hosts, tmp_path, 3000, kill_at=0.3))
-    assert result.killed == "fetcher-1"
+        result = await run_crawl(options(zk_hosts, tmp_path, 3000, masters=2,
+                                         kill_master_at=0.2, kill_at=0.4))
+    assert (result.killed, result.replacement) == ("fetcher-1", "fetcher-5")
+    assert (result.killed_master, result.report_master) == ("master-1", "master-2")
+    assert result.differing == 0
     assert result.missing == 0, result.missing_sample
     assert result.unexpected == 0, result.unexpected_sample  # robots.txt obeyed too
     assert result.stored == result.expected

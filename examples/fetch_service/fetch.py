@@ -6,10 +6,10 @@ and across batches processed at the same time.  Guarantees:
 
 - **Politeness.**  Requests to one host (``host[:port]``) never overlap, and each starts at
   least ``politeness_delay_s`` after the previous one to that host ended (a per-host FIFO
-  ``trio.Lock`` plus the end time of the last exchange; across processes, the optional
-  per-host ``gate``).  Different hosts proceed in parallel, at most ``fetch_concurrency``
-  exchanges at a time.
-- **Redirects** are followed by hand, each hop through the politeness gate of its own host,
+  ``trio.Lock`` plus the end time of the last exchange; across processes, politeness is the
+  caller's: the partitioned crawl gives each host to one fetcher).  Different hosts proceed
+  in parallel, at most ``fetch_concurrency`` exchanges at a time.
+- **Redirects** are followed by hand, each hop through the politeness of its own host,
   at most ``max_redirects`` hops.  A loop (a URL seen twice in one chain) ends the fetch with
   ``error_kind="redirect_loop"``; a longer chain with ``"too_many_redirects"``.
 - **Bounded time.**  Each hop (connect, headers, body) is bounded by ``request_timeout_s``.
@@ -49,7 +49,6 @@ __all__ = [
     "FetchOutcome",
     "FetchResult",
     "Fetcher",
-    "HostGate",
     "RawResponse",
     "payload_digest",
 ]
@@ -164,10 +163,6 @@ class _Host:
     last_end: float = -math.inf
 
 
-#: ``gate(host)`` -> an async context manager held around each request to ``host``.
-HostGate = Callable[[str], contextlib.AbstractAsyncContextManager[Any]]
-
-
 class _Failure(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -180,20 +175,14 @@ class Fetcher:
     Pass ``client`` to share an ``httpx.AsyncClient`` (then the caller closes it); otherwise
     the fetcher makes one on entry and closes it on exit.
 
-    ``gate(host)``, when given, is an async context manager entered around every request to
-    ``host`` and held until ``politeness_delay_s`` after it ended: a lock shared with
-    fetchers in other processes makes the politeness guarantee hold across all of them.
-
     ``canonical(url, base)`` replaces :func:`links.canonicalize` for requested URLs, redirect
     targets and extracted links (it must raise ``InvalidUrlError`` for what cannot be
     crawled); the partitioned crawl passes w3lib's form.
     """
 
     def __init__(self, config: CrawlConfig, *, client: httpx.AsyncClient | None = None,
-                 gate: HostGate | None = None,
                  canonical: Callable[[str, str | None], str] | None = None) -> None:
         self._config = config
-        self._gate = gate
         self._canonical = canonical or canonicalize
         self._client = client
         self._owns_client = client is None
@@ -310,23 +299,17 @@ class Fetcher:
     async def _exchange(self, url: str, timing: list[float]) -> RawResponse:
         host = host_key(url)
         slot = self._slot(host)
-        async with slot.lock, self._gate(host) if self._gate else contextlib.nullcontext():
+        async with slot.lock:
             before = trio.current_time()
             await trio.sleep_until(slot.last_end + self._config.politeness_delay_s)
-            try:
-                async with self._limiter:
-                    start = trio.current_time()
-                    timing[1] += start - before
-                    try:
-                        return await self._request(url)
-                    finally:
-                        slot.last_end = trio.current_time()
-                        timing[0] += slot.last_end - start
-            finally:
-                if self._gate is not None:
-                    # The gate's next holder may be another process, which does not know
-                    # when this request ended: keep the host quiet for the delay first.
-                    await trio.sleep_until(slot.last_end + self._config.politeness_delay_s)
+            async with self._limiter:
+                start = trio.current_time()
+                timing[1] += start - before
+                try:
+                    return await self._request(url)
+                finally:
+                    slot.last_end = trio.current_time()
+                    timing[0] += slot.last_end - start
 
     async def _request(self, url: str) -> RawResponse:
         config = self._config

@@ -42,6 +42,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from examples.fetch_service.fetch import payload_digest
 from examples.fetch_service.site import HOST, _bind
 from framework.errors import ConfigurationError
 from framework.logs import get_logger
@@ -218,6 +219,18 @@ class LazySite:
         if style == 4 and target != 0 and source != 0:
             return f"./{target}.html{fragment}"
         return f"/x/..{path}{fragment}"
+
+    def digest_of(self, url: str) -> str | None:
+        """The payload digest of what the site answers for ``url`` (as WARC records it);
+        None for a URL that is not on the site's hosts."""
+        prefix = f"http://{HOST}:"
+        port_text, slash, path = url[len(prefix):].partition("/")
+        if not url.startswith(prefix) or not slash or not port_text.isdigit():
+            return None
+        host = self._host_of_port.get(int(port_text))
+        if host is None:
+            return None
+        return payload_digest(self.answer(host, "/" + path)[2])
 
     def answer(self, host: int, path: str) -> tuple[int, bytes, bytes]:
         """``(status, content type, body)`` for a request to ``host``'s ``path``."""

@@ -4,7 +4,7 @@ ZooKeeper (control plane only; nothing per URL), under the application's base::
 
     crawl/job               the job: id, seeds, partitions, shared directory, checkpoint
                             interval (written once by :func:`start_job`)
-    crawl/desired           the wanted CrawlConfig (as in the level-by-level design); the
+    crawl/desired           the wanted CrawlConfig (written at the start, may be rewritten); the
                             master publishes it to the fetchers (ready-znode configuration)
     crawl/partitions/pNNN   one record per partition: epoch, owner, latest checkpoint file,
                             status counters, released (see :class:`PartitionRecord`)
@@ -44,7 +44,7 @@ from framework.zk import Session
 
 __all__ = ["APP_NAME", "Job", "PartitionRecord", "ScalePaths", "SharedDir", "start_job"]
 
-#: The application name of the partitioned crawl (the level-by-level one is "fetch-service").
+#: The application name of the crawl.
 APP_NAME = "fetch-scale"
 
 

@@ -1,19 +1,20 @@
-"""One command for a whole crawl of the large generated site, in separate processes.
+"""One command for a whole crawl of the generated site, every piece in its own process.
 
 ``python -m examples.fetch_service.scale.run --pages 200000`` starts (unless
 ``$FRAMEWORK_ZK_HOSTS`` names an ensemble) an embedded ZooKeeper, the lazy site
-(:mod:`examples.fetch_service.lazysite`), one master and ``--fetchers`` fetchers (each with its
-own WARC and local directories, as if on its own machine), shows progress every few seconds
-(pages, pages/s, ZooKeeper znodes and writes/s from ``mntr``), optionally kills a fetcher
-with ``kill -9`` part-way (``--kill-at 0.5``) and starts a replacement, and at the end checks
+(:mod:`examples.fetch_service.lazysite`), ``--masters`` masters (the first leads, the others
+stand by) and ``--fetchers`` fetchers (each with its own WARC and local directories, as if on
+its own machine), shows progress every 2 s (pages, pages/s, ZooKeeper znodes and writes/s
+from ``mntr``), optionally kills the active master (``--kill-master-at``) and a fetcher
+(``--kill-at``, a replacement is started) with ``kill -9`` part-way, and at the end checks
 every WARC directory against the site's ground truth: missing pages, unexpected ones (a
-``/private/`` page means robots.txt was not obeyed), duplicates.
+``/private/`` page means robots.txt was not obeyed), responses that differ from what the site
+serves, duplicates.
 
-``--design levels`` runs the same crawl with the level-by-level design (seen-set, plans and
-a politeness lock per request in ZooKeeper): the baseline of ``bench/crawl.py``.
-
-Exit status: 0 when every expected page is stored and nothing else, 1 otherwise, 2 for a
-user mistake.  :func:`run_crawl` is the same as a function (the bench and tests use it).
+Exit status: 0 when every expected page is stored as served and nothing else, 1 otherwise, 2
+for a user mistake.  :func:`run_crawl` is the same as a function (``make demo``, the bench and
+the tests use it).  Children are started with :func:`framework.testing.spawn`: they die with
+this process, and each writes ``<out>/logs/<name>.log``.
 """
 
 from __future__ import annotations
@@ -22,27 +23,21 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from examples.fetch_service import ctl
 from examples.fetch_service.config import CrawlConfig
-from examples.fetch_service.demo import Processes, _exit_code, _read_until_ready
 from examples.fetch_service.lazysite import LazySite
 from examples.fetch_service.scale import layout
-from examples.fetch_service.state import APP_NAME as LEVELS_APP
-from examples.fetch_service.state import CrawlPaths
 from examples.fetch_service.warc import iter_stored
 from framework import (
     ConfigurationError,
@@ -51,18 +46,18 @@ from framework import (
     ZooKeeperEnsemble,
     configure_logging,
 )
-from framework.primitives import Group
+from framework.logs import get_logger
+from framework.primitives import Group, Rendezvous
 from framework.runtime import App
-from framework.zk import Session, wait_exists
+from framework.testing import Child, spawn
+from framework.zk import Session, wait_exists, watch_children
 from framework.zkserver import four_letter
 
 __all__ = ["RunOptions", "RunResult", "count_znodes", "mntr", "run_crawl"]
 
-DESIGNS = {
-    "partitioned": (layout.APP_NAME, "PartitionMaster", "PartitionFetcher"),
-    "levels": (LEVELS_APP, "CrawlMaster", "FetchWorker"),
-}
+log = get_logger("examples.fetch_service.scale.run")
 
+ROOT = Path(__file__).resolve().parents[3]
 
 #: The ground truth is every page: the partitioned crawl is not breadth-first, so a page can
 #: first be reached by a longer path than its shortest one; no depth limit may cut it.
@@ -71,14 +66,17 @@ NO_DEPTH_LIMIT = 1_000_000
 
 @attrs.frozen(kw_only=True)
 class RunOptions:
-    design: str = "partitioned"
+    """One crawl's set-up; :meth:`check` raises :class:`ConfigurationError` for a bad one."""
+
     pages: int = 10_000
     hosts: int = 32
     fetchers: int = 4
+    masters: int = 1
     partitions: int = 8
     politeness: float = 0.0
     checkpoint_interval: float = 1.0
-    kill_at: float = 0.0  # kill -9 one fetcher at this fraction of the pages (0: never)
+    kill_at: float = 0.0  # kill -9 fetcher-1 at this fraction of the pages (0: never)
+    kill_master_at: float = 0.0  # kill -9 the active master at this fraction (0: never)
     session_timeout: float = 3.0
     timeout: float = 3600.0
     out: Path = Path("out/crawl")
@@ -86,24 +84,28 @@ class RunOptions:
     zk: str | None = None  # an existing ensemble (default: $FRAMEWORK_ZK_HOSTS or embedded)
 
     def check(self) -> None:
-        if self.design not in DESIGNS:
-            raise ConfigurationError(f"design must be one of {', '.join(DESIGNS)}, "
-                                     f"got {self.design!r}")
         if self.pages < 2 or self.hosts < 1 or self.fetchers < 1 or self.partitions < 1:
             raise ConfigurationError("pages >= 2, hosts >= 1, fetchers >= 1, partitions >= 1")
-        if not 0 <= self.kill_at < 1:
-            raise ConfigurationError(f"kill_at must be in [0, 1), got {self.kill_at}")
+        if self.masters < 1:
+            raise ConfigurationError(f"masters must be >= 1, got {self.masters}")
+        for name in ("kill_at", "kill_master_at"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.kill_master_at and self.masters < 2:
+            raise ConfigurationError("kill_master_at needs a standby: masters >= 2")
         if self.politeness < 0:
             raise ConfigurationError(f"politeness must be >= 0, got {self.politeness}")
 
 
 @attrs.frozen(kw_only=True)
 class RunResult:
-    design: str
+    """What one crawl did, checked against the site's ground truth."""
+
     expected: int
     stored: int
     missing: int
     unexpected: int
+    differing: int  # stored responses whose payload is not what the site serves
     duplicates: int
     seconds: float
     znodes_before: int
@@ -112,6 +114,10 @@ class RunResult:
     app_znodes: int
     writes: int
     killed: str | None
+    replacement: str | None = None
+    killed_master: str | None = None
+    report_master: str | None = None
+    failover_s: float | None = None
     missing_sample: tuple[str, ...] = ()
     unexpected_sample: tuple[str, ...] = ()
 
@@ -125,7 +131,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.missing == 0 and self.unexpected == 0
+        return self.missing == 0 and self.unexpected == 0 and self.differing == 0
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self) | {"pages_per_s": round(self.pages_per_s, 1),
@@ -166,7 +172,7 @@ async def _zookeeper(given: str | None) -> AsyncIterator[str]:
         yield hosts
         return
     server = ZooKeeperEnsemble(1)
-    server.start()
+    server.start()  # on trio's thread: the server dies with the thread that started it
     try:
         yield server.connect_string
     finally:
@@ -174,53 +180,71 @@ async def _zookeeper(given: str | None) -> AsyncIterator[str]:
 
 
 class _Crawl:
-    def __init__(self, options: RunOptions, zk: str) -> None:
+    """The processes of one crawl and what is seen of them while it runs."""
+
+    def __init__(self, options: RunOptions, zk: str, stack: AsyncExitStack) -> None:
         self.options = options
         self.zk = zk
+        self.stack = stack
         self.chroot = f"/crawl-{uuid.uuid4().hex[:8]}"
         self.out = options.out.resolve()
-        self.procs = Processes(self.out / "logs")
-        self.app_name, self.master_class, self.fetcher_class = DESIGNS[options.design]
-        self.app = App(self.app_name)
+        self.app = App(layout.APP_NAME)
+        self.children: dict[str, Child] = {}
         self.killed: str | None = None
+        self.replacement: str | None = None
+        self.killed_master: str | None = None
+        self.killed_master_at: float | None = None
+        self.failover_s: float | None = None
+        self.leader: str | None = None
+        self.leading = trio.Event()
         self.next_fetcher = 1
         self.peak = 0
         self.pages: dict[str, int] = {}
         self.live = 0
+        self.expected = 0
 
     def say(self, text: str) -> None:
         if self.options.progress is not None:
             self.options.progress(text)
 
-    def spawn(self, role: str, name: str) -> None:
+    async def start(self, name: str, argv: list[str], *, pipe_stdout: bool = False,
+                    env: dict[str, str] | None = None) -> Child:
+        child = await self.stack.enter_async_context(spawn(
+            [sys.executable, *argv], name=name, log_dir=self.out / "logs",
+            pipe_stdout=pipe_stdout, cwd=ROOT,
+            env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                            os.environ.get("PYTHONPATH")])),
+                 **(env or {})}))
+        self.children[name] = child
+        return child
+
+    async def start_role(self, role: str, name: str) -> Child:
         env = {"FETCH_WARC_DIR": str(self.out / "warc" / name),
                "FETCH_LOCAL_DIR": str(self.out / "local" / name),
                "FRAMEWORK_LOG_LEVEL": "warning"}
-        self.procs.spawn(name, [
+        return await self.start(name, [
             "-m", "framework", "run", f"examples.fetch_service.app:{role}", "--zk", self.zk,
             "--chroot", self.chroot, "--name", name,
             "--session-timeout", str(self.options.session_timeout)], env=env)
 
-    def spawn_fetcher(self) -> str:
+    async def start_fetcher(self) -> str:
         name = f"fetcher-{self.next_fetcher}"
         self.next_fetcher += 1
-        self.spawn(self.fetcher_class, name)
+        await self.start_role("PartitionFetcher", name)
         return name
 
     async def start_site(self) -> LazySite:
         options = self.options
         manifest = self.out / "site.json"
-        proc = self.procs.spawn("site", [
+        child = await self.start("site", [
             "-m", "examples.fetch_service.lazysite", "--pages", str(options.pages),
-            "--hosts", str(options.hosts), "--manifest", str(manifest)],
-            stdout=subprocess.PIPE)
-        assert proc.stdout is not None
-        ready = False
-        with trio.move_on_after(30):
-            ready = await trio.to_thread.run_sync(_read_until_ready, proc.stdout,
-                                                  abandon_on_cancel=True)
-        if not ready:
-            raise FrameworkError("the site did not start:\n" + self.procs.log_tail("site"))
+            "--hosts", str(options.hosts), "--manifest", str(manifest)], pipe_stdout=True)
+        assert child.lines is not None
+        try:
+            with trio.fail_after(30):
+                await child.lines.until(lambda line: line == "READY")
+        except (EOFError, trio.TooSlowError):
+            raise FrameworkError("the site did not start:\n" + child.log()[-2000:]) from None
         return LazySite.from_manifest(manifest)
 
     async def start_job(self, session: Session, site: LazySite) -> None:
@@ -229,20 +253,43 @@ class _Crawl:
                              max_depth=NO_DEPTH_LIMIT, page_budget=10 * options.pages,
                              request_timeout_s=10.0, batch_size=10, fetch_concurrency=8,
                              allowed_hosts=site.hosts, warc_max_bytes=20_000_000)
-        if options.design == "partitioned":
-            await layout.start_job(session, self.app, site.seeds, config,
-                                   shared=self.out / "shared", partitions=options.partitions,
-                                   checkpoint_interval_s=options.checkpoint_interval)
-        else:
-            await ctl.start_job(session, self.app, site.seeds, config)
+        await layout.start_job(session, self.app, site.seeds, config,
+                               shared=self.out / "shared", partitions=options.partitions,
+                               checkpoint_interval_s=options.checkpoint_interval)
 
-    def report_path(self) -> str:
-        if self.options.design == "partitioned":
-            return layout.ScalePaths(self.app).report
-        return CrawlPaths(self.app).report
+    async def start_masters(self, session: Session) -> None:
+        """master-1, and once it leads the standbys (so master-1 is the first leader)."""
+        await self.start_role("PartitionMaster", "master-1")
+        with trio.fail_after(60):
+            await self.leading.wait()
+        for n in range(2, self.options.masters + 1):
+            await self.start_role("PartitionMaster", f"master-{n}")
+        if self.options.masters > 1:
+            await session.ensure_path(self.app.masters)
+            with trio.fail_after(60):
+                async for snap in watch_children(session, self.app.masters):
+                    if len(snap.children) >= self.options.masters:  # all in line
+                        break
 
-    async def show_progress(self, session: Session, expected: int, started: float,
-                            writes_before: int) -> None:
+    async def follow_leader(self, session: Session) -> None:
+        """Who leads (the runtime's rendezvous node), and the failover after the kill."""
+        async for data in Rendezvous(session, self.app.rendezvous).watch():
+            name = json.loads(data).get("name") if data else None
+            if name == self.leader:
+                continue
+            self.leader = name
+            if name is None:
+                continue
+            self.leading.set()
+            if self.killed_master_at is not None and self.failover_s is None:
+                self.failover_s = time.monotonic() - self.killed_master_at
+                self.say(f"failover: {name} leads {self.failover_s:.1f}s after the kill "
+                         f"(session timeout {self.options.session_timeout:g}s); it resumes "
+                         "from the partition records")
+            else:
+                self.say(f"{name} is the active master")
+
+    async def show_progress(self, started: float, writes_before: int) -> None:
         """A progress line every 2 s, and the peak znode count."""
         last_pages, last_at = 0, started
         while True:
@@ -253,13 +300,13 @@ class _Crawl:
             pages = sum(self.pages.values())
             rate = (pages - last_pages) / (now - last_at) if now > last_at else 0.0
             last_pages, last_at = pages, now
-            self.say(f"{now - started:6.0f}s  pages {pages:>7}/{expected} ({rate:6.0f}/s)  "
-                     f"znodes {znodes}  writes/s {(writes - writes_before) / (now - started):.1f}"
-                     f"  fetchers {self.live}")
+            self.say(f"{now - started:6.0f}s  pages {pages:>7}/{self.expected} "
+                     f"({rate:6.0f}/s)  znodes {znodes}  writes/s "
+                     f"{(writes - writes_before) / (now - started):.1f}  fetchers {self.live}"
+                     f"  master {self.leader or '-'}")
 
-    async def follow_fetchers(self, session: Session, expected: int) -> None:
-        """Pages per fetcher from their status nodes (a watch); the kill -9 when due."""
-        options = self.options
+    async def follow_fetchers(self, session: Session) -> None:
+        """Pages per fetcher from their status nodes (a watch); the kills when due."""
         async for members in Group(session, self.app.workers).watch():
             self.live = len(members)
             for name, data in members.items():
@@ -267,34 +314,53 @@ class _Crawl:
                     self.pages[name] = int(json.loads(data).get("health", {}).get("pages", 0))
                 except (ValueError, AttributeError):
                     continue
-            pages = sum(self.pages.values())  # a killed fetcher's pages still count
-            if options.kill_at and self.killed is None and pages >= options.kill_at * expected:
-                victim = "fetcher-1"
-                proc = self.procs.procs[victim]
-                proc.kill()
-                await trio.to_thread.run_sync(proc.wait)
-                self.killed = victim
-                replacement = self.spawn_fetcher()
-                self.say(f"kill -9 {victim} (pid {proc.pid}) at {pages} pages; "
-                         f"{replacement} started in its place")
+            await self.maybe_kill(sum(self.pages.values()))  # a killed fetcher's pages count
+
+    async def maybe_kill(self, pages: int) -> None:
+        options = self.options
+        due = options.kill_master_at * self.expected
+        if options.kill_master_at and self.killed_master is None and pages >= due \
+                and self.leader is not None:
+            victim = self.children[self.leader]
+            victim.kill()
+            await victim.wait()
+            self.killed_master, self.killed_master_at = victim.name, time.monotonic()
+            log.info("crawl.master_killed", master=victim.name, pages=pages)
+            self.say(f"kill -9 {victim.name} (pid {victim.pid}), the active master, at "
+                     f"{pages} pages; a standby leads once its session expires")
+        if options.kill_at and self.killed is None and pages >= options.kill_at * self.expected:
+            victim = self.children["fetcher-1"]
+            victim.kill()
+            await victim.wait()
+            self.killed = victim.name
+            self.replacement = await self.start_fetcher()
+            log.info("crawl.fetcher_killed", fetcher=victim.name, pages=pages)
+            self.say(f"kill -9 {victim.name} (pid {victim.pid}) at {pages} pages; "
+                     f"{self.replacement} started in its place")
 
     async def stop(self) -> None:
-        for name, proc in self.procs.procs.items():
-            if name != "site" and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for name, proc in self.procs.procs.items():
-            if name != "site":
-                await _exit_code(proc, 30.0)
-        site = self.procs.procs["site"]
-        site.send_signal(signal.SIGTERM)
-        await _exit_code(site, 10.0)
+        """SIGTERM the fetchers (they publish a last checkpoint and leave); the masters end
+        by themselves once the report is written; then the site.  Whatever is still running
+        after 30 s is killed when the stack closes."""
+        with trio.move_on_after(30):
+            for name, child in self.children.items():
+                if name != "site":
+                    child.terminate()
+            for name, child in self.children.items():
+                if name != "site":
+                    await child.wait()
+        site = self.children["site"]
+        site.terminate()
+        with trio.move_on_after(10):
+            await site.wait()
 
 
-def _stored(warc_root: Path) -> Counter[str]:
-    counts: Counter[str] = Counter()
+def _stored(warc_root: Path) -> Counter[tuple[str, str]]:
+    """``(url, payload digest)`` of every stored response, with its count."""
+    counts: Counter[tuple[str, str]] = Counter()
     if warc_root.is_dir():
         for directory in sorted(warc_root.iterdir()):
-            counts.update(url for url, _digest in iter_stored(directory))
+            counts.update(iter_stored(directory))
     return counts
 
 
@@ -305,83 +371,125 @@ async def run_crawl(options: RunOptions) -> RunResult:
     for sub in ("warc", "logs", "local", "shared"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    async with _zookeeper(options.zk) as zk:
-        crawl = _Crawl(options, zk)
-        try:
-            site = await crawl.start_site()
-            expected = site.expected_urls(obey_robots=options.design == "partitioned")
-            znodes_before, writes_before = await trio.to_thread.run_sync(_zk_numbers, zk)
-            crawl.peak = znodes_before
-            async with Session(zk, chroot=crawl.chroot, session_timeout=10.0) as session:
-                started = time.monotonic()
-                await crawl.start_job(session, site)
-                crawl.spawn(crawl.master_class, "master-1")
+    async with _zookeeper(options.zk) as zk, AsyncExitStack() as stack:
+        crawl = _Crawl(options, zk, stack)
+        site = await crawl.start_site()
+        expected = site.expected_urls()
+        crawl.expected = len(expected)
+        znodes_before, writes_before = await trio.to_thread.run_sync(_zk_numbers, zk)
+        crawl.peak = znodes_before
+        async with Session(zk, chroot=crawl.chroot, session_timeout=10.0) as session:
+            started = time.monotonic()
+            await crawl.start_job(session, site)
+            report_path = layout.ScalePaths(crawl.app).report
+            crawl.say(f"{len(expected)} expected pages on {options.hosts} hosts; "
+                      f"{options.masters} master(s), {options.fetchers} fetchers, "
+                      f"{options.partitions} partitions")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(crawl.follow_leader, session)
+                await crawl.start_masters(session)
                 for _ in range(options.fetchers):
-                    crawl.spawn_fetcher()
-                crawl.say(f"{options.design}: {len(expected)} expected pages on "
-                          f"{options.hosts} hosts, {options.fetchers} fetchers"
-                          + (f", {options.partitions} partitions" if options.design ==
-                             "partitioned" else ""))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(crawl.show_progress, session, len(expected), started,
-                                       writes_before)
-                    nursery.start_soon(crawl.follow_fetchers, session, len(expected))
-                    with trio.move_on_after(options.timeout) as waited:
-                        await session.ensure_path(crawl.report_path().rpartition("/")[0])
-                        await wait_exists(session, crawl.report_path())
-                    nursery.cancel_scope.cancel()
-                if waited.cancelled_caught:
-                    raise FrameworkError(f"the crawl did not finish within {options.timeout:g}s;"
-                                         f" see {out / 'logs'}")
-                seconds = time.monotonic() - started
-                znodes_after, writes_after = await trio.to_thread.run_sync(_zk_numbers, zk)
-                app_znodes = await count_znodes(session, "/")
-            await crawl.stop()
-        finally:
-            crawl.procs.stop_all()
+                    await crawl.start_fetcher()
+                nursery.start_soon(crawl.show_progress, started, writes_before)
+                nursery.start_soon(crawl.follow_fetchers, session)
+                with trio.move_on_after(options.timeout) as waited:
+                    await session.ensure_path(report_path.rpartition("/")[0])
+                    await wait_exists(session, report_path)
+                nursery.cancel_scope.cancel()
+            if waited.cancelled_caught:
+                raise FrameworkError(f"the crawl did not finish within {options.timeout:g}s;"
+                                     f" see {out / 'logs'}")
+            seconds = time.monotonic() - started
+            report = json.loads((await session.get(report_path))[0])
+            znodes_after, writes_after = await trio.to_thread.run_sync(_zk_numbers, zk)
+            app_znodes = await count_znodes(session, "/")
+        await crawl.stop()
     stored = await trio.to_thread.run_sync(_stored, out / "warc")
-    missing = sorted(expected - set(stored))
-    unexpected = sorted(set(stored) - expected)
+    urls = Counter(url for url, _digest in stored.elements())
+    missing = sorted(expected - set(urls))
+    unexpected = sorted(set(urls) - expected)
+    differing = sum(1 for (url, digest) in stored
+                    if url in expected and digest != site.digest_of(url))
     result = RunResult(
-        design=options.design, expected=len(expected), stored=len(set(stored) & expected),
-        missing=len(missing), unexpected=len(unexpected),
-        duplicates=sum(stored.values()) - len(stored), seconds=round(seconds, 2),
+        expected=len(expected), stored=len(set(urls) & expected), missing=len(missing),
+        unexpected=len(unexpected), differing=differing,
+        duplicates=sum(urls.values()) - len(urls), seconds=round(seconds, 2),
         znodes_before=znodes_before, znodes_peak=max(crawl.peak, znodes_after),
         znodes_after=znodes_after, app_znodes=app_znodes, writes=writes_after - writes_before,
-        killed=crawl.killed, missing_sample=tuple(missing[:5]),
-        unexpected_sample=tuple(unexpected[:5]))
+        killed=crawl.killed, replacement=crawl.replacement, killed_master=crawl.killed_master,
+        report_master=report.get("master"),
+        failover_s=None if crawl.failover_s is None else round(crawl.failover_s, 2),
+        missing_sample=tuple(missing[:5]), unexpected_sample=tuple(unexpected[:5]))
     (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m examples.fetch_service.scale.run",
-                                description="Crawl the large generated site end to end.")
-    p.add_argument("--design", choices=sorted(DESIGNS), default="partitioned")
+def build_parser(prog: str = "python -m examples.fetch_service.scale.run",
+                 **defaults: Any) -> argparse.ArgumentParser:
+    """The command line (``defaults`` overrides the defaults: ``make demo`` uses this)."""
+    p = argparse.ArgumentParser(prog=prog,
+                                description="Crawl the generated site end to end, each piece "
+                                "its own process, and check the output against the site.")
     p.add_argument("--pages", type=int, default=200_000)
     p.add_argument("--hosts", type=int, default=32)
     p.add_argument("--fetchers", type=int, default=4)
+    p.add_argument("--masters", type=int, default=1, help="masters (the others stand by)")
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--politeness", type=float, default=0.0, help="seconds between two "
                    "requests to one host (default 0)")
     p.add_argument("--checkpoint-interval", type=float, default=1.0)
     p.add_argument("--kill-at", type=float, default=0.0,
                    help="kill -9 fetcher-1 at this fraction of the pages (default: never)")
+    p.add_argument("--kill-master-at", type=float, default=0.0,
+                   help="kill -9 the active master at this fraction (default: never)")
     p.add_argument("--session-timeout", type=float, default=3.0)
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--out", type=Path, default=Path("out/crawl"))
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(**defaults)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def checks(result: RunResult, options: RunOptions) -> list[tuple[bool, str]]:
+    """The end-of-crawl checks as ``(passed, line)``."""
+    doc = result.to_dict()
+    lines = [
+        (result.missing == 0, f"every expected URL stored: {result.stored}/{result.expected} "
+                              f"(every page, and every /gone/ link as its 404)"),
+        (result.unexpected == 0, f"nothing else stored: {result.unexpected} unexpected "
+                                 "(no /private/ page: robots.txt obeyed)"),
+        (result.differing == 0, f"every stored response is what the site serves: "
+                                f"{result.differing} payload digest(s) differ"),
+    ]
+    if result.killed_master:
+        lines.append((result.report_master not in (None, result.killed_master),
+                      f"master failover: {result.killed_master} killed -9, "
+                      f"{result.report_master} led after {result.failover_s}s and wrote the "
+                      f"report (session timeout {options.session_timeout:g}s)"))
+    if result.killed:
+        lines.append((True, f"fetcher failover: {result.killed} killed -9, its partitions "
+                            f"taken over from their last checkpoints ({result.replacement} "
+                            f"started in its place); {result.duplicates} duplicate WARC "
+                            "record(s) from pages redone"))
+    elif result.duplicates:
+        lines.append((True, f"{result.duplicates} duplicate WARC record(s)"))
+    lines.append((result.app_znodes < 100,
+                  f"ZooKeeper as control plane only: {result.app_znodes} znodes under the "
+                  f"crawl's chroot, {result.writes} writes ({doc['writes_per_s']}/s) for "
+                  f"{result.stored} pages"))
+    return lines
+
+
+def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse, crawl, print the checks; the exit status."""
+    args = parser.parse_args(argv)
     configure_logging(level=os.environ.get("FRAMEWORK_DEMO_LOG_LEVEL", "error"))
     options = RunOptions(
-        design=args.design, pages=args.pages, hosts=args.hosts, fetchers=args.fetchers,
+        pages=args.pages, hosts=args.hosts, fetchers=args.fetchers, masters=args.masters,
         partitions=args.partitions, politeness=args.politeness,
         checkpoint_interval=args.checkpoint_interval, kill_at=args.kill_at,
-        session_timeout=args.session_timeout, timeout=args.timeout, out=args.out,
+        kill_master_at=args.kill_master_at, session_timeout=args.session_timeout,
+        timeout=args.timeout, out=args.out,
         progress=lambda text: print(text, file=sys.stderr, flush=True))
     try:
         options.check()
@@ -396,20 +504,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-    else:
-        doc = result.to_dict()
-        print(f"{result.design}: {result.stored}/{result.expected} pages in {result.seconds:.1f}s "
-              f"({doc['pages_per_s']} pages/s); missing {result.missing}, unexpected "
-              f"{result.unexpected}, duplicates {result.duplicates}"
-              + (f" (after kill -9 of {result.killed})" if result.killed else ""))
-        print(f"ZooKeeper: znodes {result.znodes_before} before, {result.znodes_peak} at peak, "
-              f"{result.app_znodes} under the crawl's chroot at the end; "
-              f"{result.writes} writes ({doc['writes_per_s']}/s)")
-        for url in result.missing_sample:
-            print(f"  missing: {url}")
-        for url in result.unexpected_sample:
-            print(f"  unexpected: {url}")
-    return 0 if result.ok else 1
+        return 0 if result.ok else 1
+    print(f"{result.stored}/{result.expected} pages in {result.seconds:.1f}s "
+          f"({result.to_dict()['pages_per_s']} pages/s); checks against the site's ground "
+          f"truth ({options.out / 'site.json'}):")
+    for passed, line in checks(result, options):
+        print(f"  [{'ok' if passed else 'FAILED'}] {line}")
+    for url in result.missing_sample:
+        print(f"  missing: {url}")
+    for url in result.unexpected_sample:
+        print(f"  unexpected: {url}")
+    everything = result.ok and all(passed for passed, _ in checks(result, options))
+    print("OK: every page the site has was fetched and stored as served" if everything
+          else "FAILED")
+    return 0 if everything else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(build_parser(), argv)
 
 
 if __name__ == "__main__":
