@@ -35,6 +35,7 @@ import attrs
 import tantivy
 
 from examples.katta_like.corpus import Doc
+from framework.durable import fsync_dir
 from framework.errors import FrameworkError
 
 MANIFEST = "MANIFEST.json"
@@ -192,7 +193,7 @@ class ShardStore:
             files = _digest_files(temp)
             manifest = Manifest(index, shard, count, files, _checksum(files), tokens)
             (temp / MANIFEST).write_text(manifest.to_json())
-            _fsync_dir(temp)
+            fsync_dir(temp)
             try:
                 os.rename(temp, final)
             except OSError:  # published meanwhile by another builder: keep theirs
@@ -200,7 +201,7 @@ class ShardStore:
                     shutil.rmtree(temp, ignore_errors=True)
                     return Manifest.load(final)
                 raise
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
             return manifest
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
@@ -210,12 +211,6 @@ class ShardStore:
         shutil.rmtree(self.root / index, ignore_errors=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def verify(directory: Path) -> Manifest:

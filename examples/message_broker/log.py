@@ -53,6 +53,7 @@ from typing import Any
 import msgpack
 import trio
 
+from framework.durable import fsync_dir, write_durably
 from framework.logs import get_logger
 
 Record = tuple[str, int, bytes]
@@ -68,14 +69,6 @@ log = get_logger("examples.message_broker.log")
 
 def new_copy_token() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def encode_records(records: list[Record]) -> bytes:
@@ -157,14 +150,9 @@ class TopicLog:
         return doc if isinstance(doc, dict) else {}
 
     def _write_meta(self) -> None:
-        tmp = self.directory / (_META + ".tmp")
-        with open(tmp, "w") as out:
-            json.dump({"copy": self.copy, "primary_term": self.primary_term,
-                       "topic_id": self.topic_id}, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.directory / _META)
-        _fsync_dir(self.directory)
+        write_durably(self.directory / _META, json.dumps(
+            {"copy": self.copy, "primary_term": self.primary_term,
+             "topic_id": self.topic_id}).encode())
 
     def bind(self, topic_id: str) -> None:
         """This log belongs to topic incarnation ``topic_id``; a log recovered for another one
@@ -242,7 +230,7 @@ class TopicLog:
                 os.fsync(out.fileno())
             self._file = open(path, "ab")  # noqa: SIM115
             self._segment_size = size
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     # ------------------------------------------------------------ changes
 
