@@ -34,8 +34,9 @@ browser:
 	    chromium chromium-driver >/dev/null; \
 	fi
 
-# The Fetch Service crawler end to end: ZooKeeper, a local web site, 2 masters, 4 fetchers,
-# kill -9 of the active master half-way; output in ./out/.
+# The Fetch Service crawler end to end (partitioned, ZooKeeper as the control plane only):
+# ZooKeeper, a generated 10,000-page site, 2 masters, 4 fetchers, kill -9 of the active master
+# at 40% and of a fetcher at 60%, every page checked against the site; output in ./out/demo/.
 demo: zookeeper install
 	$(PY) -m examples.fetch_service.demo
 
@@ -50,8 +51,8 @@ demo-katta: zookeeper install
 demo-broker: zookeeper install
 	$(PY) -m examples.message_broker.demo
 
-# The partitioned Fetch Service at crawl scale: a 200,000-page generated site, 4 fetchers,
-# ZooKeeper as the control plane only (7-12 minutes on 2 cores); output in ./out/crawl/.
+# The same crawler at crawl scale: a 200,000-page generated site, 4 fetchers
+# (7-12 minutes on 2 cores); output in ./out/crawl/.
 demo-crawl-large: zookeeper install
 	$(PY) -m examples.fetch_service.scale.run --pages 200000
 
@@ -71,7 +72,7 @@ bench: zookeeper install
 	$(PY) bench/primitives.py
 	$(PY) bench/runtime.py
 
-# The crawl benchmark: partitioned vs level-by-level design (about 20 minutes; --quick).
+# The crawl benchmark: the partitioned crawler vs one plain process (about 20 minutes; --quick).
 bench-crawl: zookeeper install
 	$(PY) bench/crawl.py
 
