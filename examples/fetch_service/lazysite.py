@@ -18,6 +18,9 @@ Shape (host ``h`` is ``127.0.0.1:ports[h]``):
   that obeys robots.txt never requests it;
 - links a crawler must drop (``mailto:``, ``javascript:``, an external host).
 
+Served as a Starlette application by :mod:`framework.web` (one socket per host, no ``server``
+header): :func:`serve_lazy_site`, or ``python -m examples.fetch_service.lazysite``.
+
 Ground truth (:meth:`LazySite.expected_urls`): every page and every ``/gone/`` URL, plus the
 ``/private/`` pages when robots.txt is ignored (``max_depth >= depth_bound()``).
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import logging
+import json
 import signal
 import sys
 import time
@@ -39,12 +42,15 @@ from typing import Any
 import attrs
 import cattrs
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from examples.fetch_service.fetch import payload_digest
-from examples.fetch_service.site import HOST, _bind
-from framework.errors import ConfigurationError
+from examples.fetch_service.site import HOST
+from framework import web
+from framework.errors import ConfigurationError, FrameworkError
 from framework.logs import get_logger
 
 __all__ = ["Access", "LazySite", "LazySpec", "serve_lazy_site"]
@@ -172,8 +178,6 @@ class LazySite:
                 "hosts": list(self.hosts), "seeds": list(self.seeds)}
 
     def write_manifest(self, path: str | Path) -> None:
-        import json
-
         target = Path(path)
         tmp = target.with_suffix(target.suffix + ".tmp")
         tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
@@ -181,8 +185,6 @@ class LazySite:
 
     @classmethod
     def from_manifest(cls, path: str | Path) -> LazySite:
-        import json
-
         data = json.loads(Path(path).read_text())
         return cls(cattrs.structure(data["lazy"], LazySpec), data["ports"])
 
@@ -246,32 +248,22 @@ class LazySite:
             return 200, html, b"<html><body>private: robots.txt disallows this</body></html>"
         return 404, html, b"<html><body><h1>404 Not Found</h1></body></html>"
 
-    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
-            return
+    def app(self) -> Starlette:
+        """The site as a Starlette application (GET and HEAD of every path)."""
+        return Starlette(routes=[Route("/{path:path}", self._respond)])
+
+    async def _respond(self, request: Request) -> Response:
         started = time.monotonic()
-        port = scope["server"][1]
-        host = self._host_of_port.get(port, -1)
-        path = scope["path"]
+        port = request.scope["server"][1]
+        path = request.scope["path"]
         url = f"http://{HOST}:{port}{path}"
-        status, kind, body = self.answer(host, path)
+        status, kind, body = self.answer(self._host_of_port.get(port, -1), path)
         if self.access_log is not None:
             self.access_log.append(Access(url, started, time.monotonic()))
         self.requests[url] += 1
         self._requested.set()
         self._requested = trio.Event()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", kind),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        return Response(body, status, headers={"content-type": kind.decode()})
 
 
 def _mix(seed: int, a: int, b: int) -> int:
@@ -289,25 +281,19 @@ def _number(path: str, prefix: str) -> int | None:
 @asynccontextmanager
 async def serve_lazy_site(spec: LazySpec, *, ports: Sequence[int] | None = None,
                           access_log: bool = False) -> AsyncIterator[LazySite]:
-    """Serve the site for the duration of the block (free ports unless ``ports``)."""
-    sockets = _bind(ports if ports is not None else [0] * spec.hosts)
-    site = LazySite(spec, [sock.getsockname()[1] for sock in sockets], access_log=access_log)
-    config = HypercornConfig()
-    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("examples.fetch_service.lazysite.hypercorn")
-    config.graceful_timeout = 0.2
-    config.keep_alive_timeout = 60.0
-    config.include_server_header = False
-    stop = trio.Event()
+    """Serve the site for the duration of the block (free ports unless ``ports``); a taken
+    port raises :class:`FrameworkError` (one line)."""
+    listener = web.listen(HOST, ports=ports if ports is not None else [0] * spec.hosts,
+                          what="site", graceful_timeout=0.2, keep_alive_timeout=60.0,
+                          server_header=False)
+    site = LazySite(spec, listener.ports, access_log=access_log)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: hypercorn_serve(
-            site.asgi, config, shutdown_trigger=stop.wait, task_status=task_status))
+        await nursery.start(web.serve, site.app(), listener)
         log.info("lazysite.serving", pages=spec.pages, hosts=len(site.hosts))
         try:
             yield site
         finally:
-            stop.set()
+            nursery.cancel_scope.cancel()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         trio.run(run)
-    except ConfigurationError as exc:
+    except (ConfigurationError, FrameworkError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -34,7 +34,8 @@ not followed.  Those are exactly the URLs a correct crawler requests, each once,
 should be stored once.  It assumes ``max_redirects >= 2`` and ``allowed_hosts`` = the site's
 hosts.
 
-The server is hypercorn (ASGI, on trio); the access log (:attr:`Site.access_log`) records
+The site is a Starlette application served by :mod:`framework.web` (hypercorn on trio, one
+socket per host, no ``server`` header); the access log (:attr:`Site.access_log`) records
 each request's start and end on the server's clock, for politeness checks.
 
 Run it by hand: ``python -m examples.fetch_service.site --pages 300 --hosts 4``.
@@ -45,15 +46,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import posixpath
 import random
 import signal
-import socket
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from html import escape
 from pathlib import Path
@@ -62,10 +61,13 @@ from typing import Any
 import attrs
 import cattrs
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from framework.errors import ConfigurationError
+from framework import web
+from framework.errors import ConfigurationError, FrameworkError
 from framework.logs import get_logger
 
 __all__ = [
@@ -85,6 +87,8 @@ EXTERNAL_LINKS = (
     "ftp://127.0.0.1/pub/file.txt",
     "http://external.invalid/elsewhere.html",
 )
+#: Every method reaches the site's own answer (405 with ``allow: GET, HEAD``, logged).
+METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 
 def _check(rule: str, ok: Any) -> Any:
@@ -357,37 +361,24 @@ class Site:
             return "./" + relative + fragment
         return f"/x/..{target.path}{fragment}"
 
-    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """The ASGI application (hypercorn calls it for every request)."""
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
-            return
+    def app(self) -> Starlette:
+        """The site as a Starlette application (one route: every path, every method)."""
+        return Starlette(routes=[Route("/{path:path}", self._respond, methods=METHODS)])
+
+    async def _respond(self, request: Request) -> Response:
         started = time.monotonic()
-        port = scope["server"][1]
+        port = request.scope["server"][1]
         host = self.ports.index(port) if port in self.ports else -1
-        path = scope["path"]
-        status, headers, body, delay = await self._answer(host, path, scope)
+        path = request.scope["path"]
+        status, headers, body, delay = await self._answer(host, path, request.scope)
         if delay:
             await trio.sleep(delay)  # the simulated slowness of a page, not synchronisation
-        headers = [*headers, (b"content-length", str(len(body)).encode())]
-        agent = ""
-        for key, value in scope.get("headers", ()):
-            if key == b"user-agent":
-                agent = value.decode("latin-1")
-        # Logged before sending: when a client has the response, its record is in the log
-        # and ``finished`` is earlier than the client's end of the exchange.
-        self.access_log.append(
-            AccessRecord(host, port, path, status, started, time.monotonic(), agent)
-        )
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        # Logged before the response is sent: when a client has the response, its record is
+        # in the log and ``finished`` is earlier than the client's end of the exchange.
+        self.access_log.append(AccessRecord(host, port, path, status, started,
+                                            time.monotonic(),
+                                            request.headers.get("user-agent", "")))
+        return Response(body, status, headers={k.decode(): v.decode() for k, v in headers})
 
     async def _answer(
         self, host: int, path: str, scope: dict[str, Any]
@@ -527,49 +518,25 @@ def _generate(spec: SiteSpec) -> dict[Target, Resource]:
     return resources
 
 
-def _bind(ports: Iterable[int]) -> list[socket.socket]:
-    sockets = []
-    try:
-        for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((HOST, port))
-    except OSError as exc:
-        for sock in sockets:
-            sock.close()
-        raise ConfigurationError(f"cannot listen on {HOST}:{port}: {exc.strerror}") from None
-    return sockets
-
-
 @asynccontextmanager
 async def serve_site(spec: SiteSpec, *, ports: Sequence[int] | None = None) -> AsyncIterator[Site]:
     """Serve the site for the duration of the block; yields the :class:`Site` (listening).
 
     ``ports`` fixes the port of each host (default: free ports chosen by the kernel).  The
     sockets are bound before the ``Site`` exists, so its URLs are final when it is yielded.
+    Raises :class:`FrameworkError` (one line) when a port is taken.
     """
-    sockets = _bind(ports if ports is not None else [0] * spec.hosts)
-    site = Site(spec, [sock.getsockname()[1] for sock in sockets])
-    config = HypercornConfig()
-    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("examples.fetch_service.site.hypercorn")
-    config.graceful_timeout = 0.2
-    config.keep_alive_timeout = 30.0
-    config.include_server_header = False
-    stop = trio.Event()
+    listener = web.listen(HOST, ports=ports if ports is not None else [0] * spec.hosts,
+                          what="site", graceful_timeout=0.2, keep_alive_timeout=30.0,
+                          server_header=False)
+    site = Site(spec, listener.ports)
     async with trio.open_nursery() as nursery:
-        await nursery.start(
-            lambda task_status: hypercorn_serve(
-                site.asgi, config, shutdown_trigger=stop.wait, task_status=task_status
-            )
-        )
+        await nursery.start(web.serve, site.app(), listener)
         log.info("site.serving", hosts=list(site.hosts), seeds=list(site.seeds))
         try:
             yield site
         finally:
-            stop.set()
+            nursery.cancel_scope.cancel()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -617,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         trio.run(run)
-    except ConfigurationError as exc:
+    except (ConfigurationError, FrameworkError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
