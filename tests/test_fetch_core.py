@@ -10,8 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import subprocess
-import sys
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,7 +36,8 @@ from examples.fetch_service.warc import (
     summarize,
     warc_files,
 )
-from framework.errors import ConfigurationError
+from framework.errors import ConfigurationError, FrameworkError
+from framework.testing import python_argv, spawn
 
 SMALL = SiteSpec(pages=60, hosts=3, seed=7, slow_fraction=0.05, slow_delay_s=0.05, deep_chain=6)
 REPO = Path(__file__).resolve().parent.parent
@@ -452,42 +452,29 @@ async def test_warc_round_trip_rotation_duplicates_and_damage(site: Site, tmp_pa
 # -- the site's command line ----------------------------------------------------------------
 
 
+async def test_a_taken_port_is_a_one_line_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(FrameworkError, match=f"cannot listen on 127.0.0.1:{port}, "):
+            async with serve_site(SMALL, ports=[port, 0, 0]):
+                pass
+
+
 async def test_site_cli_prints_seeds_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     manifest = tmp_path / "site.json"
-    command = [
-        sys.executable,
-        "-m",
-        "examples.fetch_service.site",
-        "--pages",
-        "30",
-        "--hosts",
-        "2",
-        "--manifest",
-        str(manifest),
-    ]
-    process = await trio.lowlevel.open_process(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
-        assert process.stdout is not None
-        lines: list[str] = []
-        buffer = b""
+    argv = python_argv("-m", "examples.fetch_service.site", "--pages", 30, "--hosts", 2,
+                       "--manifest", manifest)
+    async with spawn(argv, name="site", log_dir=tmp_path, pipe_stdout=True, cwd=REPO) as site:
+        assert site.lines is not None
         with trio.fail_after(20):
-            while "READY" not in lines:
-                chunk = await process.stdout.receive_some()
-                assert chunk, "site exited before READY"
-                buffer += chunk
-                *done, buffer = buffer.split(b"\n")
-                lines += [line.decode() for line in done]
+            lines = await site.lines.until(lambda line: line == "READY")
             served = Site.from_manifest(manifest)
             assert lines == [*served.seeds, "READY"]
             async with httpx.AsyncClient(trust_env=False) as client:
                 response = await client.get(served.seeds[0])
             assert response.status_code == 200
             assert response.content == served.body(Target(0, "/"))
-            process.send_signal(signal.SIGINT)
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+            site.process.send_signal(signal.SIGINT)
+            assert await site.wait() == 0
