@@ -179,7 +179,7 @@ def test_config_json_round_trip_and_overrides() -> None:
         (lambda: CrawlConfig().evolve(max_dept=1), "unknown crawl config setting(s) max_dept"),
         (lambda: CrawlConfig.from_json(b'{"max_depth": "3"}'), "expected a number, got '3'"),
         (lambda: CrawlConfig.from_json(b'{"max_depth": -3}'), "max_depth must be an integer >= 0"),
-        (lambda: CrawlConfig.from_json(b'{"page_budget": 2.5}'), "expected an integer"),
+        (lambda: CrawlConfig.from_json(b'{"max_depth": 2.5}'), "expected an integer"),
         (lambda: CrawlConfig.from_json(b'{"colour": 1}'), "unknown crawl config setting(s) colour"),
         (lambda: CrawlConfig.from_json(b"[1]"), "must be a JSON object"),
         (lambda: CrawlConfig.from_json(b"{"), "not valid JSON"),

@@ -108,12 +108,10 @@ class CrawlConfig:
       start of the next one to the same host (requests to one host never overlap).
     - ``max_depth``: seeds are depth 0; a page at depth ``max_depth`` is fetched but its
       links are not followed.
-    - ``page_budget``: the crawl stops enqueueing new URLs after this many.
     - ``request_timeout_s``: bound on each HTTP exchange (connect + headers + body) of one hop.
     - ``max_redirects``: redirect hops followed within one fetch (the site needs >= 2).
     - ``max_page_bytes``: bodies are cut (and the outcome marked ``too_large``) beyond this.
     - ``fetch_concurrency``: fetches in flight at once in one fetcher (across hosts).
-    - ``batch_size``: URLs per work item (a batch holds URLs of one host).
     - ``user_agent``: the ``User-Agent`` header.
     - ``allowed_hosts``: ``host[:port]`` keys a fetcher may contact; empty means any host.
     - ``warc_max_bytes``: a WARC file is closed and a new one started past this size.
@@ -123,7 +121,6 @@ class CrawlConfig:
         default=0.2, validator=_check("a number >= 0", _non_negative)
     )
     max_depth: int = attrs.field(default=5, validator=_check("an integer >= 0", _count(0)))
-    page_budget: int = attrs.field(default=10_000, validator=_check("an integer >= 1", _count(1)))
     request_timeout_s: float = attrs.field(
         default=10.0, validator=_check("a number > 0", _positive)
     )
@@ -132,7 +129,6 @@ class CrawlConfig:
         default=2_000_000, validator=_check("an integer >= 1", _count(1))
     )
     fetch_concurrency: int = attrs.field(default=8, validator=_check("an integer >= 1", _count(1)))
-    batch_size: int = attrs.field(default=10, validator=_check("an integer >= 1", _count(1)))
     user_agent: str = attrs.field(
         default="framework-fetch-service/0.1 (+local demo crawler)",
         validator=_check("a printable string of 1..200 characters", _user_agent),

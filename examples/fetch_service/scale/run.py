@@ -250,8 +250,8 @@ class _Crawl:
     async def start_job(self, session: Session, site: LazySite) -> None:
         options = self.options
         config = CrawlConfig(politeness_delay_s=options.politeness,
-                             max_depth=NO_DEPTH_LIMIT, page_budget=10 * options.pages,
-                             request_timeout_s=10.0, batch_size=10, fetch_concurrency=8,
+                             max_depth=NO_DEPTH_LIMIT, request_timeout_s=10.0,
+                             fetch_concurrency=8,
                              allowed_hosts=site.hosts, warc_max_bytes=20_000_000)
         await layout.start_job(session, self.app, site.seeds, config,
                                shared=self.out / "shared", partitions=options.partitions,
