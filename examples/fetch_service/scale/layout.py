@@ -163,7 +163,7 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
     the job and its configuration are written in one transaction.
 
     Raises :class:`ConfigurationError` for no valid seed, a bad partition count, or when the
-    application already has a job (``ctl reset`` first).
+    application already has a job (``framework purge fetch-scale`` first).
     """
     if not 1 <= partitions <= 999:
         raise errors.ConfigurationError(f"partitions must be in 1..999, got {partitions}")
@@ -179,7 +179,8 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
     paths = ScalePaths(app)
     if await session.exists(paths.job) is not None:
         raise errors.ConfigurationError(
-            f"application {app.name!r} already has a crawl job; reset it first")
+            f"application {app.name!r} already has a crawl job; purge it first "
+            f"(framework purge {app.name})")
     directory = job.directory()
     for name in job.names:
         directory.parts(name).mkdir(parents=True, exist_ok=True)
@@ -194,7 +195,8 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
     except errors.TransactionFailedError as exc:
         if isinstance(exc.cause, errors.NodeExistsError):
             raise errors.ConfigurationError(
-                f"application {app.name!r} already has a crawl job; reset it first") from None
+                f"application {app.name!r} already has a crawl job; purge it first "
+                f"(framework purge {app.name})") from None
         raise
     return job
 

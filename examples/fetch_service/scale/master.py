@@ -1,7 +1,7 @@
 """``PartitionMaster``: the master of the partitioned crawl (a runtime ``Master``).
 
 While it leads it: publishes the wanted configuration to the fetchers (and follows
-``ctl``'s changes), creates the partition records, keeps the partitions assigned to live
+rewrites of ``crawl/desired``), creates the partition records, keeps the partitions assigned to live
 fetchers (``MasterContext.run_shards``: sticky, balanced, moved off dead fetchers after the
 safe-mode period), and detects the end of the crawl; then it writes the report.  It keeps no
 crawl data: a standby that takes over resumes from the partition records.
