@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import signal
 import sys
 import time
 from collections import Counter
@@ -48,9 +47,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from examples.fetch_service.fetch import payload_digest
-from examples.fetch_service.site import HOST
+from examples.fetch_service.site import HOST, serve_until_signal
 from framework import web
-from framework.errors import ConfigurationError, FrameworkError
+from framework.errors import ConfigurationError
 from framework.logs import get_logger
 
 __all__ = ["Access", "LazySite", "LazySpec", "serve_lazy_site"]
@@ -310,23 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with serve_lazy_site(spec) as site:
-                if args.manifest is not None:
-                    site.write_manifest(args.manifest)
-                print("READY", flush=True)
-                async for _ in signals:
-                    break
-
-    try:
-        trio.run(run)
-    except (ConfigurationError, FrameworkError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
+    return serve_until_signal(lambda: serve_lazy_site(spec), args.manifest)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -52,8 +52,8 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -569,14 +569,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ports = [args.port + i for i in range(spec.hosts)] if args.port else None
+    return serve_until_signal(lambda: serve_site(spec, ports=ports), args.manifest,
+                              lambda site: site.seeds)
+
+
+def serve_until_signal(serving: Callable[[], AbstractAsyncContextManager[Any]],
+                       manifest: Path | None,
+                       lines: Callable[[Any], Iterable[str]] = lambda site: ()) -> int:
+    """A site's command line: serve until SIGINT or SIGTERM; once listening, write the
+    manifest (when given), print ``lines(site)`` and ``READY``.  The exit status: 0, or 2
+    with one line on stderr when a port cannot be listened on."""
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with serve_site(spec, ports=ports) as site:
-                if args.manifest is not None:
-                    site.write_manifest(args.manifest)
-                for seed in site.seeds:
-                    print(seed)
+            async with serving() as site:
+                if manifest is not None:
+                    site.write_manifest(manifest)
+                for line in lines(site):
+                    print(line)
                 print("READY", flush=True)
                 async for signum in signals:
                     log.info("site.stopping", signal=signal.Signals(signum).name)
@@ -588,7 +598,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
