@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -203,3 +204,34 @@ def test_json_logs_carry_the_traceback() -> None:
     event = json.loads(err.strip().splitlines()[-1])
     assert event["event"] == "task.failed" and "exc_info" not in event
     assert "Traceback" in event["exception"] and "ValueError: boom" in event["exception"]
+
+
+async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pickup() -> None:
+    """A plain-def handler returns inside its limit while another task blocks the event
+    loop past the limit (a CPU-bound step, a GC pause): its result stands; one that really
+    overran fails."""
+    import math
+    import time
+
+    from framework import Worker
+
+    class Timed(Worker):
+        app_name = "timed"
+
+        def handle(self, task: Task) -> str:
+            time.sleep(task.payload["takes"])
+            return "ok"
+
+    worker = Timed(name="w")
+    worker._pool_limiter = trio.CapacityLimiter(math.inf)
+
+    async def blocker() -> None:
+        await trio.sleep(0.1)
+        time.sleep(0.15)  # the loop is stuck from 0.1 s to 0.25 s, past the 0.2 s limit
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocker)
+        done = await worker._call_within(Task("t1", {"takes": 0.12}), 0.2)
+    assert done == "ok"
+    with pytest.raises(trio.TooSlowError):
+        await worker._call_within(Task("t2", {"takes": 0.4}), 0.1)

@@ -176,16 +176,16 @@ class Election:
             with single_body_error():
                 async with trio.open_nursery() as nursery:
                     scope = nursery.cancel_scope
-                    with self.session.trusting(scope, term.session_id, self.suspended_grace):
-                        nursery.start_soon(self._cancel_when_untrusted, term, reason, scope)
-                        nursery.start_soon(self._cancel_when_deleted, term, reason, scope)
-                        try:
+                    try:
+                        with self.session.trusting(scope, term.session_id,
+                                                   self.suspended_grace) as trust:
+                            nursery.start_soon(self._cancel_when_untrusted, term, reason, scope)
+                            nursery.start_soon(self._cancel_when_deleted, term, reason, scope)
                             yield term
-                        finally:
-                            scope.cancel()
-            if not reason and (expired := self.session.expired_reason(
-                    nursery.cancel_scope, term.session_id)):
-                reason.append(expired)
+                    finally:
+                        scope.cancel()  # after the trust is settled (see Trust)
+            if not reason and trust.expired:
+                reason.append(self.session.expired_reason(term.session_id))
             if reason:
                 log.warning("election.lost", path=self.path, node=term.node, reason=reason[0])
                 raise errors.LeadershipLost(reason[0])

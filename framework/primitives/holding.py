@@ -58,31 +58,31 @@ async def node_scope(
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         scope = nursery.cancel_scope
-        with session.trusting(scope, session_id, session.suspended_grace):
-            if session_id is None or session.session_id != session_id:
-                end("lost", scope)
-            else:
-                nursery.start_soon(_watch_session, session, session_id, end, scope)
-                nursery.start_soon(
-                    _watch_node, session, path, session_id, on_data, end, scope, watch_after
-                )
-                if keepalive is not None:
-                    nursery.start_soon(_keep, keepalive, end, scope)
-            try:
-                yield
-            except trio.Cancelled:
-                raise
-            except BaseException as exc:
-                if isinstance(exc, BaseExceptionGroup) and exc.subgroup(_is_cancelled):
+        try:
+            with session.trusting(scope, session_id, session.suspended_grace) as trust:
+                if session_id is None or session.session_id != session_id:
+                    end("lost", scope)
+                else:
+                    nursery.start_soon(_watch_session, session, session_id, end, scope)
+                    nursery.start_soon(_watch_node, session, path, session_id, on_data, end,
+                                       scope, watch_after)
+                    if keepalive is not None:
+                        nursery.start_soon(_keep, keepalive, end, scope)
+                try:
+                    yield
+                except trio.Cancelled:
                     raise
-                # keep the body's own error out of the nursery, so it is not wrapped
-                body_error = exc
-            finally:
-                scope.cancel()
+                except BaseException as exc:
+                    if isinstance(exc, BaseExceptionGroup) and exc.subgroup(_is_cancelled):
+                        raise
+                    # keep the body's own error out of the nursery, so it is not wrapped
+                    body_error = exc
+        finally:
+            scope.cancel()  # after the trust is settled (see Trust)
     if body_error is not None:
         raise body_error
-    if not reason and (expired := session.expired_reason(scope, session_id)):
-        reason.append(expired)
+    if not reason and trust.expired:
+        reason.append(session.expired_reason(session_id))
     if reason:
         raise error(reason[0])
 

@@ -620,22 +620,31 @@ class Worker:
         A handler that did not stop at its limit (an ``async def`` blocked in a thread it
         does not abandon, or one that swallowed the cancellation) fails all the same once it
         returns: its result is never recorded as a success."""
+        call = _ThreadCall()
         if not limit:
-            return await self._call_handler(task)
+            return await self._call_handler(task, call)
         deadline = trio.current_time() + limit
+        ends_by = time.monotonic() + limit
         with trio.CancelScope(deadline=deadline) as limited:
-            value = await self._call_handler(task)
+            value = await self._call_handler(task, call)
+        if call.returned_at is not None and call.returned_at <= ends_by:
+            # a thread that returned in time, picked up late (a busy event loop)
+            if call.error is not None:
+                raise call.error
+            return call.value
         if limited.cancelled_caught:
             raise trio.TooSlowError
-        overran = trio.current_time() - deadline
+        ended = time.monotonic() if call.returned_at is None else call.returned_at
+        overran = ended - ends_by
         if overran > 0:
             log.warning("task.time_limit_ignored", task=task.id, worker=self.name,
                         limit=limit, overran=round(overran, 3))
             raise trio.TooSlowError
         return value
 
-    async def _call_handler(self, task: Task) -> Any:
-        """``handle(task)``: awaited, or a plain ``def`` run in the thread or process pool."""
+    async def _call_handler(self, task: Task, call: _ThreadCall) -> Any:
+        """``handle(task)``: awaited, or a plain ``def`` run in the thread or process pool
+        (a thread records in ``call`` when it returned, and what)."""
         if not self._blocking:
             return await self.handle(task)
         if self._processes is not None:
@@ -645,14 +654,18 @@ class Worker:
             return await self._processes.run_sync(_handle_in_process, type(self), fields,
                                                   task, kill_on_cancel=True,
                                                   limiter=self._pool_limiter)
-        call = _ThreadCall()
 
         def run() -> Any:
             try:
-                return _returned(type(self), self.handle(task))
+                call.value = _returned(type(self), self.handle(task))
+                return call.value
+            except BaseException as exc:
+                call.error = exc
+                raise
             finally:
                 with self._threads_lock:
                     call.finished = True
+                    call.returned_at = time.monotonic()
                     if call.abandoned:
                         self._stuck_threads -= 1
 
@@ -876,10 +889,14 @@ def _handle_in_process(cls: type[Worker], fields: dict[str, Any], task: Task) ->
 
 @attrs.define
 class _ThreadCall:
-    """A handler thread: abandoned (its task failed on time) before it finished?"""
+    """A handler thread: abandoned (its task failed on time) before it finished?  When it
+    returned (monotonic) and with what."""
 
     finished: bool = False
     abandoned: bool = False
+    returned_at: float | None = None
+    value: Any = None
+    error: BaseException | None = None
 
 
 @attrs.define

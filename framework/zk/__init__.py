@@ -21,8 +21,9 @@ from framework.zk.protected import (
     sort_sequential,
 )
 from framework.zk.scopes import cleanup_bound, cleanup_scope, gather
-from framework.zk.session import Session, Stat, Transaction, trust_expired
+from framework.zk.session import Session, Stat, Transaction
 from framework.zk.states import SessionState, StateChange
+from framework.zk.trust import Trust
 from framework.zk.watches import (
     ChildrenSnapshot,
     DataSnapshot,
@@ -49,7 +50,7 @@ __all__ = [
     "Stat",
     "StateChange",
     "Transaction",
-    "trust_expired",
+    "Trust",
     "basename",
     "create_protected",
     "delete_guid_nodes",

@@ -1,7 +1,8 @@
 """Ephemeral nodes a bounded clean-up could not delete, deleted once the connection is back.
 
-A clean-up (:func:`~framework.zk.cleanup_scope`) gives up after one session timeout and a
-second.  Usually the session has expired by then and its ephemeral nodes went with it.  But a
+A clean-up (:func:`~framework.zk.cleanup_scope`) gives up a second after the server may
+have expired the session (at most one session timeout and a second after it started).
+Usually the session has expired by then and its ephemeral nodes went with it.  But a
 session survives a longer outage when the whole ensemble was unable to expire it (a
 ZooKeeper leader election, a quorum lost for a while): the server resets every session's
 timer when it serves again.  Then the node the clean-up meant to delete - a lock contender, a

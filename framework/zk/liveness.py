@@ -47,10 +47,10 @@ class Liveness:
 
     def __init__(self, session_timeout: float) -> None:
         self.read_timeout = session_timeout * READ_TIMEOUT_FRACTION
-        #: send time (monotonic) of the newest request the server answered
-        self.proof = -math.inf
-        #: the session that ``proof`` is about (``None``: none, or it was lost)
-        self.session_id: int | None = None
+        #: ``(session id, proof)``, replaced as a whole (read by other threads in one go):
+        #: the session the proof is about (``None``: none, or it was lost) and the send time
+        #: (monotonic) of the newest request the server answered
+        self.proven: tuple[int | None, float] = (None, -math.inf)
         #: True while a connection is established and its replies are being timed
         self.armed = False
         self.dropped_connections = 0  # how often the read timeout dropped a connection
@@ -61,10 +61,26 @@ class Liveness:
 
     # ------------------------------------------------------------------ trio side
 
+    @property
+    def proof(self) -> float:
+        return self.proven[1]
+
+    @property
+    def session_id(self) -> int | None:
+        return self.proven[0]
+
     def trusted_until(self) -> float:
         """The monotonic time until which the session is provably alive on the server side,
         less a third of the session timeout as the safety margin."""
-        return self.proof + self.read_timeout
+        return self.proven[1] + self.read_timeout
+
+    def trusted_until_for(self, session_id: int | None) -> float:
+        """:meth:`trusted_until` if ``session_id`` is the proven session, else ``-inf``
+        (one read of :attr:`proven`: never another session's proof)."""
+        proven_id, proof = self.proven
+        if session_id is None or proven_id != session_id:
+            return -math.inf
+        return proof + self.read_timeout
 
     # ------------------------------------------------------------------ kazoo side
 
@@ -94,8 +110,9 @@ class Liveness:
         def timed_read_header(timeout: float) -> Any:
             header, buffer, offset = read_header(timeout)
             sent = self._sent.pop(header.xid, None)  # watch events were never sent by us
-            if sent is not None and sent > self.proof:
-                self.proof = sent
+            proven_id, proof = self.proven
+            if sent is not None and sent > proof:
+                self.proven = (proven_id, sent)
             return header, buffer, offset
 
         connection._connect = timed_connect
@@ -105,13 +122,11 @@ class Liveness:
     def connected(self, session_id: int | None) -> None:
         """The handshake of ``session_id`` succeeded (kazoo reports CONNECTED from inside
         it): the server knew the session when the handshake started."""
-        self.session_id = session_id
-        if self._connect_started > self.proof:
-            self.proof = self._connect_started
+        self.proven = (session_id, max(self.proven[1], self._connect_started))
 
     def lost(self) -> None:
         """kazoo reported LOST: the session is gone, whatever the last proof said."""
-        self.session_id = None
+        self.proven = (None, self.proven[1])
 
     def give_up(self) -> None:
         """Closing, and the server does not answer: drop the connection now.

@@ -13,28 +13,37 @@ class _HasTimeout(Protocol):
     @property
     def session_timeout(self) -> float: ...
 
+    @property
+    def read_timeout(self) -> float: ...
+
+    @property
+    def session_id(self) -> int | None: ...
+
     def trusted_until(self) -> float: ...
 
 
 def cleanup_bound(session: _HasTimeout) -> float:
-    """Seconds a shielded clean-up of a healthy ``session`` may take: one session timeout
-    and a second.  If ZooKeeper could not be reached for that long, the server has expired
-    the session (or will, the moment it next hears of it), and its ephemeral nodes went with
+    """Seconds a shielded clean-up of a healthy ``session`` may take: one session timeout and
+    a second.  If ZooKeeper could not be reached for that long, the server has expired the
+    session (or will, the moment it next hears of it), and its ephemeral nodes went with
     it; a persistent node left behind is a leftover each caller documents."""
     return max(session.session_timeout, 1.0) + 1.0
 
 
 def cleanup_deadline(session: _HasTimeout) -> float:
-    """The trio time a shielded clean-up of ``session`` must end by: a second past the
-    moment the server may expire the session (its trust deadline plus the last third of the
-    session timeout), and at least :data:`CLEANUP_FLOOR` from now.
+    """The trio time a shielded clean-up of ``session`` must end by.
 
-    Connected, that is :func:`cleanup_bound` from now.  Cut off from ZooKeeper, the newest
-    proof of life stays where it was, so every clean-up step of the same cancellation shares
-    one deadline: a worker cancelled behind a partition returns about a session timeout
-    and a second after it last heard from the server, however many steps it cleans up."""
+    With a session, a second past the moment the server may expire it: its trust deadline
+    plus the last third of the (negotiated) session timeout, that is the newest proof of
+    life plus a session timeout and a second - at least :data:`CLEANUP_FLOOR` from now, at
+    most :func:`cleanup_bound` from now.  Cut off from ZooKeeper the proof of life stays
+    where it was, so every clean-up step of one cancellation shares one deadline.  Without
+    a session (LOST, before a new one is connected): :func:`cleanup_bound` from now, time
+    for a new session to do the clean-up."""
     now = trio.current_time()
-    expiry = session.trusted_until() + max(session.session_timeout, 1.0) / 3
+    if session.session_id is None:
+        return now + cleanup_bound(session)
+    expiry = session.trusted_until() + session.read_timeout / 2  # 2/3 + 1/3 of the timeout
     return min(max(expiry + 1.0, now + CLEANUP_FLOOR), now + cleanup_bound(session))
 
 

@@ -63,7 +63,7 @@ from framework.zk.liveness import Liveness
 from framework.zk.paths import MAX_REQUEST_BYTES, validate_data, validate_path
 from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
-from framework.zk.trust import TrustKeeper
+from framework.zk.trust import Trust, TrustKeeper
 
 Stat = ZnodeStat
 WatchCallback = Callable[..., None]
@@ -365,15 +365,15 @@ class Session:
         with single_body_error():
             async with trio.open_nursery() as nursery:
                 scope = nursery.cancel_scope
-                with self.trusting(scope, session_id, grace):
-                    nursery.start_soon(self._cancel_when_untrusted, session_id, grace, reason,
-                                       scope)
-                    try:
+                try:
+                    with self.trusting(scope, session_id, grace) as trust:
+                        nursery.start_soon(self._cancel_when_untrusted, session_id, grace,
+                                           reason, scope)
                         yield
-                    finally:
-                        scope.cancel()
-        if not reason and (expired := self.expired_reason(scope, session_id)):
-            reason.append(expired)
+                finally:
+                    scope.cancel()  # after the trust is settled (see Trust)
+        if not reason and trust.expired:
+            reason.append(self.expired_reason(session_id))
         if reason:
             raise errors.SessionInterrupted(reason[0])
 
@@ -426,28 +426,27 @@ class Session:
     @contextmanager
     def trusting(
         self, scope: trio.CancelScope, session_id: int | None, grace: float | None
-    ) -> Iterator[None]:
+    ) -> Iterator[Trust]:
         """Keep ``scope``'s deadline at ``session_id``'s trust deadline inside the block.
 
         trio's scheduler then cancels the scope at that time by itself, before it runs any
         task of the scope, so a process that resumes from a pause past the deadline starts
         no new step in it; while replies prove the session alive the deadline moves forward
-        (:mod:`framework.zk.trust`).  ``grace=math.inf`` (unsafe) arms nothing."""
+        (:mod:`framework.zk.trust`).  After the block, the yielded :class:`Trust` says
+        whether the deadline ended the scope (``expired``): leave this block *before*
+        cancelling the scope yourself.  ``grace=math.inf`` (unsafe) arms nothing."""
         if grace is not None and math.isinf(grace):
-            yield
+            yield Trust(session_id)
             return
-        self._trust.arm(scope, session_id)
+        trust = self._trust.arm(scope, session_id)
         try:
-            yield
+            yield trust
         finally:
             self._trust.disarm(scope)
 
-    def expired_reason(self, scope: trio.CancelScope, session_id: int | None) -> str | None:
-        """Why ``scope`` (armed by :meth:`trusting`) was ended by its trust deadline:
-        ``"lost"`` (the session is gone), ``"suspended"`` (no proof of life in time), or
-        ``None`` if it was not."""
-        if not trust_expired(scope):
-            return None
+    def expired_reason(self, session_id: int | None) -> str:
+        """The reason to give for a scope of ``session_id`` that its trust deadline ended
+        (:attr:`Trust.expired`): ``"lost"`` if the session is gone, else ``"suspended"``."""
         gone = self._closed or session_id is None or self._liveness.session_id != session_id
         return "lost" if gone else "suspended"
 
@@ -465,7 +464,7 @@ class Session:
         meant to cancel), the end of the grace period is also set as the scope's deadline.
         If a deadline passes before this task runs (a paused process), trio cancels the
         scope, this task with it, and nothing is returned: the owner of the scope tells that
-        case by :func:`trust_expired`.
+        case by :attr:`Trust.expired`.
         """
         unsafe = grace is not None and math.isinf(grace)
         while True:
@@ -808,12 +807,6 @@ class Transaction:
                 ]
             )
         return results
-
-
-def trust_expired(scope: trio.CancelScope) -> bool:
-    """True when ``scope`` (armed by :meth:`Session.trusting`) ended because its trust
-    deadline passed: it caught a cancellation and the deadline is behind us."""
-    return scope.cancelled_caught and scope.deadline <= trio.current_time()
 
 
 def _record(session: Session, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -21,7 +21,7 @@ from framework.primitives.queue.items import Claim, ClaimExtras, Finisher, Queue
 from framework.primitives.queue.lease import LeaseBreaker, Renewal, lease_token, renew
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.view import Entry, QueueView, claim_name_of
-from framework.zk import Session, Transaction, cleanup_bound, cleanup_scope, gather
+from framework.zk import Session, Transaction, cleanup_scope, gather
 
 log = get_logger("framework.primitives.queue")
 
@@ -518,10 +518,9 @@ class Consumer:
                      "delivered again",
             "unknown": "the session changed while the acknowledgement was in flight: it may "
                        "or may not have been applied (if not, the item is delivered again)",
-            "unconfirmed": "the acknowledgement was not confirmed within "
-                           f"{cleanup_bound(self.session):g}s "
-                           "(ZooKeeper unreachable); unless it was applied, the item is "
-                           "delivered again",
+            "unconfirmed": "the acknowledgement was not confirmed before the session "
+                           "could have expired (ZooKeeper unreachable); unless it was "
+                           "applied, the item is delivered again",
         }[why]
         log.warning("queue.claim_lost", path=self.path, item=claim.entry.key, during="ack",
                     why=why)
