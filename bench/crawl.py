@@ -43,6 +43,7 @@ from bench.common import Result  # noqa: E402
 from examples.fetch_service.config import CrawlConfig  # noqa: E402
 from examples.fetch_service.fetch import Fetcher  # noqa: E402
 from examples.fetch_service.lazysite import LazySite  # noqa: E402
+from examples.fetch_service.links import host_key  # noqa: E402
 from examples.fetch_service.scale.robots import RobotsRules, robots_url  # noqa: E402
 from examples.fetch_service.scale.run import (  # noqa: E402
     NO_DEPTH_LIMIT,
@@ -50,7 +51,6 @@ from examples.fetch_service.scale.run import (  # noqa: E402
     RunResult,
     run_crawl,
 )
-from examples.fetch_service.scale.urls import canonical, host_of  # noqa: E402
 from examples.fetch_service.warc import WarcWriter, iter_stored  # noqa: E402
 from framework import configure_logging  # noqa: E402
 from framework.testing import python_argv, spawn  # noqa: E402
@@ -96,11 +96,11 @@ async def plain_crawl(pages: int, politeness: float, out: Path) -> tuple[int, in
         for seed in site.seeds:
             send.send_nowait(seed)
         started = time.monotonic()
-        async with Fetcher(config, canonical=canonical) as fetcher, \
+        async with Fetcher(config) as fetcher, \
                 WarcWriter(out / "warc", writer_id="plain") as warc:
 
             async def allowed(url: str) -> bool:
-                host = host_of(url)
+                host = host_key(url)
                 if host not in robots:
                     answer = await fetcher.fetch(robots_url(host))
                     status = answer.outcome.status or 0

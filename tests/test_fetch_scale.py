@@ -16,6 +16,7 @@ import trio
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.fetch import Fetcher
 from examples.fetch_service.lazysite import LazySite, LazySpec, serve_lazy_site
+from examples.fetch_service.links import InvalidUrlError, canonicalize
 from examples.fetch_service.scale import layout
 from examples.fetch_service.scale.layout import PartitionRecord, ScalePaths
 from examples.fetch_service.scale.master import PartitionMaster
@@ -23,7 +24,7 @@ from examples.fetch_service.scale.ownership import Ownership, PartitionLost
 from examples.fetch_service.scale.partition import PartitionContext, PartitionServer, PartitionStats
 from examples.fetch_service.scale.robots import RobotsRules
 from examples.fetch_service.scale.store import DONE, PartitionStore
-from examples.fetch_service.scale.urls import InvalidUrlError, canonical, partition_of
+from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.scale.worker import PartitionFetcher
 from examples.fetch_service.warc import WarcWriter, iter_stored
 from framework import Session
@@ -44,20 +45,20 @@ PATHS = ScalePaths(APP)
     "http://127.0.0.1:8001/p/%37.html",
 ])
 def test_equivalent_spellings_have_one_canonical_form(spelling: str) -> None:
-    assert canonical(spelling) == "http://127.0.0.1:8001/p/7.html"
+    assert canonicalize(spelling) == "http://127.0.0.1:8001/p/7.html"
 
 
 def test_canonical_rules_beyond_the_path() -> None:
-    assert canonical("https://Example.COM:443") == "https://example.com/"
-    assert canonical("http://h:80/a b?b=2&a=1") == "http://h/a%20b?a=1&b=2"
-    assert canonical("../q.html#x", "http://h:81/a/b/c.html") == "http://h:81/a/q.html"
+    assert canonicalize("https://Example.COM:443") == "https://example.com/"
+    assert canonicalize("http://h:80/a b?b=2&a=1") == "http://h/a%20b?a=1&b=2"
+    assert canonicalize("../q.html#x", "http://h:81/a/b/c.html") == "http://h:81/a/q.html"
 
 
 @pytest.mark.parametrize("bad", ["mailto:x@example.org", "ftp://h/f", "/relative", "http://",
                                  "http://h:99999/"])
 def test_uncrawlable_urls_are_refused_with_a_reason(bad: str) -> None:
     with pytest.raises(InvalidUrlError, match="invalid URL"):
-        canonical(bad)
+        canonicalize(bad)
 
 
 def test_partition_of_a_host_is_stable_and_in_range() -> None:
@@ -254,7 +255,7 @@ async def test_a_serving_owner_taken_over_stops_and_its_checkpoint_is_refused(
         path = PATHS.partition("p000")
         await s.create(path, PartitionRecord().to_json())
         await s.create(f"{APP.assignment_dir('owner')}/p000", makepath=True)
-        async with Fetcher(config, canonical=canonical) as fetcher:
+        async with Fetcher(config) as fetcher:
             with WarcWriter(tmp_path / "warc") as warc:
                 ctx = PartitionContext(s, "owner", job, PATHS, fetcher, warc, tmp_path / "local",
                                        lambda: config, PartitionStats())

@@ -175,15 +175,10 @@ class Fetcher:
     Pass ``client`` to share an ``httpx.AsyncClient`` (then the caller closes it); otherwise
     the fetcher makes one on entry and closes it on exit.
 
-    ``canonical(url, base)`` replaces :func:`links.canonicalize` for requested URLs, redirect
-    targets and extracted links (it must raise ``InvalidUrlError`` for what cannot be
-    crawled); the partitioned crawl passes w3lib's form.
     """
 
-    def __init__(self, config: CrawlConfig, *, client: httpx.AsyncClient | None = None,
-                 canonical: Callable[[str, str | None], str] | None = None) -> None:
+    def __init__(self, config: CrawlConfig, *, client: httpx.AsyncClient | None = None) -> None:
         self._config = config
-        self._canonical = canonical or canonicalize
         self._client = client
         self._owns_client = client is None
         self._hosts: dict[str, _Host] = {}
@@ -251,7 +246,7 @@ class Fetcher:
             raise RuntimeError("use the fetcher inside 'async with Fetcher(config) as fetcher'")
         config = self._config
         try:
-            current = self._canonical(url, None)
+            current = canonicalize(url)
         except InvalidUrlError as exc:
             return self._failed(url, "invalid_url", str(exc))
         if not config.allows(current):
@@ -363,7 +358,7 @@ class Fetcher:
         if not location:
             raise _Failure("bad_redirect", f"{response.status} from {response.url} has no Location")
         try:
-            return self._canonical(location, response.url)
+            return canonicalize(location, response.url)
         except InvalidUrlError as exc:
             raise _Failure("bad_redirect", f"{response.url} redirects to {exc}") from None
 
@@ -381,7 +376,7 @@ class Fetcher:
             kind = "http"
             error = f"HTTP {final.status} {final.reason}".rstrip()
         elif 200 <= final.status < 300 and _is_html(final):
-            found = extract_links(_decode(final), final.url, canonical=self._canonical)
+            found = extract_links(_decode(final), final.url)
             links = tuple(link for link in found if self._config.allows(link))
         outcome = self._outcome(chain, responses, timing, kind, error, links)
         log.debug("fetch.done", url=chain[0], status=final.status, error=error)

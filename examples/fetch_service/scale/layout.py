@@ -30,14 +30,9 @@ from typing import Any
 import attrs
 
 from examples.fetch_service.config import CrawlConfig
+from examples.fetch_service.links import InvalidUrlError, canonicalize, host_key
 from examples.fetch_service.scale.inbox import write_inbox_file
-from examples.fetch_service.scale.urls import (
-    InvalidUrlError,
-    canonical,
-    host_of,
-    partition_name,
-    partition_of,
-)
+from examples.fetch_service.scale.urls import partition_name, partition_of
 from framework import errors
 from framework.runtime import App
 from framework.zk import Session
@@ -148,11 +143,11 @@ def seed_links(seeds: Iterable[str], partitions: int) -> tuple[dict[int, list[li
     invalid: list[dict[str, str]] = []
     for seed in seeds:
         try:
-            url = canonical(seed)
+            url = canonicalize(seed)
         except InvalidUrlError as exc:
             invalid.append({"url": seed, "error": str(exc)})
             continue
-        routed.setdefault(partition_of(host_of(url), partitions), []).append([url, 0])
+        routed.setdefault(partition_of(host_key(url), partitions), []).append([url, 0])
     return routed, invalid
 
 

@@ -35,6 +35,7 @@ import trio
 
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.fetch import Fetcher, FetchResult
+from examples.fetch_service.links import InvalidUrlError, canonicalize, host_key
 from examples.fetch_service.scale.hostqueue import HostQueues
 from examples.fetch_service.scale.inbox import (
     inbox_file_name,
@@ -46,7 +47,7 @@ from examples.fetch_service.scale.layout import Job, ScalePaths
 from examples.fetch_service.scale.ownership import Ownership, PartitionLost
 from examples.fetch_service.scale.robots import RobotsRules, robots_url
 from examples.fetch_service.scale.store import BLOCKED, DONE, Link, PartitionStore
-from examples.fetch_service.scale.urls import InvalidUrlError, canonical, host_of, partition_of
+from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.warc import WarcWriter
 from framework import errors, single_body_error
 from framework.logs import get_logger
@@ -204,7 +205,7 @@ class PartitionServer:
         own: list[Link] = []
         others: list[tuple[int, str, int]] = []
         for link, link_depth in self._links(result, depth, config):
-            link_host = host_of(link)
+            link_host = host_key(link)
             target = partition_of(link_host, self.ctx.job.partitions)
             if target == self.index:
                 own.append((link, link_host, link_depth))
@@ -228,7 +229,7 @@ class PartitionServer:
             location = next((v for k, v in last.headers if k.lower() == "location"), None)
             if location:
                 try:
-                    target = canonical(location, last.url)
+                    target = canonicalize(location, last.url)
                 except InvalidUrlError:
                     target = None
                 if target is not None and config.allows(target):
@@ -260,7 +261,7 @@ class PartitionServer:
             fresh = [name for name in names if name not in self._consumed]
             for name in fresh:
                 raw = await trio.to_thread.run_sync(read_inbox_file, directory / name)
-                links = [(url, host_of(url), depth) for url, depth in raw]
+                links = [(url, host_key(url), depth) for url, depth in raw]
                 self.queues.add(self._store().consume(name, links))
                 self._consumed.add(name)
                 self._dirty = True

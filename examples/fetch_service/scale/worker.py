@@ -30,7 +30,6 @@ from examples.fetch_service.scale.partition import (
     PartitionServer,
     PartitionStats,
 )
-from examples.fetch_service.scale.urls import canonical
 from examples.fetch_service.warc import WarcWriter
 from framework import errors
 from framework.logs import get_logger
@@ -66,7 +65,7 @@ class PartitionFetcher(Worker):
         self._job: Job | None = None
 
     async def run(self, session: Any) -> None:
-        async with Fetcher(_fetch_config(self.crawl_config), canonical=canonical) as fetcher:
+        async with Fetcher(_fetch_config(self.crawl_config)) as fetcher:
             with WarcWriter(self.warc_dir, prefix="crawl", writer_id=self.name,
                             max_bytes=self.crawl_config.warc_max_bytes) as warc:
                 self._fetcher, self._warc = fetcher, warc
