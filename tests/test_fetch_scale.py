@@ -27,7 +27,7 @@ from examples.fetch_service.scale.store import DONE, PartitionStore
 from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.scale.worker import PartitionFetcher
 from examples.fetch_service.warc import WarcWriter, iter_stored
-from framework import Session
+from framework import ConfigurationError, Session
 from framework.runtime import App
 from framework.zk import watch_data
 
@@ -102,6 +102,22 @@ def test_store_checkpoint_restores_frontier_outbox_and_consumed(tmp_path: Path) 
     counts = restored.counts()
     assert (counts.pending, counts.done, counts.outbox) == (1, 1, 1)
     restored.close()
+
+
+# ---------------------------------------------------------------- the job
+
+
+async def test_a_job_needs_a_valid_seed_and_an_app_holds_one_job(session: Session,
+                                                               tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    with pytest.raises(ConfigurationError, match=r"at least one valid seed.*not absolute"):
+        await layout.start_job(session, APP, ["no scheme", "ftp://h/f"], CrawlConfig(),
+                               shared=shared)
+    assert await session.exists(PATHS.job) is None
+    await layout.start_job(session, APP, ["http://a.example/"], CrawlConfig(), shared=shared)
+    with pytest.raises(ConfigurationError, match="already has a crawl job; purge it first"):
+        await layout.start_job(session, APP, ["http://b.example/"], CrawlConfig(),
+                               shared=shared)
 
 
 # ---------------------------------------------------------------- ownership with epochs
