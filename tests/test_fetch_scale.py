@@ -4,6 +4,7 @@ and a small crawl of the lazy site that must obey robots.txt and fetch each page
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.scale.worker import PartitionFetcher
 from examples.fetch_service.warc import WarcWriter, iter_stored
 from framework import ConfigurationError, Session
+from framework.primitives import Group
 from framework.runtime import App
 from framework.zk import watch_data
 
@@ -355,3 +357,42 @@ async def test_politeness_holds_when_partitions_move_to_a_new_fetcher(
         assert max(report["epochs"].values()) >= 2
         assert fetchers[0].stats.pages > 0 and fetchers[1].stats.pages > 0
         _assert_polite(site, delay)
+
+
+async def test_a_configuration_rewritten_mid_crawl_reaches_the_fetchers(
+        zk_hosts: str, chroot: str, tmp_path: Path) -> None:
+    """``crawl/desired`` rewritten while the crawl runs: the master publishes it, the fetcher
+    applies it and the crawl ends under it.  The first configuration's
+    politeness keeps the crawl going for at least 20 x 0.5 s, whatever the machine's speed."""
+    slow = CrawlConfig(politeness_delay_s=0.5, max_depth=1000, request_timeout_s=5.0)
+    fast = slow.evolve(politeness_delay_s=0.0, user_agent="agent-after/2")
+    fetcher = PartitionFetcher(APP, name="f1", warc_dir=tmp_path / "warc",
+                               local_dir=tmp_path / "local")
+    async with serve_lazy_site(LazySpec(pages=40, hosts=2, private_every=1000)) as site, \
+            Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+        slow, fast = (c.evolve(allowed_hosts=site.hosts) for c in (slow, fast))
+        await layout.start_job(s, APP, site.seeds, slow, shared=tmp_path / "shared",
+                               partitions=2, checkpoint_interval_s=0.2)
+
+        async def serve_fetcher() -> None:
+            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
+                await fetcher.run(own)
+
+        async def rewrite_once_applied() -> None:
+            digest = hashlib.sha1(slow.to_json()).hexdigest()[:10]
+            await s.ensure_path(APP.workers)
+            async for members in Group(s, APP.workers).watch():
+                health = json.loads(members.get("f1") or b"{}").get("health", {})
+                if health.get("config") == digest:  # the fetcher runs under the first one
+                    break
+            await s.set(PATHS.desired, fast.to_json())
+
+        with trio.fail_after(40):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_fetcher)
+                nursery.start_soon(rewrite_once_applied)
+                await PartitionMaster(APP, name="m1").run(s)
+                fetcher.request_stop()
+    assert fetcher.crawl_config == fast
+    stored = {url for url, _ in iter_stored(tmp_path / "warc")}
+    assert stored == site.expected_urls()
