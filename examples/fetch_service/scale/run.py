@@ -500,7 +500,10 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
     except FrameworkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        print("interrupted: every process the crawl started was stopped", file=sys.stderr)
         return 130
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -518,6 +521,13 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
     print("OK: every page the site has was fetched and stored as served" if everything
           else "FAILED")
     return 0 if everything else 1
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C, possibly inside exception groups (trio's nurseries wrap it)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_interrupted(inner) for inner in exc.exceptions)
+    return isinstance(exc, KeyboardInterrupt)
 
 
 def main(argv: list[str] | None = None) -> int:
