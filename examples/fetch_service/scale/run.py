@@ -166,10 +166,17 @@ async def count_znodes(session: Session, path: str) -> int:
 
 
 @asynccontextmanager
-async def _zookeeper(given: str | None) -> AsyncIterator[str]:
+async def _zookeeper(given: str | None, chroot: str) -> AsyncIterator[str]:
+    """The connect string: an embedded server for the block, or the given ensemble, whose
+    ``chroot`` is deleted at the end (by then every process of the crawl is gone)."""
     hosts = given or os.environ.get("FRAMEWORK_ZK_HOSTS")
     if hosts:
-        yield hosts
+        try:
+            yield hosts
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(15):
+                async with Session(hosts) as session:
+                    await session.delete_tree(chroot)
         return
     server = ZooKeeperEnsemble(1)
     server.start()  # on trio's thread: the server dies with the thread that started it
@@ -182,11 +189,11 @@ async def _zookeeper(given: str | None) -> AsyncIterator[str]:
 class _Crawl:
     """The processes of one crawl and what is seen of them while it runs."""
 
-    def __init__(self, options: RunOptions, zk: str, stack: AsyncExitStack) -> None:
+    def __init__(self, options: RunOptions, zk: str, chroot: str, stack: AsyncExitStack) -> None:
         self.options = options
         self.zk = zk
         self.stack = stack
-        self.chroot = f"/crawl-{uuid.uuid4().hex[:8]}"
+        self.chroot = chroot
         self.out = options.out.resolve()
         self.app = App(layout.APP_NAME)
         self.children: dict[str, Child] = {}
@@ -371,8 +378,9 @@ async def run_crawl(options: RunOptions) -> RunResult:
     for sub in ("warc", "logs", "local", "shared"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    async with _zookeeper(options.zk) as zk, AsyncExitStack() as stack:
-        crawl = _Crawl(options, zk, stack)
+    chroot = f"/crawl-{uuid.uuid4().hex[:8]}"
+    async with _zookeeper(options.zk, chroot) as zk, AsyncExitStack() as stack:
+        crawl = _Crawl(options, zk, chroot, stack)
         site = await crawl.start_site()
         expected = site.expected_urls()
         crawl.expected = len(expected)
