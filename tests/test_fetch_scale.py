@@ -27,6 +27,7 @@ from examples.fetch_service.scale.robots import RobotsRules
 from examples.fetch_service.scale.store import DONE, PartitionStore
 from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.scale.worker import PartitionFetcher
+from examples.fetch_service.site import SiteSpec, Target, serve_site
 from examples.fetch_service.warc import WarcWriter, iter_stored
 from framework import ConfigurationError, Session
 from framework.primitives import Group
@@ -396,3 +397,35 @@ async def test_a_configuration_rewritten_mid_crawl_reaches_the_fetchers(
     assert fetcher.crawl_config == fast
     stored = {url for url, _ in iter_stored(tmp_path / "warc")}
     assert stored == site.expected_urls()
+
+
+async def test_the_hand_shaped_site_is_crawled_to_its_ground_truth(
+        zk_hosts: str, chroot: str, tmp_path: Path) -> None:
+    """Redirects (a two-hop chain, targets on other hosts, a loop) are links routed to their
+    host's partition; error pages' links (the traps) are not followed; every URL once."""
+    fetcher = PartitionFetcher(APP, name="f1", warc_dir=tmp_path / "warc",
+                               local_dir=tmp_path / "local")
+    spec = SiteSpec(pages=80, hosts=3, seed=5, slow_fraction=0.05, slow_delay_s=0.05,
+                    deep_chain=6)
+    async with serve_site(spec) as site, \
+            Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+        config = CrawlConfig(politeness_delay_s=0.0, max_depth=1000, allowed_hosts=site.hosts,
+                             request_timeout_s=5.0)
+        await layout.start_job(s, APP, site.seeds, config, shared=tmp_path / "shared",
+                               partitions=3, checkpoint_interval_s=0.2)
+
+        async def serve_fetcher() -> None:
+            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
+                await fetcher.run(own)
+
+        with trio.fail_after(40):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_fetcher)
+                await PartitionMaster(APP, name="m1").run(s)
+                fetcher.request_stop()
+    expected = site.reachable_urls(1000)
+    stored = [url for url, _ in iter_stored(tmp_path / "warc")]
+    assert set(stored) == expected and len(stored) == len(expected)
+    pages = [r for r in site.access_log if r.path != "/robots.txt"]
+    assert sorted(site.url(Target(r.host, r.path)) for r in pages) == sorted(expected)
+    assert not any(r.path.startswith("/trap/") for r in site.access_log)
