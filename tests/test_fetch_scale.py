@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,25 @@ async def lazy_site() -> AsyncIterator[LazySite]:
         yield site
 
 
+async def crawl_in_process(hosts: str, chroot: str, session: Session,
+                           fetcher: PartitionFetcher,
+                           *beside: Callable[[], Awaitable[None]]) -> None:
+    """A master in ``session`` and ``fetcher`` in a session of its own (and ``beside``
+    tasks) until the master has written the crawl's report; then the fetcher stops."""
+
+    async def serve_fetcher() -> None:
+        async with Session(hosts, chroot=chroot, session_timeout=4.0) as own:
+            await fetcher.run(own)
+
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_fetcher)
+            for task in beside:
+                nursery.start_soon(task)
+            await PartitionMaster(APP, name="m1").run(session)
+            fetcher.request_stop()
+
+
 async def test_small_crawl_obeys_robots_and_fetches_each_page_once(
         zk_hosts: str, chroot: str, lazy_site: LazySite, tmp_path: Path) -> None:
     site = lazy_site
@@ -240,16 +259,7 @@ async def test_small_crawl_obeys_robots_and_fetches_each_page_once(
     async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
         await layout.start_job(s, APP, site.seeds, config, shared=tmp_path / "shared",
                                partitions=4, checkpoint_interval_s=0.2)
-
-        async def serve_fetcher() -> None:
-            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
-                await fetcher.run(own)
-
-        with trio.fail_after(40):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_fetcher)
-                await PartitionMaster(APP, name="m1").run(s)
-                fetcher.request_stop()
+        await crawl_in_process(zk_hosts, chroot, s, fetcher)
         report: dict[str, Any] = json.loads((await s.get(PATHS.report))[0])
     expected = site.expected_urls(obey_robots=True)
     stored = [url for url, _ in iter_stored(tmp_path / "warc")]
@@ -375,10 +385,6 @@ async def test_a_configuration_rewritten_mid_crawl_reaches_the_fetchers(
         await layout.start_job(s, APP, site.seeds, slow, shared=tmp_path / "shared",
                                partitions=2, checkpoint_interval_s=0.2)
 
-        async def serve_fetcher() -> None:
-            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
-                await fetcher.run(own)
-
         async def rewrite_once_applied() -> None:
             digest = hashlib.sha1(slow.to_json()).hexdigest()[:10]
             await s.ensure_path(APP.workers)
@@ -388,12 +394,7 @@ async def test_a_configuration_rewritten_mid_crawl_reaches_the_fetchers(
                     break
             await s.set(PATHS.desired, fast.to_json())
 
-        with trio.fail_after(40):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_fetcher)
-                nursery.start_soon(rewrite_once_applied)
-                await PartitionMaster(APP, name="m1").run(s)
-                fetcher.request_stop()
+        await crawl_in_process(zk_hosts, chroot, s, fetcher, rewrite_once_applied)
     assert fetcher.crawl_config == fast
     stored = {url for url, _ in iter_stored(tmp_path / "warc")}
     assert stored == site.expected_urls()
@@ -413,16 +414,7 @@ async def test_the_hand_shaped_site_is_crawled_to_its_ground_truth(
                              request_timeout_s=5.0)
         await layout.start_job(s, APP, site.seeds, config, shared=tmp_path / "shared",
                                partitions=3, checkpoint_interval_s=0.2)
-
-        async def serve_fetcher() -> None:
-            async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as own:
-                await fetcher.run(own)
-
-        with trio.fail_after(40):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_fetcher)
-                await PartitionMaster(APP, name="m1").run(s)
-                fetcher.request_stop()
+        await crawl_in_process(zk_hosts, chroot, s, fetcher)
     expected = site.reachable_urls(1000)
     stored = [url for url, _ in iter_stored(tmp_path / "warc")]
     assert set(stored) == expected and len(stored) == len(expected)
