@@ -82,4 +82,4 @@ async def test_cancel_stops_workers_and_every_master_without_done(zk_hosts: str,
     print(f"cancel: 2 masters and 2 workers stopped in {took:.3f} s")
     assert sorted(ended) == ["m1", "m2", "w1", "w2"]
     assert leader.lead_cancelled and standby.terms_led == 0 and late.terms_led == 0
-    assert all(not w._in_flight for w in workers)
+    assert all(not w.tasks.in_flight for w in workers)

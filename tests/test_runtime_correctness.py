@@ -16,8 +16,8 @@ import trio
 from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
+from framework.runtime.task_consumer import _Marker
 from framework.runtime.tasks import read_result
-from framework.runtime.worker import _Marker
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
 
@@ -319,7 +319,7 @@ async def test_clearing_a_marker_spares_a_later_delivery_that_took_it_over(
     later = _Marker(path, "w2/b-0000000000/i+0-0000000001/2", {"worker": "w2"})
     await session.create(path, later.encode(), ephemeral=True)
     stale = _Marker(path, "w/b-0000000000/i+0-0000000001/1", {"worker": "w"})
-    await worker._clear_running(session, [stale])
+    await worker.tasks._clear_running(session, [stale])
     assert (await session.get(path))[0] == later.encode()  # the later delivery's, kept
-    await worker._clear_running(session, [later])
+    await worker.tasks._clear_running(session, [later])
     assert await session.exists(path) is None  # its own marker: deleted

@@ -64,7 +64,7 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
     success resets it."""
     from contextlib import asynccontextmanager
 
-    import framework.runtime.worker as worker_module
+    import framework.runtime.task_consumer as consumer_module
     from framework import FrameworkError, Worker
 
     class Idle(Worker):
@@ -87,14 +87,14 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
                 worker._draining = True
             if outcome in ("fail", "stop"):
                 raise FrameworkError("tasks znode is gone")
-            raise worker_module._HandedBack()  # a handler failure: not the slot's trouble
+            raise consumer_module._HandedBack()  # a handler failure: not the slot's trouble
             yield
 
     async def record_sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr(worker_module.trio, "sleep", record_sleep)
-    await worker._slot(None, FailingQueue())  # type: ignore[arg-type]
+    monkeypatch.setattr(consumer_module.trio, "sleep", record_sleep)
+    await worker.tasks._slot(None, FailingQueue())  # type: ignore[arg-type]
     ceilings = [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]  # with jitter: between half and all of each
     assert len(waits) == len(ceilings)
     assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True)), waits
@@ -210,7 +210,6 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
     """A plain-def handler returns inside its limit while another task blocks the event
     loop past the limit (a CPU-bound step, a GC pause): its result stands; one that really
     overran fails."""
-    import math
     import time
 
     from framework import Worker
@@ -222,8 +221,7 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
             time.sleep(task.payload["takes"])
             return "ok"
 
-    worker = Timed(name="w")
-    worker._pool_limiter = trio.CapacityLimiter(math.inf)
+    consumer = Timed(name="w").tasks
 
     async def blocker() -> None:
         await trio.sleep(0.1)
@@ -231,7 +229,7 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(blocker)
-        done = await worker._call_within(Task("t1", {"takes": 0.12}), 0.2)
+        done = await consumer._call_within(Task("t1", {"takes": 0.12}), 0.2)
     assert done == "ok"
     with pytest.raises(trio.TooSlowError):
-        await worker._call_within(Task("t2", {"takes": 0.4}), 0.1)
+        await consumer._call_within(Task("t2", {"takes": 0.4}), 0.1)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,25 +107,26 @@ class SearchNode(Worker):
 
     # ------------------------------------------------------------ runtime
 
-    async def run(self, session: Session) -> None:
-        listener = web.listen("127.0.0.1", 0, what="search node", graceful_timeout=0.2,
-                              keep_alive_timeout=60.0)
-        self.address = listener.address
+    @asynccontextmanager
+    async def lifetime(self, session: Session) -> AsyncIterator[None]:
+        """The node's disk and its search API, for as long as the node runs (its address
+        goes into its group status)."""
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.data_dir, os.W_OK | os.X_OK):
                 raise PermissionError("not writable")
         except OSError as exc:
-            for sock in listener.sockets.insecure_sockets:
-                sock.close()
             raise errors.ConfigurationError(
                 f"KATTA_DATA: cannot use {str(self.data_dir)!r} as this node's disk "
                 f"({exc.strerror or exc})") from None
+        listener = web.listen("127.0.0.1", 0, what="search node", graceful_timeout=0.2,
+                              keep_alive_timeout=60.0)
+        self.address = listener.address
         async with trio.open_nursery() as nursery:
             await nursery.start(lambda task_status: web.serve(
                 self.http_app(), listener, task_status=task_status))
             log.info("node.http", node=self.name, address=self.address)
-            await super().run(session)
+            yield
             nursery.cancel_scope.cancel()
 
     # ------------------------------------------------------------ serving (push mode)

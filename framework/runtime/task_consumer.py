@@ -1,0 +1,532 @@
+"""The pull-mode part of a worker: take tasks from the app's queue and run its handler.
+
+:class:`TaskConsumer` runs ``concurrency`` slots.  Each slot claims a task (at-least-once:
+an item is deleted only after the handler returned and its result was recorded, in the same
+multi that acknowledges it), marks it ``running/<task id>`` (also the task id's mutual
+exclusion), runs the handler within its time limit, and records a failure (retried up to
+``max_attempts`` deliveries, or dead-lettered) when it raises.
+
+Crash safety: a task's claim is an ephemeral node of the worker's session (kill -9 the worker
+and the task goes back to the queue); a task whose key already has a successful record is
+acknowledged without running again (idempotency key).  SUSPENDED: a running handler goes on
+until the session's trust deadline, then its claim scope is cancelled (``ClaimLost``; the item
+is delivered again).  LOST: the same, at once.
+
+Graceful stop: waiting slots stop at once; in-flight tasks may finish for up to
+``drain_timeout`` seconds, then they are cancelled (their items are redelivered).  A slot
+whose claim lands just as the drain begins, before its handler starts, hands the item back
+unstarted (its ``running/`` marker goes in the same transaction; no delivery is counted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import traceback
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from framework import errors, metrics
+from framework.logs import get_logger
+from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
+from framework.runtime.app import ensure_result_buckets
+from framework.runtime.handlers import ThreadCall, handle_in_process, returned
+from framework.runtime.tasks import FAILURE_RING, Task, TaskResult
+from framework.zk import Session, cleanup_scope, validate_path, wait_gone
+
+if TYPE_CHECKING:
+    from framework.runtime.worker import Worker
+
+log = get_logger("framework.runtime.worker")
+
+#: Longest error message kept in a failure record (a record must fit in one znode).
+MAX_ERROR_CHARS = 4000
+
+#: Longest traceback kept in a failure record (its end: the frames nearest the error).
+MAX_TRACEBACK_CHARS = 8000
+
+
+class _HandedBack(Exception):
+    """A handler failed; its error is recorded and the item goes back to the queue."""
+
+
+class _GivenUp(_HandedBack, errors.PermanentFailure):
+    """A task failed for good (its result cannot be stored, or the handler said retrying
+    cannot help): its failure is recorded and the queue dead-letters the item at once."""
+
+
+class TaskConsumer:
+    """The pull-mode part of ``worker`` (see the module doc): a :class:`Part` that drains.
+
+    ``tasks_done``, ``tasks_failed``, ``in_flight`` and ``stuck_threads`` (handler threads
+    abandoned at their time limit, still running) count this run's tasks."""
+
+    drains = True
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.tasks_done = 0
+        self.tasks_failed = 0
+        self._in_flight = 0
+        self._waiting: set[trio.CancelScope] = set()
+        self._markers: dict[str, _Marker] = {}  # running/ path -> this worker's marker
+        self._stuck_threads = 0
+        self._threads_lock = threading.Lock()
+        self._pool_limiter = trio.CapacityLimiter(math.inf)
+        self._processes: Any = None  # the trio-parallel context of a process pool
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def layout(self) -> Sequence[str]:
+        app = self.worker.app
+        return (app.tasks, app.running, app.results, app.failures, app.dead)
+
+    async def prepare(self, session: Session) -> None:
+        if self.worker.takes_tasks:
+            await ensure_result_buckets(session, self.worker.app)  # before the first probe
+
+    async def run(self, session: Session) -> None:
+        """Run the slots until the worker drains (or only wait for that, if the worker
+        takes no tasks)."""
+        worker = self.worker
+        if not worker.takes_tasks:
+            await worker.stop_requested.wait()
+            return
+        queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.max_attempts,
+                          dead_letter=worker.app.dead, lease=worker.lease,
+                          claim_with=self._claim_extras)
+        async with self._handler_pool(), trio.open_nursery() as timer:
+            async with trio.open_nursery() as slots:
+                for _ in range(worker.concurrency):
+                    slots.start_soon(self._slot, session, queue)
+                # the timer lives outside the slots: a quick drain exits at once
+                timer.start_soon(self._drain_deadline, slots.cancel_scope)
+            timer.cancel_scope.cancel()
+
+    def request_stop(self) -> None:
+        """Waiting slots stop at once; running ones finish (see the module doc)."""
+        for scope in list(self._waiting):
+            scope.cancel()
+
+    def status(self) -> dict[str, Any]:
+        return {"load": self._in_flight / max(self.worker.concurrency, 1),
+                "in_flight": self._in_flight, "done": self.tasks_done,
+                "failed": self.tasks_failed, "stuck_threads": self._stuck_threads}
+
+    async def _slot(self, session: Session, queue: WorkQueue) -> None:
+        trouble = 0  # consecutive failures of the slot itself (not of handlers)
+        while not self.worker.draining:
+            if trouble:
+                # a persistent problem (e.g. the app's znodes deleted under us) must not
+                # turn into a busy loop: back off, exponentially, up to backoff_max
+                await self.worker.backoff.sleep(trouble)
+            marker: list[_Marker] = []
+            try:
+                with trio.CancelScope() as slot:
+                    # request_stop cancels only slots still waiting for an item
+                    self._waiting.add(slot)
+                    try:
+                        async with queue.take() as item:
+                            self._waiting.discard(slot)
+                            # an exception leaving this block hands the item back
+                            await self._handle_item(session, queue, item, marker)
+                        # the running/ marker outlives the ack or release, so an observer
+                        # that sees no marker and an empty queue knows all is done
+                    finally:
+                        self._waiting.discard(slot)
+                        await self._clear_running(session, marker)
+                if slot.cancelled_caught:  # only ever cancelled while waiting
+                    return
+                trouble = 0
+            except _HandedBack:
+                trouble = 0  # the handler failed: logged, backed off, item handed back
+            except errors.FrameworkError as exc:
+                trouble += 1
+                log.warning("task.released", worker=self.worker.name, error=str(exc), retry=trouble)
+            except Exception:
+                trouble += 1
+                log.exception("worker.slot_error", worker=self.worker.name, retry=trouble)
+
+    async def _mark_running(self, session: Session, running: str, task: Task,
+                            item: QueueItem, marker: list[_Marker]) -> None:
+        """Create this delivery's ``running/<task id>`` marker; on return ``marker`` holds
+        it.  The marker is also the task id's mutual exclusion: another live delivery of the
+        same id (a resubmission, an at-least-once put) waits here until that one's marker is
+        gone, without failing or using up a delivery.  A lost reply is recovered by the
+        delivery token in the marker's data (our own marker is adopted); the marker of an
+        earlier delivery of this same item is stale (that delivery lost its claim, its
+        handler is stuck) and is taken over."""
+        mine = self._new_marker(running, task, item)
+        try:
+            while True:
+                try:
+                    await session.create(running, mine.encode(), ephemeral=True)
+                    marker.append(mine)
+                    return
+                except (errors.ConnectionLossError, errors.NodeExistsError):
+                    pass  # ours, applied with its reply lost, or another delivery's
+                owner = await _marker_owner(session, running)
+                if owner is None:
+                    continue
+                delivery, owner_session, version = owner
+                if (delivery, owner_session) == (mine.delivery,
+                                                 await session.wait_connected()):
+                    mine.version = version
+                    marker.append(mine)
+                    return
+                if _earlier_delivery_of(delivery, item):
+                    log.warning("task.stale_marker_taken_over", task=task.id,
+                                worker=self.worker.name, other=delivery)
+                    try:
+                        await session.delete(running, version=version)
+                    except (errors.BadVersionError, errors.NoNodeError):
+                        pass
+                    continue
+                log.info("task.same_id_running", task=task.id, worker=self.worker.name,
+                         other=delivery)
+                await wait_gone(session, running)
+        except BaseException:
+            # interrupted while our create may have been applied: never leave an orphan
+            # marker behind, it would hold up every later delivery of this task id
+            with cleanup_scope(session):
+                try:
+                    owner = await _marker_owner(session, running)
+                    if owner is not None and owner[0] == mine.delivery:
+                        await session.delete(running, version=owner[2])
+                except errors.ZooKeeperError:
+                    pass  # the session ended (so did its ephemeral marker), or not ours
+            raise
+
+    async def _clear_running(self, session: Session, marker: list[_Marker]) -> None:
+        """Delete our marker, and only ours: the node is read first and deleted at the
+        version read only if it carries our delivery token (a later delivery that took
+        over a stale marker of ours creates its own, also at version 0: a delete by
+        version alone would remove it).  Only failure paths get here: a successful task's
+        marker goes in its acknowledging transaction."""
+        if marker:
+            mine = marker[0]
+            self._markers.pop(mine.path, None)
+            if mine.finisher is not None and mine.finisher.applied:
+                return  # deleted with the acknowledgement
+            with cleanup_scope(session):
+                try:
+                    owner = await _marker_owner(session, mine.path)
+                    if owner is not None and owner[0] == mine.delivery:
+                        await session.delete(mine.path, version=owner[2])
+                except errors.ZooKeeperError:
+                    pass  # not ours any more, or the session (and the marker) ended
+
+    def _claim_extras(self, item: QueueItem) -> ClaimExtras | None:
+        """What a task's claim commits with it: the delivery's ``running/`` marker, and
+        a probe that the task has no result record (created and deleted again in the same
+        transaction: refused if one exists).  Refused (another delivery of the same id
+        runs, an earlier one's marker is left, a record exists), the task is claimed
+        alone and :meth:`_handle_item` takes the slow path (marker, then record read)."""
+        try:
+            task = Task.decode(item.data, item.attempts)
+            running = f"{self.worker.app.running}/{task.id}"
+            record = self.worker.app.result_path(task.key)
+            validate_path(running)
+            validate_path(record)
+        except Exception:
+            return None  # a malformed task: the slow path fails it where failures count
+        mine = self._new_marker(running, task, item)
+
+        def build(txn: Any) -> None:
+            txn.create(running, mine.encode(), ephemeral=True)
+            txn.create(record, b"").delete(record)
+
+        def undo(txn: Any) -> None:
+            txn.delete(running, version=0)
+
+        return ClaimExtras(build, undo, (task, mine))
+
+    def _new_marker(self, running: str, task: Task, item: QueueItem) -> _Marker:
+        return _Marker(running, f"{self.worker.name}/{item.name}/{item.attempts}",
+                       {"worker": self.worker.name, "started": time.time(),
+                        "attempt": task.attempts})
+
+    async def _handle_item(self, session: Session, queue: WorkQueue, item: QueueItem,
+                           marker: list[_Marker]) -> None:
+        """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
+        previous_version: int | None = None  # the result record's version, if one exists
+        if item.extras is not None:
+            # claimed with its marker, and no result record existed then
+            task, mine = item.extras.payload
+            marker.append(mine)
+            running = mine.path
+        else:
+            task = Task.decode(item.data, item.attempts)
+            running = f"{self.worker.app.running}/{task.id}"
+        limit = task.time_limit or self.worker.time_limit
+        if limit:
+            # past its limit (and the retry backoff) a handler that did not stop is stuck:
+            # stop renewing the claim's lease, so the task goes to another worker
+            queue.renew_for(item, limit + self.worker.backoff_max + 1.0)
+        if item.extras is None:
+            await self._mark_running(session, running, task, item, marker)
+        self._markers[running] = marker[0]
+        record = self.worker.app.result_path(task.key)
+        if item.extras is None:
+            try:
+                data, stat = await session.get(record)
+                previous = TaskResult.decode(data)
+                if previous.ok:
+                    log.info("task.duplicate_skipped", task=task.id, key=task.key,
+                             done_by=previous.worker)
+                    return
+                previous_version = stat.version
+            except errors.NoNodeError:
+                pass
+        self._in_flight += 1
+        self.worker.status_changed()
+        metrics.task_started(self.worker.app.name)
+        started = time.time()
+        try:
+            value = await self._call_within(task, limit)
+        except Exception as exc:
+            await self._failed(session, task, exc, started)
+            # leaving take() with an error hands the item back (or buries it for good)
+            handed_back = _GivenUp() if isinstance(exc, errors.PermanentFailure) else _HandedBack()
+            raise handed_back from exc
+        finally:
+            self._in_flight -= 1
+            self.worker.status_changed()
+            metrics.task_ended(self.worker.app.name)
+        result = TaskResult(task.id, True, self.worker.name, task.attempts, value,
+                            started_at=started, key=task.key)
+        try:
+            encoded = result.encode()
+        except errors.PermanentFailure as exc:
+            await self._failed(session, task, exc, started)
+            raise _GivenUp() from None
+        # the result is written in the transaction that acknowledges the item (and deletes
+        # our marker), combined with the other slots' acks; if the server refuses the
+        # record's part (a record written meanwhile), it is written alone before the ack
+        mine = marker[0]
+
+        def build(txn: Any) -> None:
+            if previous_version is None:
+                txn.create(record, encoded)
+            else:
+                txn.set(record, encoded, version=previous_version)
+            txn.delete(mine.path, version=mine.version)
+
+        async def fallback() -> None:
+            await _put(session, record, encoded)
+
+        finisher = Finisher(build, fallback)
+        queue.finish_with(item, finisher)
+        mine.finisher = finisher
+        self.tasks_done += 1
+        metrics.task_finished(self.worker.app.name, True, time.time() - started)
+        log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
+                 seconds=round(time.time() - started, 3))
+
+    async def _call_within(self, task: Task, limit: float | None) -> Any:
+        """``handle(task)`` within ``limit`` seconds, or :class:`trio.TooSlowError`.
+
+        A handler that did not stop at its limit (an ``async def`` blocked in a thread it
+        does not abandon, or one that swallowed the cancellation) fails all the same once it
+        returns: its result is never recorded as a success."""
+        call = ThreadCall()
+        if not limit:
+            return await self._call_handler(task, call)
+        deadline = trio.current_time() + limit
+        ends_by = time.monotonic() + limit
+        with trio.CancelScope(deadline=deadline) as limited:
+            value = await self._call_handler(task, call)
+        if call.returned_at is not None and call.returned_at <= ends_by:
+            # a thread that returned in time, picked up late (a busy event loop)
+            if call.error is not None:
+                raise call.error
+            return call.value
+        if limited.cancelled_caught:
+            raise trio.TooSlowError
+        ended = time.monotonic() if call.returned_at is None else call.returned_at
+        overran = ended - ends_by
+        if overran > 0:
+            log.warning("task.time_limit_ignored", task=task.id, worker=self.worker.name,
+                        limit=limit, overran=round(overran, 3))
+            raise trio.TooSlowError
+        return value
+
+    async def _call_handler(self, task: Task, call: ThreadCall) -> Any:
+        """``handle(task)``: awaited, or a plain ``def`` run in the thread or process pool
+        (a thread records in ``call`` when it returned, and what)."""
+        if not self.worker.handle_blocks:
+            return await self.worker.handle(task)
+        if self._processes is not None:
+            worker = self.worker
+            fields = {"app": worker.app, "name": worker.name, "address": worker.address,
+                      "config": worker.config}
+            # cancelled (time limit, drain timeout): the process is killed
+            return await self._processes.run_sync(handle_in_process, type(self.worker), fields,
+                                                  task, kill_on_cancel=True,
+                                                  limiter=self._pool_limiter)
+
+        def run() -> Any:
+            try:
+                call.value = returned(type(self.worker), self.worker.handle(task))
+                return call.value
+            except BaseException as exc:
+                call.error = exc
+                raise
+            finally:
+                with self._threads_lock:
+                    call.finished = True
+                    call.returned_at = time.monotonic()
+                    if call.abandoned:
+                        self._stuck_threads -= 1
+
+        try:
+            return await trio.to_thread.run_sync(run, abandon_on_cancel=True,
+                                                 limiter=self._pool_limiter)
+        except trio.Cancelled:
+            # a thread cannot be killed: it runs on, its result will be dropped
+            with self._threads_lock:
+                if not call.finished:
+                    call.abandoned = True
+                    self._stuck_threads += 1
+            if call.abandoned:
+                log.warning("task.thread_abandoned", task=task.id, worker=self.worker.name,
+                            stuck_threads=self._stuck_threads)
+            raise
+
+    async def _failed(self, session: Session, task: Task, exc: Exception,
+                      started: float) -> None:
+        ended = time.time()  # the record's time: not counting the traceback's formatting
+        self.tasks_failed += 1
+        if isinstance(exc, trio.TooSlowError):
+            error = "time limit exceeded"
+        elif isinstance(exc, errors.PermanentFailure):
+            error = str(exc)
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        if len(error) > MAX_ERROR_CHARS:
+            error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
+        final = (task.attempts >= self.worker.max_attempts
+                 or isinstance(exc, errors.PermanentFailure))
+        metrics.task_finished(self.worker.app.name, False, time.time() - started, final=final)
+        trace = "".join(traceback.format_exception(exc))
+        if len(trace) > MAX_TRACEBACK_CHARS:
+            trace = f"... ({len(trace):,} characters)\n" + trace[-MAX_TRACEBACK_CHARS:]
+        log.warning("task.failed", task=task.id, key=task.key, worker=self.worker.name, error=error,
+                    attempt=task.attempts, final=final, exc_info=exc)
+        result = TaskResult(task.id, False, self.worker.name, task.attempts, None, error,
+                            started_at=started, finished_at=ended, key=task.key,
+                            traceback=trace)
+        with cleanup_scope(session):
+            try:
+                node = await session.create(f"{self.worker.app.failures}/f-", result.encode(),
+                                            sequence=True)
+                old = int(node[-10:]) - FAILURE_RING
+                if old >= 0:
+                    await session.delete(f"{self.worker.app.failures}/f-{old:010d}",
+                                         missing_ok=True)
+                if final:
+                    await _put(session, self.worker.app.result_path(task.key), result.encode())
+            except errors.ZooKeeperError:
+                pass
+        if not final:
+            # hold the claim for a while so the retry is delayed (exponential backoff)
+            await self.worker.backoff.sleep(task.attempts)
+
+    @asynccontextmanager
+    async def _handler_pool(self) -> AsyncIterator[None]:
+        """The pool a plain-def ``handle`` runs in, for as long as the worker runs.  Its
+        limiter is unbounded: the slots bound the calls, and an abandoned thread keeps its
+        token until it returns."""
+        self._pool_limiter = trio.CapacityLimiter(math.inf)
+        if not (self.worker.handle_blocks and self.worker.handler_pool == "process"):
+            yield
+            return
+        import trio_parallel  # only a process pool needs it
+
+        async with trio_parallel.open_worker_context(grace_period=1.0) as context:
+            self._processes = context
+            try:
+                yield
+            finally:
+                self._processes = None
+
+    async def _drain_deadline(self, slots: trio.CancelScope) -> None:
+        await self.worker.stop_requested.wait()
+        await trio.sleep(self.worker.drain_timeout)
+        log.warning("worker.drain_timeout", worker=self.worker.name, in_flight=self._in_flight)
+        slots.cancel()
+
+    async def report_progress(self, task: Task, done: float, total: float | None = None,
+                              message: str = "") -> None:
+        """Publish progress of a running task (shown by ``framework status``)."""
+        assert self.worker.session is not None
+        marker = self._markers.get(f"{self.worker.app.running}/{task.id}")
+        if marker is None:
+            raise errors.ConfigurationError(
+                f"report_progress() for task {task.id!r}, which this worker is not running"
+            )
+        progress = {"done": done, "total": total, "message": message, "at": time.time()}
+        try:
+            stat = await self.worker.session.set(marker.path, marker.encode(progress),
+                                          version=marker.version)
+        except (errors.BadVersionError, errors.NoNodeError):
+            return  # the marker is no longer ours: this delivery lost its claim
+        marker.version = stat.version
+
+
+@attrs.define
+class _Marker:
+    """This worker's ``running/<task id>`` node: its delivery token
+    (``worker/item name/attempt``) and the version we last wrote."""
+
+    path: str
+    delivery: str
+    doc: dict[str, Any]
+    version: int = 0
+    finisher: Finisher | None = None  # when set and applied, the ack deleted the marker
+
+    def encode(self, progress: dict[str, Any] | None = None) -> bytes:
+        return json.dumps({**self.doc, **(progress or {}), "delivery": self.delivery}).encode()
+
+
+def _earlier_delivery_of(delivery: str, item: QueueItem) -> bool:
+    """Whether ``delivery`` (a marker's token) is an earlier delivery of ``item``: that
+    delivery's claim has ended, since ours holds the item now."""
+    head, _, attempt = delivery.rpartition("/")
+    _worker, _, name = head.partition("/")
+    return name == item.name and attempt.isdigit() and int(attempt) < item.attempts
+
+
+async def _marker_owner(session: Session, path: str) -> tuple[str, int, int] | None:
+    """The delivery token, owning session and version of a ``running/`` marker (``None``:
+    there is none)."""
+    while True:
+        try:
+            await session.sync(path)
+            data, stat = await session.get(path)
+        except errors.NoNodeError:
+            return None
+        except errors.ConnectionLossError:
+            await session.wait_connected()
+            continue
+        try:
+            delivery = str(json.loads(data).get("delivery", ""))
+        except (ValueError, AttributeError):
+            delivery = ""
+        return delivery, stat.ephemeralOwner, stat.version
+
+
+async def _put(session: Session, path: str, data: bytes) -> None:
+    """Create or overwrite a persistent record."""
+    try:
+        await session.create(path, data, makepath=True)
+    except errors.NodeExistsError:
+        await session.set(path, data)
