@@ -267,8 +267,11 @@ class _Crawl:
     async def start_masters(self, session: Session) -> None:
         """master-1, and once it leads the standbys (so master-1 is the first leader)."""
         await self.start_role("PartitionMaster", "master-1")
-        with trio.fail_after(60):
+        with trio.move_on_after(60):
             await self.leading.wait()
+        if not self.leading.is_set():
+            raise FrameworkError("master-1 was not elected within 60s:\n"
+                                 + self.children["master-1"].log()[-2000:])
         for n in range(2, self.options.masters + 1):
             await self.start_role("PartitionMaster", f"master-{n}")
         if self.options.masters > 1:
@@ -314,6 +317,7 @@ class _Crawl:
 
     async def follow_fetchers(self, session: Session) -> None:
         """Pages per fetcher from their status nodes (a watch); the kills when due."""
+        await session.ensure_path(self.app.workers)
         async for members in Group(session, self.app.workers).watch():
             self.live = len(members)
             for name, data in members.items():
