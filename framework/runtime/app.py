@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import socket
 
 import attrs
 
@@ -36,6 +38,21 @@ from framework.zk.paths import validate_name
 def check_name(kind: str, value: str) -> str:
     """Names become znode names: letters, digits, ``_.-``; a clear error otherwise."""
     return validate_name(kind, value)
+
+
+def app_of(app: App | str | None, default: str | None, owner: type) -> App:
+    """The :class:`App` a master or service of class ``owner`` works for: ``app``, else
+    the class's ``app_name`` (``default``), else a one-line error."""
+    app = app if app is not None else default
+    if app is None:
+        raise errors.ConfigurationError(
+            f"{owner.__name__} needs an application: set app_name or pass --app")
+    return app if isinstance(app, App) else App(app)
+
+
+def process_name(kind: str, name: str | None) -> str:
+    """A process's name in its group: ``name``, else ``<host>-<pid>`` (checked)."""
+    return check_name(f"{kind} name", name or f"{socket.gethostname()}-{os.getpid()}")
 
 
 @attrs.frozen

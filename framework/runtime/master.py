@@ -35,7 +35,7 @@ from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
-from framework.runtime.app import App, check_name, ensure_layout
+from framework.runtime.app import App, app_of, check_name, ensure_layout, process_name
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
@@ -285,13 +285,8 @@ class Master:
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
-        app = app if app is not None else self.app_name
-        if app is None:
-            raise errors.ConfigurationError(
-                f"{type(self).__name__} needs an application: set app_name or pass --app"
-            )
-        self.app = app if isinstance(app, App) else App(app)
-        self.name = check_name("master name", name or f"{socket.gethostname()}-{os.getpid()}")
+        self.app = app_of(app, self.app_name, type(self))
+        self.name = process_name("master", name)
         self.address = address
         self.retention_limits = limits_of(self)  # checked now, not at the first pass
         if self.retention_interval is not None and not self.retention_interval > 0:

@@ -32,7 +32,7 @@ import trio
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
-from framework.runtime.app import App, check_name, ensure_layout
+from framework.runtime.app import App, app_of, ensure_layout, process_name
 from framework.runtime.cancel import wait_cancelled
 from framework.zk import Session, cleanup_scope
 from framework.zk.scopes import single_body_error
@@ -81,13 +81,8 @@ class Service:
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
-        app = app if app is not None else self.app_name
-        if app is None:
-            raise errors.ConfigurationError(
-                f"{type(self).__name__} needs an application: set app_name or pass --app"
-            )
-        self.app = app if isinstance(app, App) else App(app)
-        self.name = check_name("worker name", name or f"{socket.gethostname()}-{os.getpid()}")
+        self.app = app_of(app, self.app_name, type(self))
+        self.name = process_name("worker", name)
         self.address = address
         self.config: Any = None
         self.session: Session | None = None
