@@ -9,7 +9,14 @@ from typing import Any
 import trio
 
 from framework import PermanentFailure, Session
-from framework.runtime import App, Master, MasterContext, ReplicatedPlacement, Worker
+from framework.runtime import (
+    App,
+    Master,
+    MasterContext,
+    Readiness,
+    ReplicatedPlacement,
+    Worker,
+)
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone, watch_children, watch_data
 
@@ -305,4 +312,57 @@ async def test_a_move_completes_only_once_the_new_replica_is_confirmed(
                 await session.set(path, data, version=0)
             await wait_plan(session, app, lambda p, s: all(
                 p[x] == ["w2"] and s[x] == {"w2"} for x in moving))
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_application_ready_rule_and_new_shard_hook(
+        zk_hosts: str, chroot: str, session: Session) -> None:
+    """A pluggable ready rule (the broker's kind: readiness from the application's own
+    znode, ``ok/<shard>``, not from the deployment records): R=1, moves w1 -> w2 start, w2
+    serves and confirms, yet w1 is dropped only once the rule's znode names w2 - whose
+    watch (``wake_on``) wakes the leader.  ``on_new_shard`` created ``ok/<shard>`` in the
+    multi that created the shard."""
+    app = App("rep5")
+    ok = f"{app.base}/ok"
+
+    async def ready(placement: ReplicatedPlacement, shard: str, planned: Any,
+                    candidates: Any) -> Readiness | None:
+        path = f"{ok}/{shard}"
+        data, stat = await placement.ctx.session.get(path, watch=placement.wake_on(path))
+        return Readiness(frozenset(json.loads(data)), checks=((path, stat.version),))
+
+    class Own(Master):
+        stable_for = 0.2
+
+        async def lead(self, ctx: MasterContext) -> None:
+            await ctx.session.ensure_path(ok)
+            placement = ReplicatedPlacement(
+                ctx, node_grace=GRACE, stable_for=self.stable_for, ready=ready,
+                on_new_shard=lambda txn, shard, ws: txn.create(f"{ok}/{shard}", b"[]"))
+            placement.set_shards(SHARDS, 1)
+            await placement.run()
+
+    sessions: dict[str, Session] = {}
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_with_session, zk_hosts, chroot, Replica(app, name="w1"),
+                                trio.CancelScope(), sessions)
+            await nursery.start(run_with_session, zk_hosts, chroot, Own(app, name="m1"),
+                                trio.CancelScope(), sessions)
+            await wait_plan(session, app, lambda p, s: all(p[x] == ["w1"] for x in SHARDS))
+            assert sorted(await session.children(ok)) == sorted(SHARDS)
+            await nursery.start(run_with_session, zk_hosts, chroot, Replica(app, name="w2"),
+                                trio.CancelScope(), sessions)
+            plan = await wait_plan(session, app, lambda p, s: sum(
+                p[x] == ["w1", "w2"] and s[x] == {"w1", "w2"} for x in SHARDS) == 2)
+            moving = [x for x in SHARDS if plan[x] == ["w1", "w2"]]
+            for shard in moving:  # w2's records confirmed: still the rule's word only
+                async for snap in watch_data(session, f"{app.deployed_dir(shard)}/w2"):
+                    if snap.stat is not None and snap.stat.version >= 1:
+                        break
+            now = await read_plan(session, app)
+            assert all(now[x] == ["w1", "w2"] for x in moving)
+            for shard in moving:
+                await session.set(f"{ok}/{shard}", json.dumps(["w1", "w2"]).encode())
+            await wait_plan(session, app, lambda p, s: all(p[x] == ["w2"] for x in moving))
             nursery.cancel_scope.cancel()

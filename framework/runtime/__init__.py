@@ -4,7 +4,13 @@ from framework.runtime.app import App
 from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
-from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
+from framework.runtime.replicated import (
+    PlacementRules,
+    Readiness,
+    ReplicatedPlacement,
+    commit_fenced,
+    confirmed_records,
+)
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.status import (
     AppStatus,
@@ -26,6 +32,8 @@ __all__ = [
     "DeadLetter",
     "Master",
     "MasterContext",
+    "PlacementRules",
+    "Readiness",
     "ReplicatedPlacement",
     "Task",
     "TaskResult",
@@ -35,6 +43,7 @@ __all__ = [
     "list_apps",
     "load_class",
     "commit_fenced",
+    "confirmed_records",
     "new_task",
     "plan_assignment",
     "plan_replicas",

@@ -8,6 +8,7 @@ number of serving replicas (``MasterContext.run_replicated``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 
 def plan_assignment(
@@ -55,84 +56,157 @@ def plan_replicas(
     *,
     excluded: Mapping[str, set[str]] | None = None,
     max_moves: int = 2,
+    keep: Mapping[str, AbstractSet[str]] | None = None,
+    retiring: AbstractSet[str] = frozenset(),
+    avoid: AbstractSet[str] = frozenset(),
+    replace: Mapping[str, AbstractSet[str]] | None = None,
+    moves: bool = True,
+    keep_targets: bool = False,
 ) -> Plan:
     """Replicated placement: the next plan (shard -> workers) from the current one.
 
-    ``live`` are the workers that may hold replicas, ``serving[shard]`` the workers that
-    say they serve it (their deployment records), ``replication`` the number of replicas R
-    (one for all shards, or one per shard), ``excluded[shard]`` workers never to choose for
-    it (they refused it).  Every master computes the same plan from the same inputs (ties
-    break by name).  Guarantees, for every output (a hypothesis property test checks them):
+    ``live`` are the workers that may hold replicas, ``serving[shard]`` the workers whose
+    replica counts as *ready* (a confirmed deployment record by default; the application's
+    own rule otherwise, see :class:`~framework.runtime.replicated.ReplicatedPlacement`),
+    ``replication`` the number of replicas R (one for all shards, or one per shard),
+    ``excluded[shard]`` workers never to choose for it (they refused it).  Every master
+    computes the same plan from the same inputs (ties break by name).  Guarantees, for every
+    output (a hypothesis property test checks them):
 
     * the replicas of a shard are distinct live workers, none excluded for it;
     * a shard has ``min(R, eligible workers)`` replicas or more: missing ones are added at
       once, on the least loaded workers;
     * never more than ``R + 1``: a move first *adds* the new replica (R+1), and drops the
-      old one in a later step, once every replica of the shard serves, so a move never
-      lowers the number of serving replicas;
+      old one in a later step, once every replica of the shard is ready, so a move never
+      lowers the number of ready replicas;
     * gradual rebalancing: at most ``max_moves`` moves in flight, started only while
       worker loads differ by more than one; a stable live set converges to R replicas per
       shard with loads within one.
+
+    Optional rules (all empty by default, which is the plain algorithm above):
+
+    * ``keep[shard]``: workers never dropped from the shard: a live one is never chosen to
+      leave, nor moved by a rebalance; one that is not live stays planned (it may hold what
+      nobody else holds), and a shard with such a replica starts no rebalancing move;
+    * ``retiring``: workers on their way out: they keep the replicas they have until they
+      leave ``live``, get no new one, and are never chosen to leave; their replicas are
+      not counted when deciding that a shard has more than R;
+    * ``avoid``: workers that get a new replica only when no other worker can take a
+      missing one (no replacement, no rebalancing move goes to them);
+    * ``replace[shard]``: replicas to replace now: a shard with R replicas, one of them
+      listed, gets an extra one at once (make before break, whatever ``moves`` says), and
+      a listed replica is the first to leave - it need not be ready itself, every other
+      replica must be;
+    * ``moves=False``: no rebalancing move starts and no replica leaves a shard with R+1
+      (moves hold where they are; missing replicas are still added);
+    * ``keep_targets``: the newest replica of a shard with R+1 (the one a move added, last
+      in the plan) is never the one dropped to finish it, unless listed in ``replace``
+      (by default the most loaded replica leaves, which after other drops may be the
+      newest).
     """
     excluded = excluded or {}
+    keep = keep or {}
+    replace = replace or {}
     nodes = sorted(set(live))
     alive = set(nodes)
+    choosable = [n for n in nodes if n not in retiring]
     plan: Plan = {}
     want: dict[str, int] = {}
     for shard in sorted(set(shards)):
         want[shard] = replication if isinstance(replication, int) else replication[shard]
         bad = excluded.get(shard, set())
-        plan[shard] = [n for n in dict.fromkeys(current.get(shard, ())) if n in alive
-                       and n not in bad]
+        kept = keep.get(shard, frozenset())
+        plan[shard] = [n for n in dict.fromkeys(current.get(shard, ()))
+                       if (n in alive or n in kept) and n not in bad]
     load = {n: 0 for n in nodes}
     for replicas in plan.values():
         for n in replicas:
-            load[n] += 1
+            if n in load:
+                load[n] += 1
 
     def least_loaded(candidates: list[str]) -> str:
         return min(candidates, key=lambda n: (load[n], n))
 
-    # 1. finish moves: R+1 replicas and all of them serving -> drop the most loaded one
+    def counted(replicas: list[str]) -> int:
+        return sum(1 for n in replicas if n not in retiring)
+
+    def droppable(shard: str, replicas: list[str]) -> list[str]:
+        kept = keep.get(shard, frozenset())
+        leaving = replace.get(shard, frozenset())
+        return [n for i, n in enumerate(replicas) if n not in kept and n not in retiring
+                and not (keep_targets and i == len(replicas) - 1 and n not in leaving)]
+
+    # 1. finish moves: R+1 replicas, every staying one ready -> drop the most loaded one
     for shard, replicas in plan.items():
-        while len(replicas) > want[shard]:
-            up = serving.get(shard, set())
-            if not all(n in up for n in replicas):
+        up = serving.get(shard, set())
+        leaving = replace.get(shard, frozenset())
+        while moves and counted(replicas) > want[shard]:
+            choices = droppable(shard, replicas)
+            if not choices:
                 break
-            victim = max(replicas, key=lambda n: (load[n], n))
+            victim = max(choices, key=lambda n: (n in leaving, load.get(n, 0), n))
+            if not all(n in up for n in replicas if n != victim) or (
+                    victim not in up and victim not in leaving):
+                break
             replicas.remove(victim)
-            load[victim] -= 1
-        while len(replicas) > want[shard] + 1:  # never more than R+1 (R was lowered)
-            victim = max(replicas, key=lambda n: (n not in serving.get(shard, set()),
-                                                  load[n], n))
+            if victim in load:
+                load[victim] -= 1
+        while counted(replicas) > want[shard] + 1:  # never more than R+1 (R was lowered)
+            choices = droppable(shard, replicas)
+            if not choices:
+                break
+            victim = max(choices, key=lambda n: (n not in up, load.get(n, 0), n))
             replicas.remove(victim)
-            load[victim] -= 1
+            if victim in load:
+                load[victim] -= 1
 
     # 2. fill: every shard gets min(R, eligible nodes) replicas, on the least loaded nodes
     for shard, replicas in plan.items():
         bad = excluded.get(shard, set())
         while len(replicas) < want[shard]:
-            candidates = [n for n in nodes if n not in replicas and n not in bad]
+            candidates = [n for n in choosable if n not in replicas and n not in bad]
             if not candidates:
                 break
+            target = min(candidates, key=lambda n: (n in avoid, load[n], n))
+            replicas.append(target)
+            load[target] += 1
+
+    # 2b. replace: a shard with R replicas, one of them to be replaced, gets one more now
+    for shard, replicas in plan.items():
+        leaving = replace.get(shard, frozenset())
+        if counted(replicas) != want[shard] or not leaving & set(replicas):
+            continue
+        bad = excluded.get(shard, set())
+        candidates = [n for n in choosable if n not in replicas and n not in bad
+                      and n not in avoid]
+        if candidates:
             target = least_loaded(candidates)
             replicas.append(target)
             load[target] += 1
 
     # 3. rebalance gradually: start at most max_moves moves from the heaviest to the lightest
-    moving = sum(1 for s, r in plan.items() if len(r) > want[s])
-    while moving < max_moves and nodes:
-        heavy = max(nodes, key=lambda n: (load[n], n))
-        light = min(nodes, key=lambda n: (load[n], n))
-        if load[heavy] - load[light] <= 1:
-            break
-        choice = None
-        for shard in sorted(plan):
-            replicas = plan[shard]
-            if (heavy in replicas and light not in replicas and len(replicas) == want[shard]
-                    and light not in excluded.get(shard, set())):
-                choice = shard
+    moving = sum(1 for s, r in plan.items() if counted(r) > want[s])
+    targets = [n for n in choosable if n not in avoid]
+    while moves and moving < max_moves and targets:
+        light = min(targets, key=lambda n: (load[n], n))
+        choice = heavy = None
+        # the most loaded worker that has a replica it may give (one kept there, say a
+        # primary, stays): the next one down if it has none
+        for worker in sorted(choosable, key=lambda n: (-load[n], n)):
+            if load[worker] - load[light] <= 1:
                 break
-        if choice is None:
+            for shard in sorted(plan):
+                replicas = plan[shard]
+                if (worker in replicas and light not in replicas
+                        and len(replicas) == want[shard]
+                        and light not in excluded.get(shard, set())
+                        and worker not in keep.get(shard, frozenset())
+                        and all(n in alive for n in replicas)):
+                    choice, heavy = shard, worker
+                    break
+            if choice is not None:
+                break
+        if choice is None or heavy is None:
             break
         plan[choice].append(light)  # the old replica goes once this one serves (step 1)
         load[light] += 1

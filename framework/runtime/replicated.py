@@ -19,15 +19,30 @@ only timer); at start the leader waits ``stable_for`` seconds and resumes from Z
 A shard no longer wanted gets an empty plan; once nobody serves it, its znodes go (one more
 fenced multi).  Workers never create the parents of their records, so a record written late
 cannot bring back a removed shard.
+
+Pluggable pieces, all optional (the defaults are Katta's model):
+
+* the *ready* rule (``ready=``): which replicas of a shard count as ready, so that another
+  may leave.  It is asked, at each step, about every shard where a replica may be dropped
+  (more planned live replicas than R, or a planned replica no longer live); the default,
+  :func:`confirmed_records`, reads the deployment records of a shard in a move and counts
+  the confirmed ones.  A rule also says which replicas must stay (:attr:`Readiness.keep`)
+  and what the dropping multi must ``check`` (:attr:`Readiness.checks`), so a readiness
+  that changed since it was read refuses the drop on the server;
+* :class:`PlacementRules` (``set_rules``): workers retiring, to avoid, replicas to replace
+  now, replicas never moved, whether moves may start or finish;
+* ``on_new_shard``: operations added to the multi that creates a shard's znodes.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
+import attrs
 import trio
 
 from framework import errors
@@ -65,15 +80,94 @@ STEP_RETRY = Backoff(0.1, 2.0)
 StepHook = Callable[["ReplicatedPlacement"], Awaitable[None]]
 
 
+@attrs.frozen
+class Readiness:
+    """What a ready rule says of one shard at one step.
+
+    ``ready``: the planned replicas that count as ready (a replica may leave a shard only
+    while every replica that stays is ready).  ``keep``: replicas never dropped now - a
+    live one is never the one to leave, one that is not live stays planned.  ``records``:
+    worker -> (path, version) read now, checked in the multi that drops a live replica, for
+    each worker that stays; ``checks``: (path, version) pairs checked in any multi that
+    drops a replica of the shard.  A version that changed meanwhile fails the multi: the
+    step is retried from a fresh read."""
+
+    ready: frozenset[str] = frozenset()
+    keep: frozenset[str] = frozenset()
+    records: Mapping[str, tuple[str, int]] = attrs.field(factory=dict)
+    checks: tuple[tuple[str, int], ...] = ()
+
+
+#: The ready rule: ``(placement, shard, planned, candidates)`` -> the shard's readiness, or
+#: ``None`` (no opinion: the deployment records as watched count, nothing kept or checked).
+#: ``candidates`` are the workers that may hold replicas now (live, or lost in grace).  Asked
+#: only while the loop runs, after every change; it may arm watches with
+#: :meth:`ReplicatedPlacement.wake_on` so that a change of what it read wakes the loop.
+ReadyRule = Callable[["ReplicatedPlacement", str, Sequence[str], AbstractSet[str]],
+                     Awaitable["Readiness | None"]]
+
+#: Adds operations to the multi that creates a shard: ``(txn, shard, planned workers)``.
+NewShardHook = Callable[[Any, str, list[str]], None]
+
+
+@attrs.frozen
+class PlacementRules:
+    """Constraints an application puts on the placement (see
+    :func:`~framework.runtime.assignment.plan_replicas` for their exact meaning).
+
+    ``retiring``: workers on their way out - they keep their replicas until they leave the
+    group, get no new one and are never the one dropped.  ``avoid``: workers that get a new
+    replica only when nobody else can take a missing one.  ``replace``: shard -> replicas to
+    replace now (an extra replica at once; they leave first, once the others are ready).
+    ``protected``: shard -> replicas never chosen to leave nor moved.  ``moves``: whether
+    rebalancing moves start and moves finish (False: they hold where they are).
+    ``keep_targets``: a move's new replica is never the one dropped to finish it."""
+
+    retiring: frozenset[str] = frozenset()
+    avoid: frozenset[str] = frozenset()
+    replace: Mapping[str, frozenset[str]] = attrs.field(factory=dict)
+    protected: Mapping[str, frozenset[str]] = attrs.field(factory=dict)
+    moves: bool = True
+    keep_targets: bool = False
+
+
+async def confirmed_records(placement: ReplicatedPlacement, shard: str,
+                            planned: Sequence[str], candidates: AbstractSet[str]
+                            ) -> Readiness | None:
+    """The default ready rule: for a shard with more planned live replicas than its R (a
+    drop is possible), the workers whose deployment record is confirmed (version 1 or more,
+    see ``Worker.ready``), each record's version read now (checked in the multi).  An
+    unconfirmed record gets a watch, so its confirmation (or end) wakes the loop."""
+    live = [w for w in planned if w in candidates]
+    if len(live) <= placement.replication_of(shard):
+        return None
+    session = placement.ctx.session
+    ready: set[str] = set()
+    records: dict[str, tuple[str, int]] = {}
+    for worker in live:
+        if worker not in placement.serving.get(shard, set()):
+            continue
+        path = f"{placement.ctx.app.deployed_dir(shard)}/{worker}"
+        stat = await session.exists(path, watch=placement.wake_on(path))
+        if stat is not None and stat.version >= 1:
+            records[worker] = (path, stat.version)
+            ready.add(worker)
+    return Readiness(frozenset(ready), records=records)
+
+
 class ReplicatedPlacement:
     """The leader's replicated placement loop (see the module docstring).
 
     Readable view, kept by watches: :attr:`live` (workers in the group, not stopped),
     :attr:`plan` (shard -> workers), :attr:`serving` (shard -> workers with a deployment
-    record), :attr:`refused` (shard -> workers), :attr:`known` (shards with znodes)."""
+    record), :attr:`refused` (shard -> workers), :attr:`known` (shards with znodes).
+
+    ``ready`` is the ready rule (default :func:`confirmed_records`), ``on_new_shard`` adds
+    operations to the multi that creates a shard (module docstring)."""
 
     def __init__(self, ctx: LeaderContext, *, node_grace: float, stable_for: float,
-                 max_moves: int = 2) -> None:
+                 max_moves: int = 2, ready: ReadyRule | None = None,
+                 on_new_shard: NewShardHook | None = None) -> None:
         if not 0 <= node_grace < math.inf:
             raise errors.ConfigurationError(f"node_grace must be finite seconds >= 0, "
                                             f"not {node_grace!r}")
@@ -83,6 +177,9 @@ class ReplicatedPlacement:
         self.node_grace = node_grace
         self.max_moves = max_moves
         self.stable_for = stable_for
+        self.ready_rule: ReadyRule = ready or confirmed_records
+        self.on_new_shard = on_new_shard
+        self.rules = PlacementRules()
         self.live: set[str] = set()
         self.plan: dict[str, list[str]] = {}
         self.serving: dict[str, set[str]] = {}
@@ -96,9 +193,9 @@ class ReplicatedPlacement:
         self._watchers: dict[str, trio.CancelScope] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
-        #: (shard, worker) -> version of its confirmed deployment record, read this step
-        self._confirmed: dict[tuple[str, str], int] = {}
-        self._record_watches: set[str] = set()  # unconfirmed records with a watch armed
+        #: shard -> its readiness as read this step (for the multi's checks)
+        self._readiness: dict[str, Readiness] = {}
+        self._armed: set[str] = set()  # paths with a wake-up watch armed (wake_on)
         self._token: trio.lowlevel.TrioToken | None = None
 
     # ------------------------------------------------------------ the desired state
@@ -118,6 +215,26 @@ class ReplicatedPlacement:
         self._wanted = dict(shards)
         self._replication = wanted
         self._changed.set()
+
+    def set_rules(self, rules: PlacementRules) -> None:
+        """The application's constraints from now on (see :class:`PlacementRules`); the
+        loop takes them into account at its next step, which happens at once."""
+        if rules != self.rules:
+            self.rules = rules
+            self._changed.set()
+
+    def replication_of(self, shard: str) -> int:
+        """The R wanted for ``shard`` now (0 if it is not wanted)."""
+        return self._replication.get(shard, 0)
+
+    def wake_on(self, path: str) -> Callable[..., None] | None:
+        """A watch callback for ``path`` that wakes the loop when it fires, or ``None`` if
+        one is armed already (pass it as ``watch=`` to ``get``/``exists``/``children``).
+        Armed again after a reconnection (kazoo drops watches with a connection)."""
+        if path in self._armed:
+            return None
+        self._armed.add(path)
+        return self._record_watcher(path)
 
     # ------------------------------------------------------------ the loop
 
@@ -259,13 +376,24 @@ class ReplicatedPlacement:
         session = self.ctx.session
         grace = {w for w, t in self._lost_at.items() if now < t + self.node_grace}
         candidates = self.live | grace
-        # a replica may be dropped only while every other one has a confirmed record:
-        # plan from the confirmed records of the shards where a drop is possible
+        # a replica may be dropped only while every other one is ready (by default: has a
+        # confirmed record): plan from the ready rule's answer where a drop is possible
         serving = dict(self.serving)
-        serving.update(await self._read_confirmed(candidates))
+        self._readiness = await self._read_ready(candidates)
+        rules = self.rules
+        keep = {s: set(ws) for s, ws in rules.protected.items()}
+        for shard, readiness in self._readiness.items():
+            serving[shard] = set(readiness.ready)
+            keep.setdefault(shard, set()).update(readiness.keep)
         target = plan_replicas(self._wanted, candidates, self.plan, serving,
                                self._replication, excluded=self.refused,
-                               max_moves=self.max_moves)
+                               max_moves=self.max_moves, keep=keep,
+                               retiring=rules.retiring & candidates,
+                               # a worker in its grace is gone, most likely: it keeps its
+                               # replicas, and gets a new one only if nobody else can
+                               avoid=rules.avoid | grace,
+                               replace=rules.replace, moves=rules.moves,
+                               keep_targets=rules.keep_targets)
         for shard in set(self.known) - set(self._wanted):
             target[shard] = []  # no longer wanted: unplace it
         for worker in sorted({w for ws in target.values() for w in ws} - self._dirs):
@@ -281,6 +409,8 @@ class ReplicatedPlacement:
                 txn.create(app.plan_path(shard), json.dumps(workers).encode())
                 txn.create(app.deployed_dir(shard))
                 txn.create(app.refused_dir(shard))
+                if self.on_new_shard is not None:
+                    self.on_new_shard(txn, shard, list(workers))
                 writes += 1
             elif shard in self._wanted and self._wanted[shard] != self.known[shard]:
                 txn.set(f"{app.shards}/{shard}", self._wanted[shard])
@@ -290,13 +420,18 @@ class ReplicatedPlacement:
             if shard in self.known:
                 txn.set(app.plan_path(shard), json.dumps(workers).encode())
             dropped = set(old) - set(workers)
+            readiness = self._readiness.get(shard)
+            if dropped and workers and readiness is not None:
+                # a replica goes: in the same multi, what made the others ready must be as
+                # we read it (else refused, re-read, retried)
+                for path, version in readiness.checks:
+                    txn.check(path, version)
+                if dropped & candidates:
+                    for worker in sorted(set(workers) & set(old)):
+                        record = readiness.records.get(worker)
+                        if record is not None:
+                            txn.check(*record)
             if dropped & candidates and workers:
-                # a live replica goes: in the same multi, every replica that stays must
-                # still have the confirmed record we read (else refused, re-read, retried)
-                for worker in sorted(set(workers) & set(old)):
-                    version = self._confirmed.get((shard, worker))
-                    if version is not None:
-                        txn.check(f"{app.deployed_dir(shard)}/{worker}", version)
                 log.info("replicated.replica_dropped", app=app.name, shard=shard,
                          dropped=sorted(dropped), staying=sorted(workers))
             for worker in dropped:
@@ -318,34 +453,19 @@ class ReplicatedPlacement:
                      changes=moves)
         await self._forget_unserved()
 
-    async def _read_confirmed(self, candidates: set[str]) -> dict[str, set[str]]:
-        """For each shard with more planned live replicas than its R (a drop is possible):
-        the workers whose deployment record is confirmed (version 1 or more, see
-        ``Worker.ready``), reading each record's version now (kept for the multi's
-        ``check``).  An unconfirmed record gets a watch, so its confirmation (or end)
-        wakes the loop."""
-        session = self.ctx.session
-        self._confirmed = {}
-        out: dict[str, set[str]] = {}
+    async def _read_ready(self, candidates: set[str]) -> dict[str, Readiness]:
+        """Ask the ready rule about every wanted shard where a replica may be dropped: more
+        planned live replicas than its R, or a planned replica that is not a candidate."""
+        out: dict[str, Readiness] = {}
         for shard, planned in sorted(self.plan.items()):
-            if shard not in self._wanted:
+            if shard not in self._wanted or not planned:
                 continue
             live = [w for w in planned if w in candidates]
-            if len(live) <= self._replication.get(shard, 0):
+            if len(live) <= self._replication.get(shard, 0) and len(live) == len(planned):
                 continue
-            out[shard] = set()
-            for worker in live:
-                if worker not in self.serving.get(shard, set()):
-                    continue
-                path = f"{self.ctx.app.deployed_dir(shard)}/{worker}"
-                watch = path not in self._record_watches
-                stat = await session.exists(
-                    path, watch=self._record_watcher(path) if watch else None)
-                if watch:
-                    self._record_watches.add(path)
-                if stat is not None and stat.version >= 1:
-                    self._confirmed[(shard, worker)] = stat.version
-                    out[shard].add(worker)
+            readiness = await self.ready_rule(self, shard, list(planned), candidates)
+            if readiness is not None:
+                out[shard] = readiness
         return out
 
     def _record_watcher(self, path: str) -> Callable[..., None]:
@@ -366,11 +486,11 @@ class ReplicatedPlacement:
         watches are armed again at the next step."""
         async for change in self.ctx.session.states():
             if change.state is SessionState.CONNECTED:
-                self._record_watches.clear()
+                self._armed.clear()
                 self._changed.set()
 
     def _record_changed(self, path: str) -> None:
-        self._record_watches.discard(path)
+        self._armed.discard(path)
         self._changed.set()
 
     async def _forget_unserved(self) -> None:
