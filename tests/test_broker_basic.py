@@ -3,7 +3,6 @@ backup catch-up, idempotent retries, bad input."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,44 +65,6 @@ async def test_unknown_topic_is_a_clear_error(session: Session, zk_hosts: str, c
         async with Producer(session) as producer:
             with pytest.raises(UnknownTopicError, match="unknown topic 'nope'"):
                 await producer.send("nope", b"x")
-
-
-def test_placement_spreads_topics_and_repairs_without_moving_live_replicas() -> None:
-    from examples.message_broker.controller import plan_placement
-
-    topics = [f"t{i}" for i in range(9)]
-    plan = plan_placement(topics, {}, ["a", "b", "c"], voluntary=True)
-    assert all(len(set(r)) == 2 for r in plan.values())
-    load = Counter(s for r in plan.values() for s in r)
-    assert max(load.values()) - min(load.values()) <= 1
-    repaired = plan_placement(topics, plan, ["a", "b"], voluntary=False)
-    for topic, replicas in repaired.items():
-        assert set(replicas) == {"a", "b"}
-        kept = [s for s in plan[topic] if s != "c"]
-        assert replicas[: len(kept)] == kept  # live replicas stay, in place
-
-
-def test_voluntary_moves_only_without_migration_prohibited_and_make_before_break() -> None:
-    from examples.message_broker.controller import plan_placement
-    from examples.message_broker.layout import Isr
-
-    topics = [f"t{i}" for i in range(6)]
-    current = plan_placement(topics, {}, ["a", "b"], voluntary=True)
-    prohibited = plan_placement(topics, current, ["a", "b", "c"], voluntary=False)
-    assert prohibited == current  # a new server alone never causes a move
-    moving = plan_placement(topics, current, ["a", "b", "c"], voluntary=True)
-    grown = [t for t in topics if len(moving[t]) == 3]
-    assert grown and all(moving[t][-1] == "c" for t in grown)  # added before anything leaves
-    # the old backup leaves only once the new replica is in sync, never the primary
-    isr = {t: Isr((moving[t][0], "c"), leader=moving[t][0]) for t in grown}
-    done = plan_placement(topics, moving, ["a", "b", "c"], voluntary=True, isr=isr)
-    for t in grown:
-        assert done[t] == [moving[t][0], "c"]
-    waiting = plan_placement(topics, moving, ["a", "b", "c"], voluntary=True, isr={})
-    assert all(len(waiting[t]) == 3 for t in grown)
-    # migration_prohibited appearing during a move: the move holds (nothing leaves)
-    held = plan_placement(topics, moving, ["a", "b", "c"], voluntary=False, isr=isr)
-    assert held == moving
 
 
 def test_ctl_user_mistakes_are_one_line(zk_hosts: str, chroot: str,

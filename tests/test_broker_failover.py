@@ -11,7 +11,7 @@ import trio
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, loads
+from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
 from framework import Session
 from framework.zk import wait_exists, watch_data
 
@@ -193,7 +193,7 @@ async def test_kill9_backup_primary_goes_on_and_new_backup_catches_up(
             await wait_placed(session, topics)
             await wait_full_isr(session, topics, {"s1", "s2", "s3"})
             primary = (await primaries(session, ["k0"]))["k0"]
-            replicas = loads((await session.get(paths.placement("k0")))[0])["replicas"]
+            replicas = decode_replicas((await session.get(paths.placement("k0")))[0])
             backup = next(s for s in replicas if s != primary)
             load = Load(topics)
             async with Producer(session, ack_timeout=3.0) as producer, \

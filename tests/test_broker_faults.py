@@ -14,7 +14,7 @@ from examples.message_broker import protocol
 from examples.message_broker.client import BrokerError, Producer
 from examples.message_broker.cluster import LocalCluster, wait_server_gone
 from examples.message_broker.ctl import create_topics, request_shutdown, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, loads
+from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
 from framework import Session
 from framework.testing import TcpProxy
 from framework.zk import watch_data
@@ -29,7 +29,7 @@ async def primary_of(session: Session, topic: str) -> dict[str, str]:
 
 
 async def placement_of(session: Session, topic: str) -> list[str]:
-    return loads((await session.get(PATHS.placement(topic)))[0])["replicas"]
+    return decode_replicas((await session.get(PATHS.placement(topic)))[0])
 
 
 async def raw(address: str, data: bytes) -> list[dict[str, object]]:

@@ -17,7 +17,7 @@ import trio
 from examples.message_broker.client import Producer
 from examples.message_broker.cluster import ProcessCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, loads
+from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas
 from framework import Session
 from framework.zk import wait_exists, watch_data
 from tests.test_broker_failover import Load, check_delivery, wait_full_isr
@@ -38,8 +38,8 @@ async def wait_settled(session: Session, topics: list[str]) -> None:
     for topic in topics:
         while True:
             fired = trio.Event()
-            placement = loads((await session.get(PATHS.placement(topic),
-                                                 watch=session.waker(fired)))[0])["replicas"]
+            placement = decode_replicas((await session.get(PATHS.placement(topic),
+                                                 watch=session.waker(fired)))[0])
             isr = Isr.decode((await session.get(PATHS.isr(topic),
                                                 watch=session.waker(fired)))[0])
             if len(placement) == 2 and set(placement) <= set(isr.in_sync):
@@ -78,7 +78,7 @@ async def test_a_hung_backup_leaves_the_in_sync_set_after_the_lag_limit(
             await wait_placed(session, topics)
             await wait_full_isr(session, topics, {"s1", "s2", "s3"})
             leaders = await primaries(session, topics)
-            placed = {t: loads((await session.get(PATHS.placement(t)))[0])["replicas"]
+            placed = {t: decode_replicas((await session.get(PATHS.placement(t)))[0])
                       for t in topics}
             backups = Counter(s for t in topics for s in placed[t] if s != leaders[t])
             victim = backups.most_common(1)[0][0]

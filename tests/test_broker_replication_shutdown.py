@@ -20,7 +20,7 @@ import trio
 from examples.message_broker.client import Producer
 from examples.message_broker.cluster import ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, request_shutdown, wait_placed
-from examples.message_broker.layout import BrokerPaths, loads
+from examples.message_broker.layout import BrokerPaths, decode_replicas
 from framework import Session
 from framework.zk import wait_exists
 from tests.test_broker_failover import Load, check_delivery, wait_full_isr
@@ -58,7 +58,7 @@ async def test_graceful_shutdown_hands_over_even_with_a_hung_backup(
             stopping = max(sorted(set(leaders.values())),
                            key=lambda s: sum(1 for t in topics if leaders[t] == s))
             led = [t for t in topics if leaders[t] == stopping]
-            replicas = loads((await session.get(PATHS.placement(led[0])))[0])["replicas"]
+            replicas = decode_replicas((await session.get(PATHS.placement(led[0])))[0])
             hung = next(s for s in replicas if s != stopping)
             load = Load(topics)
             async with Producer(session, ack_timeout=3.0) as producer, \
@@ -87,7 +87,8 @@ async def test_graceful_shutdown_hands_over_even_with_a_hung_backup(
     handed = {e["topic"] for e in mine if e.get("event") == "broker.handed_over"}
     assert handed == set(led)  # every primary handed over, the hung backup's topic too
     left = max(at(e) for e in mine if e.get("event") == "broker.stopped")
-    early = [e for e in events(cluster, "c1") if e.get("event") == "controller.placed"
-             and stopping in (e.get("was") or []) and stopping not in (e.get("replicas") or [])
-             and at(e) < left]
+    placement = events(cluster, "c1")
+    assert any(e.get("event") == "replicated.plan_written" for e in placement)
+    early = [e for e in placement if e.get("event") == "replicated.replica_dropped"
+             and stopping in (e.get("dropped") or []) and at(e) < left]
     assert early == []  # the controller kept its replicas while it handed over

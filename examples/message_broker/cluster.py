@@ -57,6 +57,7 @@ class LocalCluster:
         self.scopes[name] = trio.CancelScope()
         await self.nursery.start(self._run, server, self.scopes[name], hosts)
         await wait_exists(session, f"{BrokerPaths().nodes}/{name}")
+        await wait_exists(session, f"{BrokerPaths().app.workers}/{name}")
         return server
 
     async def start_controller(self, name: str) -> BrokerController:
@@ -109,7 +110,10 @@ class ProcessCluster:
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
     async def wait_joined(self, session: Session, name: str) -> None:
+        """Return once server ``name`` is a member of ``nodes/`` and of ``workers/`` (where
+        the controller's placement sees it)."""
         await wait_exists(session, f"{BrokerPaths().nodes}/{name}")
+        await wait_exists(session, f"{BrokerPaths().app.workers}/{name}")
 
     def kill9(self, name: str) -> None:
         proc = self.procs[name]

@@ -39,6 +39,7 @@ from examples.message_broker.layout import (
     Isr,
     TopicSettings,
     check_topic,
+    decode_replicas,
     dumps,
     loads,
 )
@@ -119,6 +120,8 @@ async def topic_info(session: Session, name: str, paths: BrokerPaths) -> dict[st
             doc = loads(raw)
             if key == "primary":
                 doc["epoch"] = stat.czxid
+            if key == "placement":
+                doc = {"replicas": decode_replicas(raw)}
             if key == "isr":
                 doc = {"in_sync": list(Isr.decode(raw).in_sync), "term": Isr.decode(raw).term}
             info[key] = doc

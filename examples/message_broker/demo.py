@@ -49,7 +49,7 @@ from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ROOT, ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, loads
+from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
 from framework import FrameworkError, ZooKeeperEnsemble, configure_logging
 from framework.zk import Session, wait_exists, watch_children, watch_data
 from framework.zkserver import four_letter
@@ -193,7 +193,7 @@ async def wait_settled(session: Session, topics: list[str]) -> None:
             while True:
                 await changed.wait()
                 changed = trio.Event()
-                replicas = loads(latest.get("placement")).get("replicas", [])
+                replicas = decode_replicas(latest.get("placement"))
                 in_sync = set(Isr.decode(latest.get("isr")).in_sync)
                 if len(replicas) == 2 and set(replicas) <= in_sync:
                     nursery.cancel_scope.cancel()
@@ -236,7 +236,7 @@ async def stop_busiest_backup(session: Session, cluster: ProcessCluster, topics:
     """SIGSTOP the backup of the most topics for twice the session timeout, then SIGCONT;
     record the longest ack gap on the topics it backed up and on those it led."""
     placed = await primaries(session, topics)
-    placement = {t: loads((await session.get(PATHS.placement(t)))[0])["replicas"]
+    placement = {t: decode_replicas((await session.get(PATHS.placement(t)))[0])
                  for t in topics}
     backups = Counter(s for t in topics for s in placement[t] if s != placed.get(t))
     victim, count = backups.most_common(1)[0]

@@ -6,9 +6,11 @@ Everything lives under ``/apps/broker`` (the runtime's :class:`framework.runtime
     nodes/<server>                ephemeral, one per live server: address, load, status, lag
     shutdown                      exists => servers hand their primaries over and exit
     migration_prohibited          exists => the controller makes no voluntary moves
-    assign/<server>/<topic>       the controller's intent: ``server`` holds a copy of ``topic``
+    workers/<server>              ephemeral: the server as a runtime worker (its group)
+    shards/<topic>, plan/<topic>  the runtime's replicated placement (the controller's intent):
+                                  ``plan/<topic>`` is a JSON list of the servers placed
+    assignments/<server>/<topic>  the same, per server (``Worker.serve_shard`` per topic)
     topics/<topic>                settings (mode: ``refuse`` or ``one_copy``)
-    topics/<topic>/placement      the controller's intent: the two replicas, primary first
     topics/<topic>/isr            in-sync replicas, last leader, term (written by the primary
                                   on a change of in-sync set and by a backup taking over)
     topics/<topic>/primary        ephemeral: the serving primary (server, address); its czxid
@@ -45,6 +47,19 @@ def loads(data: bytes | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def decode_replicas(data: bytes | None) -> list[str]:
+    """The servers placed for a topic, from its ``plan/<topic>`` znode (a JSON list)."""
+    if not data:
+        return []
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return []
+    if isinstance(value, dict):
+        value = value.get("replicas", [])
+    return [str(s) for s in value] if isinstance(value, list) else []
 
 
 def dumps(value: Any) -> bytes:
@@ -130,14 +145,14 @@ class BrokerPaths:
     nodes = property(lambda self: f"{self.app.base}/nodes")
     shutdown = property(lambda self: f"{self.app.base}/shutdown")
     migration_prohibited = property(lambda self: f"{self.app.base}/migration_prohibited")
-    assign = property(lambda self: f"{self.app.base}/assign")
     topics = property(lambda self: f"{self.app.base}/topics")
 
     def topic(self, name: str) -> str:
         return f"{self.topics}/{name}"
 
     def placement(self, name: str) -> str:
-        return f"{self.topics}/{name}/placement"
+        """The topic's placement: the runtime's ``plan/<topic>`` (:func:`decode_replicas`)."""
+        return self.app.plan_path(name)
 
     def isr(self, name: str) -> str:
         return f"{self.topics}/{name}/isr"
@@ -158,7 +173,8 @@ class BrokerPaths:
         return f"{self.subscriber_locks}/{name}"
 
     def assign_dir(self, server: str) -> str:
-        return f"{self.assign}/{server}"
+        """The topics assigned to ``server``: the runtime's ``assignments/<server>``."""
+        return self.app.assignment_dir(server)
 
 
 def check_topic(name: str) -> str:

@@ -54,7 +54,7 @@ from typing import Any
 import attrs
 import trio
 
-from examples.message_broker.layout import Isr, loads
+from examples.message_broker.layout import Isr, decode_replicas
 from examples.message_broker.log import Record, TopicLog
 from framework import errors
 from framework.logs import get_logger
@@ -407,11 +407,11 @@ class PrimaryTopic:
             self.on_dropped()
 
     async def follow_placement(self, path: str) -> None:
-        """Run for the term: keep :attr:`placement` from the topic's ``placement`` znode (a
+        """Run for the term: keep :attr:`placement` from the topic's placement (``plan/<t>``, a
         data watch; a connection-state event re-reads and changes nothing) and drop counted
         backups that are no longer placed."""
         async for snap in watch_data(self.session, path):
-            replicas = frozenset(loads(snap.data).get("replicas", [])) if snap.exists \
+            replicas = frozenset(decode_replicas(snap.data)) if snap.exists \
                 else frozenset()
             self.placement = replicas
             for backup in sorted(self.synced - replicas):

@@ -2,9 +2,11 @@
 
 It listens on TCP (``$BROKER_PORT``, default any free port on 127.0.0.1; see
 :mod:`examples.message_broker.protocol`), joins ``nodes/`` with its address, load and status,
-and serves every topic the controller assigns it (``assign/<server>/``, one children watch).
-For each assigned topic one task, in the server's nursery, runs this state machine on the
-topic's ``primary`` znode (one data watch, plus the ``isr`` znode while nobody is primary):
+and runs as a runtime :class:`~framework.runtime.Worker` in the replicated push mode: the
+runtime follows its assignments (``assignments/<server>/``, written by the controller's
+replicated placement) and runs :meth:`BrokerServer.serve_shard` for each assigned topic,
+inside the session's guard.  For each topic it runs this state machine on the topic's
+``primary`` znode (one data watch, plus the ``isr`` znode while nobody is primary):
 
 * no primary, and we are in the in-sync set -> take over: one multi sets ``isr`` (term + 1,
   with the version just read) and creates the ephemeral ``primary``; exactly one contender
@@ -51,7 +53,7 @@ from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Group, Membership
 from framework.runtime import App, Worker
-from framework.zk import Session, wait_gone, watch_children, watch_data
+from framework.zk import Session, wait_gone, watch_data
 
 __all__ = ["BrokerServer"]
 
@@ -129,11 +131,13 @@ class BrokerServer(Worker):
     # ------------------------------------------------------------ lifecycle
 
     def request_stop(self) -> None:
-        """Hand primaries over, then exit (idempotent)."""
+        """Hand primaries over, then exit (idempotent): the topics keep being served (and
+        the controller keeps our replicas placed) until the hand-over is done."""
         if not self.stopping:
             log.info("broker.stopping", server=self.name, primaries=len(self.primaries))
         self.stopping = True
         self._stop.set()
+        self._status_now.set()
         for state in list(self.primaries.values()):
             state.handing_over = True
 
@@ -142,7 +146,8 @@ class BrokerServer(Worker):
         while sum(1 for term in self.terms if term[0] == topic) < count:
             await self._term_changed.wait()
 
-    def status(self) -> dict[str, Any]:
+    def node_record(self) -> dict[str, Any]:
+        """Our ``nodes/`` record: what the controller and ``ctl status`` read."""
         return {
             "name": self.name,
             "address": self.address,
@@ -161,12 +166,13 @@ class BrokerServer(Worker):
         }
 
     async def run(self, session: Session) -> None:
-        """Serve until stopped (see the module doc)."""
+        """Serve until stopped (see the module doc): the listener and our ``nodes/`` member
+        around the runtime's worker loop (our ``workers/`` member, the assignments, a
+        :meth:`serve_shard` per topic); a stop hands the primaries over first."""
         self.session = session
         if self.lag_limit is None:
             self.lag_limit = session.read_timeout
-        for path in (self.paths.nodes, self.paths.topics, self.paths.assign_dir(self.name),
-                     self.app.workers):
+        for path in (self.paths.nodes, self.paths.topics):
             await session.ensure_path(path)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
@@ -174,27 +180,29 @@ class BrokerServer(Worker):
         self.listen_address = f"127.0.0.1:{port}"
         self.address = self.advertise or self.listen_address
         group = Group(session, self.paths.nodes)
-        # a restarted server waits for its previous incarnation's session to expire; it is
-        # also a member of the application's ``workers/`` group, where ``framework status``
-        # and the dashboard list an application's live processes
-        async with group.join(self.name, dumps(self.status()), wait_if_taken=True) as member, \
-                Group(session, self.app.workers).join(
-                    self.name, dumps(self.worker_record()), wait_if_taken=True) as worker:
+        # a restarted server waits for its previous incarnation's session to expire (its
+        # ``workers/`` member, joined by the runtime below, goes with the same session)
+        async with group.join(self.name, dumps(self.node_record()),
+                              wait_if_taken=True) as member:
             log.info("broker.serving", server=self.name, address=self.address)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
-                nursery.start_soon(self._report_status, member, worker)
+                nursery.start_soon(self._report_node, member)
                 nursery.start_soon(self._watch_shutdown, session)
                 nursery.start_soon(self._watch_prohibited, session)
-                async with trio.open_nursery() as topics:
-                    topics.start_soon(self._follow_assignments, session, topics)
-                    await self._stop.wait()
-                    await self._hand_over()
-                    topics.cancel_scope.cancel()
+                nursery.start_soon(self._stop_after_hand_over)
+                await super().run(session)
                 nursery.cancel_scope.cancel()
         for topic_log in self.logs.values():
             topic_log.close()
         log.info("broker.stopped", server=self.name)
+
+    async def _stop_after_hand_over(self) -> None:
+        """Once a stop is requested: hand the primaries over, then stop the runtime's worker
+        loop (which ends every topic and leaves ``workers/``)."""
+        await self._stop.wait()
+        await self._hand_over()
+        Worker.request_stop(self)
 
     async def _hand_over(self) -> None:
         """Give every primary to an in-sync backup once it holds the whole log, all topics
@@ -241,6 +249,11 @@ class BrokerServer(Worker):
                          prohibited=snap.exists)
             self.migration_prohibited = snap.exists
 
+    def status(self) -> dict[str, Any]:
+        """This server's ``workers/`` record (the runtime publishes it): the runtime's
+        fields, with ours (:meth:`worker_record`) over them."""
+        return {**super().status(), **self.worker_record()}
+
     def worker_record(self) -> dict[str, Any]:
         """This server as the runtime lists workers (``framework status``, the dashboard):
         the topics it serves as its shards (backups marked), its replica counts as
@@ -255,20 +268,20 @@ class BrokerServer(Worker):
             "health": {"ok": True}, "at": time.time(),
         }
 
-    async def _report_status(self, member: Membership, worker: Membership) -> None:
-        """Rewrite our ``nodes/`` record, and our ``workers/`` record, when they changed
-        (checked every ``status_interval``)."""
+    async def _report_node(self, member: Membership) -> None:
+        """Rewrite our ``nodes/`` record when it changed, and have the runtime republish our
+        ``workers/`` record when it changed (checked every ``status_interval``)."""
         last = b""
         last_worker = ""
         while True:
-            data = dumps({k: v for k, v in self.status().items() if k != "pid"})
+            data = dumps({k: v for k, v in self.node_record().items() if k != "pid"})
             if data != last:
                 await member.update(data)
                 last = data
             record = self.worker_record()
             shape = dumps({k: v for k, v in record.items() if k != "at"}).decode()
             if shape != last_worker:
-                await worker.update(dumps(record))
+                self.status_changed()
                 last_worker = shape
             # a primary that dropped a backup says so at once: the controller replaces it
             with trio.move_on_after(self.status_interval):
@@ -277,18 +290,6 @@ class BrokerServer(Worker):
 
     # ------------------------------------------------------------ topics
 
-    async def _follow_assignments(self, session: Session, nursery: trio.Nursery) -> None:
-        running: dict[str, trio.CancelScope] = {}
-        async for snap in watch_children(session, self.paths.assign_dir(self.name)):
-            wanted = set(snap.children)
-            for topic in set(running) - wanted:
-                running.pop(topic).cancel()
-                log.info("broker.topic_unassigned", server=self.name, topic=topic)
-            for topic in wanted - set(running):
-                scope = trio.CancelScope()
-                running[topic] = scope
-                nursery.start_soon(self._serve_topic, session, topic, scope)
-
     def _log(self, topic: str) -> TopicLog:
         if topic not in self.logs:
             # recovered from its segments: never removed at start (see log.py)
@@ -296,17 +297,29 @@ class BrokerServer(Worker):
             self.copies[topic] = self.logs[topic].copy
         return self.logs[topic]
 
-    async def _serve_topic(self, session: Session, topic: str, scope: trio.CancelScope) -> None:
-        with scope:
-            try:
-                await self._topic_loop(session, topic)
-            finally:
-                self.backups.pop(topic, None)
-                state = self.primaries.pop(topic, None)
-                if state is not None:
-                    state.close()
+    async def serve_shard(self, shard: str, spec: bytes) -> None:
+        """Serve topic ``shard`` while it is assigned to us (the runtime cancels it when it
+        is unassigned, when our session cannot be trusted, and when we stop): the state
+        machine of the module doc.  On the way out the term is closed (nothing more is
+        acknowledged); our primary znode, if any, is deleted when the topic was unassigned
+        or we are stopping (the in-sync backup takes over at once), and left alone when the
+        session could not be trusted: it goes with the session, or, if the session
+        survives, we serve the same term's epoch again."""
+        session = self.session
+        assert session is not None
+        topic = shard
+        log.info("broker.topic_assigned", server=self.name, topic=topic)
+        try:
+            await self._topic_loop(session, topic)
+        finally:
+            self.backups.pop(topic, None)
+            state = self.primaries.pop(topic, None)
+            if state is not None:
+                state.close()
+            if self.stopping or topic not in self.assigned_shards:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await self._resign(session, topic)
+            log.info("broker.topic_released", server=self.name, topic=topic)
 
     async def _resign(self, session: Session, topic: str) -> None:
         try:
