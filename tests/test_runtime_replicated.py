@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import trio
 
 from framework import PermanentFailure, Session
@@ -17,6 +18,7 @@ from framework.runtime import (
     ReplicatedPlacement,
     Worker,
 )
+from framework.runtime import replicated as replicated_module
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone, watch_children, watch_data
 
@@ -316,14 +318,15 @@ async def test_a_move_completes_only_once_the_new_replica_is_confirmed(
 
 
 async def test_an_application_ready_rule_and_new_shard_hook(
-        zk_hosts: str, chroot: str, session: Session) -> None:
+        zk_hosts: str, chroot: str, session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pluggable ready rule (the broker's kind: readiness from the application's own
     znode, ``ok/<shard>``, not from the deployment records): R=1, moves w1 -> w2 start, w2
     serves and confirms, yet w1 is dropped only once the rule's znode names w2 - whose
     watch (``wake_on``) wakes the leader.  ``on_new_shard`` created ``ok/<shard>`` in the
-    multi that created the shard."""
+    multi that created the shard; one multi per changed shard here (``STEP_BATCH`` = 1)."""
     app = App("rep5")
     ok = f"{app.base}/ok"
+    monkeypatch.setattr(replicated_module, "STEP_BATCH", 1)
 
     async def ready(placement: ReplicatedPlacement, shard: str, planned: Any,
                     candidates: Any) -> Readiness | None:

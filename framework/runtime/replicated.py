@@ -76,6 +76,9 @@ log = get_logger("framework.runtime.replicated")
 #: Delays before re-reading ZooKeeper after a failed placement step.
 STEP_RETRY = Backoff(0.1, 2.0)
 
+#: Changed shards per fenced multi of a step.
+STEP_BATCH = 100
+
 #: Called after every placement step (the view is current): react to serving records.
 StepHook = Callable[["ReplicatedPlacement"], Awaitable[None]]
 
@@ -370,8 +373,9 @@ class ReplicatedPlacement:
     # ------------------------------------------------------------ one step
 
     async def _step(self, now: float) -> None:
-        """Compute the next plan and write what differs: one fenced multi (+ one to delete
-        shards nobody serves any more, + one create per worker first planned this term)."""
+        """Compute the next plan and write what differs: one fenced multi per
+        :data:`STEP_BATCH` changed shards (+ one to delete shards nobody serves any more,
+        + one create per worker first planned this term)."""
         app = self.ctx.app
         session = self.ctx.session
         grace = {w for w, t in self._lost_at.items() if now < t + self.node_grace}
@@ -399,59 +403,85 @@ class ReplicatedPlacement:
         for worker in sorted({w for ws in target.values() for w in ws} - self._dirs):
             await session.ensure_path(app.assignment_dir(worker))
             self._dirs.add(worker)
-        txn = self.ctx.term.fenced()
-        writes = 0
+        # one fenced multi per STEP_BATCH changed shards (a multi stays far below
+        # ZooKeeper's 1 MB request limit however many shards change at once); each shard's
+        # operations are in one multi, and memory follows each multi that committed
+        txn = None
+        chunk: list[str] = []
+        moves = written = 0
         for shard, workers in sorted(target.items()):
-            old = self.plan.get(shard, [])
-            if shard not in self.known:
-                spec = self._wanted[shard]
-                txn.create(f"{app.shards}/{shard}", spec)
-                txn.create(app.plan_path(shard), json.dumps(workers).encode())
-                txn.create(app.deployed_dir(shard))
-                txn.create(app.refused_dir(shard))
-                if self.on_new_shard is not None:
-                    self.on_new_shard(txn, shard, list(workers))
-                writes += 1
-            elif shard in self._wanted and self._wanted[shard] != self.known[shard]:
-                txn.set(f"{app.shards}/{shard}", self._wanted[shard])
-                writes += 1
-            if workers == old and shard in self.known:
+            if txn is None:
+                txn = self.ctx.term.fenced()
+            if not self._shard_ops(txn, shard, workers, candidates):
                 continue
-            if shard in self.known:
-                txn.set(app.plan_path(shard), json.dumps(workers).encode())
-            dropped = set(old) - set(workers)
-            readiness = self._readiness.get(shard)
-            if dropped and workers and readiness is not None:
-                # a replica goes: in the same multi, what made the others ready must be as
-                # we read it (else refused, re-read, retried)
-                for path, version in readiness.checks:
-                    txn.check(path, version)
-                if dropped & candidates:
-                    for worker in sorted(set(workers) & set(old)):
-                        record = readiness.records.get(worker)
-                        if record is not None:
-                            txn.check(*record)
-            if dropped & candidates and workers:
-                log.info("replicated.replica_dropped", app=app.name, shard=shard,
-                         dropped=sorted(dropped), staying=sorted(workers))
-            for worker in dropped:
-                txn.delete(f"{app.assignment_dir(worker)}/{shard}")
-            for worker in set(workers) - set(old):
-                txn.create(f"{app.assignment_dir(worker)}/{shard}")
-            writes += 1
-        if writes:
-            await commit_fenced(txn)
-            moves = sum(len(set(target[s]) ^ set(self.plan.get(s, []))) for s in target)
-            for shard in target:
-                if shard not in self.known:
-                    self.known[shard] = self._wanted[shard]
-                    self._watch_shard(shard)
-                elif shard in self._wanted:
-                    self.known[shard] = self._wanted[shard]
-            self.plan.update(target)
+            chunk.append(shard)
+            written += 1
+            moves += len(set(workers) ^ set(self.plan.get(shard, [])))
+            if len(chunk) >= STEP_BATCH:
+                await self._commit_step(txn, chunk, target)
+                txn, chunk = None, []
+        if chunk and txn is not None:
+            await self._commit_step(txn, chunk, target)
+        if written:
             log.info("replicated.plan_written", app=app.name, shards=len(target),
-                     changes=moves)
+                     changes=moves, multis=-(-written // STEP_BATCH))
         await self._forget_unserved()
+
+    def _shard_ops(self, txn: Any, shard: str, workers: list[str], candidates: set[str]
+                   ) -> bool:
+        """Add to ``txn`` what makes ``shard``'s znodes say ``workers``; False if nothing
+        differs."""
+        app = self.ctx.app
+        old = self.plan.get(shard, [])
+        writes = False
+        if shard not in self.known:
+            spec = self._wanted[shard]
+            txn.create(f"{app.shards}/{shard}", spec)
+            txn.create(app.plan_path(shard), json.dumps(workers).encode())
+            txn.create(app.deployed_dir(shard))
+            txn.create(app.refused_dir(shard))
+            if self.on_new_shard is not None:
+                self.on_new_shard(txn, shard, list(workers))
+            writes = True
+        elif shard in self._wanted and self._wanted[shard] != self.known[shard]:
+            txn.set(f"{app.shards}/{shard}", self._wanted[shard])
+            writes = True
+        if workers == old and shard in self.known:
+            return writes
+        if shard in self.known:
+            txn.set(app.plan_path(shard), json.dumps(workers).encode())
+        dropped = set(old) - set(workers)
+        readiness = self._readiness.get(shard)
+        if dropped and workers and readiness is not None:
+            # a replica goes: in the same multi, what made the others ready must be as we
+            # read it (else refused, re-read, retried)
+            for path, version in readiness.checks:
+                txn.check(path, version)
+            if dropped & candidates:
+                for worker in sorted(set(workers) & set(old)):
+                    record = readiness.records.get(worker)
+                    if record is not None:
+                        txn.check(*record)
+        if dropped & candidates and workers:
+            log.info("replicated.replica_dropped", app=app.name, shard=shard,
+                     dropped=sorted(dropped), staying=sorted(workers))
+        for worker in dropped:
+            txn.delete(f"{app.assignment_dir(worker)}/{shard}")
+        for worker in set(workers) - set(old):
+            txn.create(f"{app.assignment_dir(worker)}/{shard}")
+        return True
+
+    async def _commit_step(self, txn: Any, chunk: list[str],
+                           target: Mapping[str, list[str]]) -> None:
+        """Commit one multi of a step, then remember what it wrote."""
+        await commit_fenced(txn)
+        for shard in chunk:
+            if shard not in self.known:
+                self.known[shard] = self._wanted[shard]
+                self._watch_shard(shard)
+            elif shard in self._wanted:
+                self.known[shard] = self._wanted[shard]
+            self.plan[shard] = list(target[shard])
 
     async def _read_ready(self, candidates: set[str]) -> dict[str, Readiness]:
         """Ask the ready rule about every wanted shard where a replica may be dropped: more
