@@ -121,11 +121,11 @@ async def bench(args: argparse.Namespace, hosts: str) -> list[Row]:
     queries = list(dict.fromkeys(sample_queries(spec, args.queries * 3)))[:args.queries]
     build1, qps1, lat1 = await trio.to_thread.run_sync(baseline_queries, spec, workdir, queries)
     chroot = f"/katta-bench-{uuid.uuid4().hex[:8]}"
-    with Cluster(hosts, chroot, workdir) as cluster:
-        cluster.start_master("m1")
-        cluster.start_master("m2")
+    async with Cluster(hosts, chroot, workdir) as cluster:
+        await cluster.start_master("m1")
+        await cluster.start_master("m2")
         for n in range(1, 5):
-            cluster.start_node(f"n{n}")
+            await cluster.start_node(f"n{n}")
         async with Session(hosts, chroot=chroot) as session:
             seen: dict[str, float] = {}
             paths = KattaPaths(App("katta"))
@@ -178,13 +178,13 @@ async def bench(args: argparse.Namespace, hosts: str) -> list[Row]:
                                 round(p50 * 1e3, 3)))
                 rows.append(Row(f"latency p99 ({label})", "ms", round(pct(lat1, .99) * 1e3, 3),
                                 round(p99 * 1e3, 3)))
-            cluster.kill9("n2")
+            await cluster.kill9("n2")
             killed = time.perf_counter()
             await wait_replicated(session, "docs", 2, exclude={"n2"})
             rows.append(Row("node kill -9 -> every shard 2 serving replicas", "s", None,
                             round(time.perf_counter() - killed, 3)))
             leader = await active_master(session)
-            cluster.kill9(leader or "m1")
+            await cluster.kill9(leader or "m1")
             killed = time.perf_counter()
             await wait_new_master(session, leader)
             rows.append(Row("master kill -9 -> new leader", "s", None,

@@ -6,8 +6,6 @@ whose ZooKeeper connection is frozen (the project's proxy)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +46,23 @@ async def test_kill9_node_under_query_load(zk_hosts: str, chroot: str, session: 
                                            tmp_path: Path) -> None:
     queries = sample_queries(SPEC, 40)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
-    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
-        cluster.start_master("m1")
-        for n in ("n1", "n2", "n3"):
-            cluster.start_node(n)
-        await deploy(session, tmp_path, shards=4)
-        stats, stop = LoadStats(), trio.Event()
-        async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
-            nursery.start_soon(run_load, client, queries, expected, stats, stop)
-            cluster.kill9("n2")
-            sent_at_kill = stats.sent
-            await wait_replicated(session, "docs", 2, exclude={"n2"})
-            plan = await wait_balanced(session, "docs")
-            assert all("n2" not in nodes for nodes in plan.values())
-            assert stats.sent > sent_at_kill  # the load ran through the recovery
-            stop.set()
-        checked(stats)
+    async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
+        with trio.fail_after(60):
+            await cluster.start_master("m1")
+            for n in ("n1", "n2", "n3"):
+                await cluster.start_node(n)
+            await deploy(session, tmp_path, shards=4)
+            stats, stop = LoadStats(), trio.Event()
+            async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
+                nursery.start_soon(run_load, client, queries, expected, stats, stop)
+                await cluster.kill9("n2")
+                sent_at_kill = stats.sent
+                await wait_replicated(session, "docs", 2, exclude={"n2"})
+                plan = await wait_balanced(session, "docs")
+                assert all("n2" not in nodes for nodes in plan.values())
+                assert stats.sent > sent_at_kill  # the load ran through the recovery
+                stop.set()
+            checked(stats)
 
 
 async def test_stopped_node_times_out_and_another_replica_answers(
@@ -74,28 +73,29 @@ async def test_stopped_node_times_out_and_another_replica_answers(
     session expires it is replaced."""
     queries = sample_queries(SPEC, 40)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
-    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
-        cluster.start_master("m1")
-        for n in ("n1", "n2", "n3"):
-            cluster.start_node(n)
-        await deploy(session, tmp_path, shards=4)
-        stats, stop = LoadStats(), trio.Event()
-        async with SearchClient.open(session, shard_timeout=5.0) as client, \
-                trio.open_nursery() as nursery:
-            nursery.start_soon(run_load, client, queries, expected, stats, stop)
-            os.kill(cluster.procs["n2"].pid, signal.SIGSTOP)
-            # query until one of them met the stopped replica (the client picks replicas
-            # at random): that query hedged to another replica, which answered
-            hedged, n = 0, 0
-            while not hedged:
-                query = queries[n % len(queries)]
-                n += 1
-                result = await client.search(query, index="docs")
-                assert not result.partial and result.count == expected[query].count
-                hedged = result.hedged
-            await wait_replicated(session, "docs", 2, exclude={"n2"})
-            stop.set()
-        checked(stats)
+    async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
+        with trio.fail_after(60):
+            await cluster.start_master("m1")
+            for n in ("n1", "n2", "n3"):
+                await cluster.start_node(n)
+            await deploy(session, tmp_path, shards=4)
+            stats, stop = LoadStats(), trio.Event()
+            async with SearchClient.open(session, shard_timeout=5.0) as client, \
+                    trio.open_nursery() as nursery:
+                nursery.start_soon(run_load, client, queries, expected, stats, stop)
+                cluster.procs["n2"].pause()
+                # query until one of them met the stopped replica (the client picks replicas
+                # at random): that query hedged to another replica, which answered
+                hedged, n = 0, 0
+                while not hedged:
+                    query = queries[n % len(queries)]
+                    n += 1
+                    result = await client.search(query, index="docs")
+                    assert not result.partial and result.count == expected[query].count
+                    hedged = result.hedged
+                await wait_replicated(session, "docs", 2, exclude={"n2"})
+                stop.set()
+            checked(stats)
 
 
 async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
@@ -103,42 +103,43 @@ async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
     queries = sample_queries(SPEC, 40)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
     paths = KattaPaths(App("katta"))
-    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
-        cluster.start_master("m1")
-        cluster.start_master("m2")
-        cluster.start_node("n1")
-        cluster.start_node("n2")
-        await deploy(session, tmp_path, shards=4)
-        stats, stop = LoadStats(), trio.Event()
-        serving: list[int] = []  # every serving count seen, any shard, through the moves
-        planned: list[int] = []  # every planned replica count seen
-        async with SearchClient.open(session) as client, trio.open_nursery() as nursery, \
-                trio.open_nursery() as observers:
-            nursery.start_soon(run_load, client, queries, expected, stats, stop)
-            for shard in range(4):
-                observers.start_soon(observe, session, paths.deployed("docs", shard),
-                                     serving, None)
-                observers.start_soon(observe, session, paths.plan('docs', shard),
-                                     None, planned)
-            leader = await active_master(session)
-            await session.ensure_path(paths.node("n3"))
-            cluster.start_node("n3")
-            # the rebalance has begun once n3 is given its first replica: kill -9 then
-            async for snap in watch_children(session, paths.node("n3")):
-                if snap.children:
-                    break
-            cluster.kill9(leader or "m1")
-            successor = await wait_new_master(session, leader)
-            assert successor != leader
-            plan = await wait_balanced(session, "docs")
-            assert sum("n3" in nodes for nodes in plan.values()) >= 2
-            stop.set()
-            observers.cancel_scope.cancel()
-        checked(stats)
-        # no move left a shard under-served (a new replica served before an old one went;
-        # no node died here), none planned more than R+1 replicas, across the master change
-        assert min(serving) >= 2, serving
-        assert max(planned) <= 3 and 3 in planned, planned
+    async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
+        with trio.fail_after(60):
+            await cluster.start_master("m1")
+            await cluster.start_master("m2")
+            await cluster.start_node("n1")
+            await cluster.start_node("n2")
+            await deploy(session, tmp_path, shards=4)
+            stats, stop = LoadStats(), trio.Event()
+            serving: list[int] = []  # every serving count seen, any shard, through the moves
+            planned: list[int] = []  # every planned replica count seen
+            async with SearchClient.open(session) as client, trio.open_nursery() as nursery, \
+                    trio.open_nursery() as observers:
+                nursery.start_soon(run_load, client, queries, expected, stats, stop)
+                for shard in range(4):
+                    observers.start_soon(observe, session, paths.deployed("docs", shard),
+                                         serving, None)
+                    observers.start_soon(observe, session, paths.plan('docs', shard),
+                                         None, planned)
+                leader = await active_master(session)
+                await session.ensure_path(paths.node("n3"))
+                await cluster.start_node("n3")
+                # the rebalance has begun once n3 is given its first replica: kill -9 then
+                async for snap in watch_children(session, paths.node("n3")):
+                    if snap.children:
+                        break
+                await cluster.kill9(leader or "m1")
+                successor = await wait_new_master(session, leader)
+                assert successor != leader
+                plan = await wait_balanced(session, "docs")
+                assert sum("n3" in nodes for nodes in plan.values()) >= 2
+                stop.set()
+                observers.cancel_scope.cancel()
+            checked(stats)
+            # no move left a shard under-served (a new replica served before an old one went;
+            # no node died here), none planned more than R+1 replicas, across the master change
+            assert min(serving) >= 2, serving
+            assert max(planned) <= 3 and 3 in planned, planned
 
 
 async def observe(session: Session, path: str, children: list[int] | None,

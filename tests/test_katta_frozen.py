@@ -6,8 +6,6 @@ shard missing from the statistics round makes the result partial."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -53,53 +51,54 @@ async def test_node_frozen_right_after_announcing_a_moved_replica_is_never_alone
     n2 (a new session) takes its share properly."""
     queries = sample_queries(SPEC, 30)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
-    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
-        cluster.start_master("m1")
-        cluster.start_node("n1")
-        await deploy(session, tmp_path, shards=2, replication=1)
-        stats, stop = LoadStats(), trio.Event()
-        moved: list[int] = []
-        frozen = trio.Event()
-        seen: dict[int, list[set[str]]] = {0: [], 1: []}  # deployed/ states while frozen
+    async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
+        with trio.fail_after(60):
+            await cluster.start_master("m1")
+            await cluster.start_node("n1")
+            await deploy(session, tmp_path, shards=2, replication=1)
+            stats, stop = LoadStats(), trio.Event()
+            moved: list[int] = []
+            frozen = trio.Event()
+            seen: dict[int, list[set[str]]] = {0: [], 1: []}  # deployed/ states while frozen
 
-        observing = trio.CancelScope()
+            observing = trio.CancelScope()
 
-        async def follow(shard: int) -> None:
-            async for snap in watch_children(session, PATHS.deployed("docs", shard)):
-                nodes = set(snap.children)
-                if "n2" in nodes and not frozen.is_set():
-                    os.kill(cluster.procs["n2"].pid, signal.SIGSTOP)
-                    moved.append(shard)
-                    frozen.set()
-                if frozen.is_set():
-                    seen[shard].append(nodes)
+            async def follow(shard: int) -> None:
+                async for snap in watch_children(session, PATHS.deployed("docs", shard)):
+                    nodes = set(snap.children)
+                    if "n2" in nodes and not frozen.is_set():
+                        cluster.procs["n2"].pause()
+                        moved.append(shard)
+                        frozen.set()
+                    if frozen.is_set():
+                        seen[shard].append(nodes)
 
-        async def observe() -> None:
-            with observing:
-                async with trio.open_nursery() as observers:
-                    for shard in (0, 1):
-                        observers.start_soon(follow, shard)
+            async def observe() -> None:
+                with observing:
+                    async with trio.open_nursery() as observers:
+                        for shard in (0, 1):
+                            observers.start_soon(follow, shard)
 
-        async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
-            nursery.start_soon(run_load, client, queries, expected, stats, stop)
-            nursery.start_soon(observe)
-            cluster.start_node("n2")  # loads 2 and 0: one shard moves to n2
-            await frozen.wait()
-            shard = moved[0]
-            # n2's session expires, the leader gives up the move (n2 leaves the plan)
-            async for snap in watch_data(session, PATHS.plan("docs", shard)):
-                if snap.data and "n2" not in json.loads(snap.data):
-                    break
-            observing.cancel()
-            os.kill(cluster.procs["n2"].pid, signal.SIGCONT)
-            await wait_serving(session, "n2")  # back, in a new session, and given a shard
-            plan = await wait_balanced(session, "docs")
-            assert sorted(len(nodes) for nodes in plan.values()) == [1, 1]
-            assert {n for nodes in plan.values() for n in nodes} == {"n1", "n2"}
-            stop.set()
-        # while n2 was frozen (and until the move was undone) n1 kept serving the shard
-        assert seen[shard] and all("n1" in nodes for nodes in seen[shard]), seen
-        checked(stats)
+            async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
+                nursery.start_soon(run_load, client, queries, expected, stats, stop)
+                nursery.start_soon(observe)
+                await cluster.start_node("n2")  # loads 2 and 0: one shard moves to n2
+                await frozen.wait()
+                shard = moved[0]
+                # n2's session expires, the leader gives up the move (n2 leaves the plan)
+                async for snap in watch_data(session, PATHS.plan("docs", shard)):
+                    if snap.data and "n2" not in json.loads(snap.data):
+                        break
+                observing.cancel()
+                cluster.procs["n2"].resume()
+                await wait_serving(session, "n2")  # back, in a new session, and given a shard
+                plan = await wait_balanced(session, "docs")
+                assert sorted(len(nodes) for nodes in plan.values()) == [1, 1]
+                assert {n for nodes in plan.values() for n in nodes} == {"n1", "n2"}
+                stop.set()
+            # while n2 was frozen (and until the move was undone) n1 kept serving the shard
+            assert seen[shard] and all("n1" in nodes for nodes in seen[shard]), seen
+            checked(stats)
 
 
 async def test_node_paused_shorter_than_its_session_keeps_its_local_copies(
@@ -110,31 +109,32 @@ async def test_node_paused_shorter_than_its_session_keeps_its_local_copies(
     again.  Queries stay complete meanwhile."""
     queries = sample_queries(SPEC, 30)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
-    with Cluster(zk_hosts, chroot, tmp_path) as cluster, trio.fail_after(60):
-        cluster.start_master("m1")
-        for n in ("n1", "n2"):
-            cluster.start_node(n)
-        await deploy(session, tmp_path, shards=2, replication=2)
-        local = [tmp_path / "nodes" / "n1" / "docs" / f"shard-{s:05d}" for s in (0, 1)]
-        inodes = [d.stat().st_ino for d in local]
-        records = [f"{PATHS.deployed('docs', s)}/n1" for s in (0, 1)]
-        created = [(await session.exists(r)).czxid for r in records]  # type: ignore[union-attr]
-        stats, stop = LoadStats(), trio.Event()
-        async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
-            nursery.start_soon(run_load, client, queries, expected, stats, stop)
-            os.kill(cluster.procs["n1"].pid, signal.SIGSTOP)
-            await trio.sleep(cluster.session_timeout * 0.75)  # the pause itself
-            os.kill(cluster.procs["n1"].pid, signal.SIGCONT)
-            # it stopped serving (past its trust deadline) and serves again: new records
-            for record, old in zip(records, created, strict=True):
-                async for snap in watch_data(session, record):
-                    if snap.stat is not None and snap.stat.czxid != old:
-                        break
-            stop.set()
-        assert [d.stat().st_ino for d in local] == inodes  # reopened, not copied again
-        log = (tmp_path / "logs" / "n1.log").read_text()
-        assert "shard.reopened" in log and "shard.copy_kept" in log
-        checked(stats)
+    async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
+        with trio.fail_after(60):
+            await cluster.start_master("m1")
+            for n in ("n1", "n2"):
+                await cluster.start_node(n)
+            await deploy(session, tmp_path, shards=2, replication=2)
+            local = [tmp_path / "nodes" / "n1" / "docs" / f"shard-{s:05d}" for s in (0, 1)]
+            inodes = [d.stat().st_ino for d in local]
+            records = [f"{PATHS.deployed('docs', s)}/n1" for s in (0, 1)]
+            created = [(await session.exists(r)).czxid for r in records]  # type: ignore[union-attr]
+            stats, stop = LoadStats(), trio.Event()
+            async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
+                nursery.start_soon(run_load, client, queries, expected, stats, stop)
+                cluster.procs["n1"].pause()
+                await trio.sleep(cluster.session_timeout * 0.75)  # the pause itself
+                cluster.procs["n1"].resume()
+                # it stopped serving (past its trust deadline) and serves again: new records
+                for record, old in zip(records, created, strict=True):
+                    async for snap in watch_data(session, record):
+                        if snap.stat is not None and snap.stat.czxid != old:
+                            break
+                stop.set()
+            assert [d.stat().st_ino for d in local] == inodes  # reopened, not copied again
+            log = (tmp_path / "logs" / "n1.log").read_text()
+            assert "shard.reopened" in log and "shard.copy_kept" in log
+            checked(stats)
 
 
 class StatsRefused(SearchNode):

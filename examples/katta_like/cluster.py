@@ -1,33 +1,26 @@
 """Real processes for the demo, the crash tests and the bench: masters and search nodes run
-with ``python -m framework run``, each logging to ``<logs>/<name>.log``, each killed by the
-kernel if the parent dies (``PR_SET_PDEATHSIG``)."""
+with ``python -m framework run`` through the framework's process harness
+(:func:`framework.testing.spawn`): each logs to ``<logs>/<name>.log`` and dies with its
+parent; leaving the ``async with`` kills -9 and reaps every process still running."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
-import signal
-import subprocess
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 from framework.primitives import Election
 from framework.runtime import App
+from framework.testing import Child, spawn
 from framework.zk import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class Cluster:
-    """Spawn and kill the processes of one Katta deployment."""
+    """Spawn, pause and kill the processes of one Katta deployment (``async with``)."""
 
     def __init__(self, hosts: str, chroot: str | None, workdir: Path, *,
                  app: str = "katta", session_timeout: float = 4.0,
@@ -41,46 +34,43 @@ class Cluster:
         self.session_timeout = session_timeout
         self.env = {"KATTA_STORE": str(workdir / "store"), "KATTA_SAFE_MODE": "1.0",
                     "KATTA_NODE_GRACE": "1.0", **(env or {})}
-        self.procs: dict[str, subprocess.Popen[Any]] = {}
+        self.procs: dict[str, Child] = {}
+        self._stack = AsyncExitStack()
 
-    def _spawn(self, name: str, component: str, env: dict[str, str]) -> None:
+    async def _spawn(self, name: str, component: str, env: dict[str, str]) -> Child:
         argv = [sys.executable, "-m", "framework", "run", component, "--zk", self.hosts,
                 "--app", self.app, "--name", name,
                 "--session-timeout", str(self.session_timeout)]
         if self.chroot:
             argv += ["--chroot", self.chroot]
-        environment = os.environ | {
+        environment = {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "FRAMEWORK_LOG_LEVEL": os.environ.get("KATTA_CHILD_LOG_LEVEL", "info"),
         } | self.env | env
-        with open(self.logs / f"{name}.log", "ab") as log:
-            self.procs[name] = subprocess.Popen(
-                argv, env=environment, cwd=ROOT, stdout=log, stderr=log,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        child = await self._stack.enter_async_context(
+            spawn(argv, name=name, log_dir=self.logs, env=environment, cwd=ROOT))
+        self.procs[name] = child
+        return child
 
-    def start_master(self, name: str) -> None:
-        self._spawn(name, "examples.katta_like.master:KattaMaster", {})
+    async def start_master(self, name: str) -> Child:
+        return await self._spawn(name, "examples.katta_like.master:KattaMaster", {})
 
-    def start_node(self, name: str) -> None:
-        self._spawn(name, "examples.katta_like.node:SearchNode",
-                    {"KATTA_DATA": str(self.workdir / "nodes" / name)})
+    async def start_node(self, name: str) -> Child:
+        return await self._spawn(name, "examples.katta_like.node:SearchNode",
+                                 {"KATTA_DATA": str(self.workdir / "nodes" / name)})
 
-    def kill9(self, name: str) -> None:
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    async def kill9(self, name: str) -> None:
+        """kill -9 ``name`` and wait until it is gone."""
+        child = self.procs[name]
+        child.kill()
+        await child.wait()
 
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-    def __enter__(self) -> Cluster:
+    async def __aenter__(self) -> Cluster:
+        await self._stack.__aenter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop_all()
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
 
 
 async def active_master(session: Session, app: str = "katta") -> str | None:

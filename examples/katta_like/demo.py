@@ -28,7 +28,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import time
 import uuid
@@ -109,12 +108,12 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
     summary: dict[str, Any] = {"corpus": corpus.to_json(), "shards": args.shards,
                                "replication": 2}
     async with zookeeper() as (hosts, chroot):
-        with Cluster(hosts, chroot, out, session_timeout=args.session_timeout) as cluster:
+        async with Cluster(hosts, chroot, out, session_timeout=args.session_timeout) as cluster:
             for m in ("master-1", "master-2"):
-                cluster.start_master(m)
+                await cluster.start_master(m)
             nodes = [f"node-{i}" for i in range(1, 5)]
             for n in nodes:
-                cluster.start_node(n)
+                await cluster.start_node(n)
             say(t0, "started 2 masters and 4 search nodes")
             expected = await trio.to_thread.run_sync(
                 reference, corpus, out, list(dict.fromkeys(queries)), 10)
@@ -148,7 +147,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                     windows["no fault (2 s before the first)"] = (calm, time.monotonic())
                     # 1. kill -9 a search node
                     victim = "node-2"
-                    cluster.kill9(victim)
+                    await cluster.kill9(victim)
                     killed = time.monotonic()
                     say(t0, f"kill -9 {victim}")
                     await bounded("re-replication", 60, wait_replicated(
@@ -161,14 +160,14 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                     # 2. freeze a search node (SIGSTOP): its session expires, its shards
                     # are re-replicated; then it resumes (SIGCONT) with a new session
                     frozen = "node-3"
-                    os.kill(cluster.procs[frozen].pid, signal.SIGSTOP)
+                    cluster.procs[frozen].pause()
                     stopped = time.monotonic()
                     say(t0, f"SIGSTOP {frozen}")
                     await bounded("re-replication", 60, wait_replicated(
                         session, "docs-v1", 2, exclude={victim, frozen}))
                     summary["node_freeze_to_full_replication_s"] = round(
                         time.monotonic() - stopped, 2)
-                    os.kill(cluster.procs[frozen].pid, signal.SIGCONT)
+                    cluster.procs[frozen].resume()
                     say(t0, "every shard has 2 serving replicas again after "
                             f"{summary['node_freeze_to_full_replication_s']}s; "
                             f"SIGCONT {frozen}")
@@ -177,10 +176,10 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                     windows["SIGSTOP of a node"] = (stopped, time.monotonic())
                     # 2. kill -9 the active master, then a new node joins
                     leader = await active_master(session)
-                    cluster.kill9(leader or "master-1")
+                    await cluster.kill9(leader or "master-1")
                     killed = time.monotonic()
                     say(t0, f"kill -9 the active master {leader}")
-                    cluster.start_node("node-5")
+                    await cluster.start_node("node-5")
                     say(t0, "node-5 joins")
                     successor = await bounded("master failover", 60,
                                               wait_new_master(session, leader))

@@ -1,11 +1,17 @@
 """Child processes for tests, demos and benchmarks: the framework's one process harness.
 
-:func:`spawn` starts a command with :func:`trio.lowlevel.open_process` and yields a
-:class:`Child`: waiting is async (a hang ends with the caller's ``trio.fail_after``), kill -9,
-SIGSTOP and SIGCONT are one call each, and when the block ends a child still running is
-killed with SIGKILL and reaped.  Every child dies with its parent (``PR_SET_PDEATHSIG`` on
-Linux: a crashed test run leaves no orphan), and its output goes to a log file of its own
-(``log_dir/<name>.log``), or to a pipe read line by line (:class:`Lines`).
+:func:`spawn` starts a command and yields a :class:`Child`: waiting is async (a hang ends
+with the caller's ``trio.fail_after``), kill -9, SIGSTOP and SIGCONT are one call each, and
+when the block ends a child still running is killed with SIGKILL and reaped.  Every child
+dies with its parent (``PR_SET_PDEATHSIG`` on Linux: a crashed test run leaves no orphan),
+and its output goes to a log file of its own (``log_dir/<name>.log``), or to a pipe read
+line by line (:class:`Lines`).
+
+Why not :func:`trio.lowlevel.open_process`: it forks in a worker thread, and Linux ties
+``PR_SET_PDEATHSIG`` to the thread that forked, so every child would be killed when trio's
+thread cache retires that thread (about ten seconds later).  The child is forked here, in
+trio's own thread (a few milliseconds), and waited for through a pidfd (Linux 5.3+) with
+:func:`trio.lowlevel.wait_readable`; elsewhere, by a thread that waits for it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import attrs
 import trio
@@ -70,9 +76,10 @@ class Child:
     """One running child process (see :func:`spawn`)."""
 
     name: str
-    process: trio.Process
+    process: subprocess.Popen[bytes]
     log_path: Path | None = None
     lines: Lines | None = None
+    _pidfd: int | None = None
 
     @property
     def pid(self) -> int:
@@ -102,7 +109,13 @@ class Child:
 
     async def wait(self) -> int:
         """Wait for the child to exit (cancellable); its exit code."""
-        return await self.process.wait()
+        while self.process.poll() is None:
+            if self._pidfd is not None:
+                await trio.lowlevel.wait_readable(self._pidfd)
+            else:
+                await trio.to_thread.run_sync(self.process.wait, abandon_on_cancel=True)
+        assert self.process.returncode is not None
+        return self.process.returncode
 
     def log(self) -> str:
         """What the child wrote to its log so far ('' without a log file)."""
@@ -114,6 +127,11 @@ class Child:
         if self.running:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signum)
+
+    def _close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 @asynccontextmanager
@@ -131,7 +149,7 @@ async def spawn(
     Output: with ``pipe_stdout`` the child's stdout is read through ``child.lines`` (stderr
     goes to the log file, or is inherited); with ``log_dir`` stdout and stderr go to
     ``log_dir/<name>.log``; otherwise both are inherited.  ``env`` is added to this
-    process's environment."""
+    process's environment.  Call it from trio's thread (see the module doc)."""
     name = name or Path(str(argv[0])).name
     log_path: Path | None = None
     log_file: IO[bytes] | None = None
@@ -139,29 +157,35 @@ async def spawn(
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(log_dir) / f"{name}.log"
         log_file = log_path.open("ab")
-    options: dict[str, Any] = {
-        "env": {**os.environ, **(env or {})},
-        "cwd": cwd,
-        "stdout": subprocess.PIPE if pipe_stdout else log_file,
-        "stderr": log_file,
-    }
-    if sys.platform.startswith("linux"):
-        options["preexec_fn"] = die_with_parent
+    linux = sys.platform.startswith("linux")
     try:
-        process = await trio.lowlevel.open_process([str(a) for a in argv], **options)
+        process = subprocess.Popen(
+            [str(a) for a in argv], env={**os.environ, **(env or {})}, cwd=cwd,
+            stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
+            preexec_fn=die_with_parent if linux else None)
     finally:
         if log_file is not None:
             log_file.close()  # the child holds its own descriptor
-    lines = Lines(process.stdout) if pipe_stdout and process.stdout is not None else None
-    child = Child(name, process, log_path, lines)
+    pidfd: int | None = None
+    if hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            pidfd = os.pidfd_open(process.pid)
+    lines = None
+    stream: trio.lowlevel.FdStream | None = None
+    if process.stdout is not None:
+        stream = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
+        process.stdout.close()
+        lines = Lines(stream)
+    child = Child(name, process, log_path, lines, pidfd)
     try:
         yield child
     finally:
         child.kill()
         with trio.CancelScope(shield=True):
-            await process.wait()
-            if process.stdout is not None:
-                await process.stdout.aclose()
+            await child.wait()
+            if stream is not None:
+                await stream.aclose()
+        child._close()
 
 
 def python_argv(script: str | os.PathLike[str], *args: object) -> list[str]:
