@@ -24,9 +24,8 @@ Needs root, iproute2 and iptables (``make test-netns``); skipped otherwise, sayi
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ import pytest
 import trio
 
 from framework import Session, WorkQueue, ZooKeeperEnsemble
+from framework.testing import Child
+from framework.testing import spawn as harness_spawn
 from framework.testing.netns import (
     Host,
     NetnsError,
@@ -119,7 +120,7 @@ class Board:
 class Proc:
     """A helper process on one host: its output lines, and a line-oriented stdin."""
 
-    def __init__(self, name: str, process: trio.Process, board: Board, errors: Path) -> None:
+    def __init__(self, name: str, process: Child, board: Board, errors: Path) -> None:
         self.name, self.process, self.board, self.errors = name, process, board, errors
         self.lines: list[list[str]] = []
         self.cursor = 0
@@ -167,33 +168,28 @@ class Proc:
 
 @asynccontextmanager
 async def spawn(board: Board, host: Host, script: str, *args: object) -> AsyncIterator[Proc]:
-    """Run ``tests/helpers/<script>`` inside ``host``; kill it on the way out."""
-    errors = Path(tempfile.mkstemp(prefix=f"netns-{host.name}-", suffix=".err")[1])
-    with errors.open("wb") as stderr:
-        process = await trio.lowlevel.open_process(
-            host.command(sys.executable, str(HELPERS / script), *map(str, args)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"},
-            preexec_fn=_die_with_parent,  # no helper outlives a killed test run
-        )
-    proc = Proc(host.name, process, board, errors)
-    board.procs.append(proc)
+    """Run ``tests/helpers/<script>`` inside ``host`` (the framework's process harness: it
+    dies with the test run); kill it on the way out."""
+    logs = Path(tempfile.mkdtemp(prefix=f"netns-{host.name}-"))
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(proc.pump)
+        async with harness_spawn(
+            host.command(sys.executable, str(HELPERS / script), *map(str, args)),
+            name=script, log_dir=logs, pipe_stdin=True, pipe_stdout=True, cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"},
+        ) as child:
+            proc = Proc(host.name, child, board, logs / f"{script}.log")
+            board.procs.append(proc)
             try:
-                yield proc
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(proc.pump)
+                    try:
+                        yield proc
+                    finally:
+                        nursery.cancel_scope.cancel()
             finally:
                 board.procs.remove(proc)
-                process.kill()
-                with trio.CancelScope(shield=True):
-                    await process.wait()
     finally:
-        errors.unlink(missing_ok=True)
-
-
-def _die_with_parent() -> None:  # in the child, before exec (trio runs in the main thread)
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def now_ns() -> int:

@@ -80,6 +80,9 @@ class Child:
     log_path: Path | None = None
     lines: Lines | None = None
     _pidfd: int | None = None
+    #: the child's stdin (``pipe_stdin``) and stdout (``pipe_stdout``) as trio streams
+    stdin: trio.lowlevel.FdStream | None = None
+    stdout: trio.lowlevel.FdStream | None = None
 
     @property
     def pid(self) -> int:
@@ -141,14 +144,16 @@ async def spawn(
     name: str | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     pipe_stdout: bool = False,
+    pipe_stdin: bool = False,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[Child]:
     """Run ``argv`` for the duration of the block; kill -9 and reap it at the end.
 
-    Output: with ``pipe_stdout`` the child's stdout is read through ``child.lines`` (stderr
-    goes to the log file, or is inherited); with ``log_dir`` stdout and stderr go to
-    ``log_dir/<name>.log``; otherwise both are inherited.  ``env`` is added to this
+    Output: with ``pipe_stdout`` the child's stdout is read through ``child.lines`` (or
+    ``child.stdout``; stderr goes to the log file, or is inherited); with ``log_dir`` stdout
+    and stderr go to ``log_dir/<name>.log``; otherwise both are inherited.  ``pipe_stdin``:
+    write to the child through ``child.stdin``.  ``env`` is added to this
     process's environment.  Call it from trio's thread (see the module doc)."""
     name = name or Path(str(argv[0])).name
     log_path: Path | None = None
@@ -161,6 +166,7 @@ async def spawn(
     try:
         process = subprocess.Popen(
             [str(a) for a in argv], env={**os.environ, **(env or {})}, cwd=cwd,
+            stdin=subprocess.PIPE if pipe_stdin else None,
             stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
             preexec_fn=die_with_parent if linux else None)
     finally:
@@ -170,21 +176,23 @@ async def spawn(
     if hasattr(os, "pidfd_open"):
         with contextlib.suppress(OSError):
             pidfd = os.pidfd_open(process.pid)
-    lines = None
-    stream: trio.lowlevel.FdStream | None = None
+    child = Child(name, process, log_path, None, pidfd)
     if process.stdout is not None:
-        stream = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
+        child.stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
         process.stdout.close()
-        lines = Lines(stream)
-    child = Child(name, process, log_path, lines, pidfd)
+        child.lines = Lines(child.stdout)
+    if process.stdin is not None:
+        child.stdin = trio.lowlevel.FdStream(os.dup(process.stdin.fileno()))
+        process.stdin.close()
     try:
         yield child
     finally:
         child.kill()
         with trio.CancelScope(shield=True):
             await child.wait()
-            if stream is not None:
-                await stream.aclose()
+            for stream in (child.stdin, child.stdout):
+                if stream is not None:
+                    await stream.aclose()
         child._close()
 
 
