@@ -32,6 +32,8 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -165,11 +167,11 @@ class BrokerServer(Worker):
             "stranded": dict(sorted(self.stranded.items())),
         }
 
-    async def run(self, session: Session) -> None:
-        """Serve until stopped (see the module doc): the listener and our ``nodes/`` member
-        around the runtime's worker loop (our ``workers/`` member, the assignments, a
-        :meth:`serve_shard` per topic); a stop hands the primaries over first."""
-        self.session = session
+    @asynccontextmanager
+    async def lifetime(self, session: Session) -> AsyncIterator[None]:
+        """The listener and our ``nodes/`` member around the runtime's worker loop (our
+        ``workers/`` member, the assignments, a :meth:`serve_shard` per topic); a stop hands
+        the primaries over first (see the module doc)."""
         if self.lag_limit is None:
             self.lag_limit = session.read_timeout
         for path in (self.paths.nodes, self.paths.topics):
@@ -181,20 +183,22 @@ class BrokerServer(Worker):
         self.address = self.advertise or self.listen_address
         group = Group(session, self.paths.nodes)
         # a restarted server waits for its previous incarnation's session to expire (its
-        # ``workers/`` member, joined by the runtime below, goes with the same session)
-        async with group.join(self.name, dumps(self.node_record()),
-                              wait_if_taken=True) as member:
-            log.info("broker.serving", server=self.name, address=self.address)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
-                nursery.start_soon(self._report_node, member)
-                nursery.start_soon(self._watch_shutdown, session)
-                nursery.start_soon(self._watch_prohibited, session)
-                nursery.start_soon(self._stop_after_hand_over)
-                await super().run(session)
-                nursery.cancel_scope.cancel()
-        for topic_log in self.logs.values():
-            topic_log.close()
+        # ``workers/`` member, joined by the runtime after this, goes with the same session)
+        try:
+            async with group.join(self.name, dumps(self.node_record()),
+                                  wait_if_taken=True) as member:
+                log.info("broker.serving", server=self.name, address=self.address)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
+                    nursery.start_soon(self._report_node, member)
+                    nursery.start_soon(self._watch_shutdown, session)
+                    nursery.start_soon(self._watch_prohibited, session)
+                    nursery.start_soon(self._stop_after_hand_over)
+                    yield
+                    nursery.cancel_scope.cancel()
+        finally:
+            for topic_log in self.logs.values():
+                topic_log.close()
         log.info("broker.stopped", server=self.name)
 
     async def _stop_after_hand_over(self) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,9 @@ class PartitionFetcher(Worker):
         self._warc: WarcWriter | None = None
         self._job: Job | None = None
 
-    async def run(self, session: Any) -> None:
+    @asynccontextmanager
+    async def lifetime(self, session: Any) -> AsyncIterator[None]:
+        """The HTTP client and the WARC writer, for as long as the fetcher runs."""
         async with Fetcher(_fetch_config(self.crawl_config)) as fetcher:
             with WarcWriter(self.warc_dir, prefix="crawl", writer_id=self.name,
                             max_bytes=self.crawl_config.warc_max_bytes) as warc:
@@ -72,7 +76,7 @@ class PartitionFetcher(Worker):
                 log.info("fetcher.started", worker=self.name, warc_dir=str(self.warc_dir),
                          local_dir=str(self.local_dir))
                 try:
-                    await super().run(session)
+                    yield
                 finally:
                     self._fetcher = None
 
