@@ -89,11 +89,7 @@ async def test_subscriber_resumes_from_its_committed_position(
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["r"])
-            await wait_placed(session, ["r"])
+            await cluster.start_with_topics(session, ["r"])
             async with Producer(session) as producer:
                 for i in range(100):
                     await producer.send("r", str(i).encode())
@@ -159,11 +155,7 @@ async def test_the_data_path_costs_zookeeper_nothing_per_message(
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["z0", "z1"])
-            await wait_placed(session, ["z0", "z1"])
+            await cluster.start_with_topics(session, ["z0", "z1"])
             await wait_full_isr(session, ["z0", "z1"], {"s1", "s2"})
             async with CountingSession(zk_hosts, chroot=chroot) as psession, \
                     CountingSession(zk_hosts, chroot=chroot) as ssession, \
@@ -199,11 +191,7 @@ async def test_batches_of_large_messages_fit_in_a_frame(
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["big"])
-            await wait_placed(session, ["big"])
+            await cluster.start_with_topics(session, ["big"])
             payloads = [bytes([i]) * 900_000 for i in range(8)]
             async with Producer(session) as producer, trio.open_nursery() as sends:
                 for payload in payloads:
@@ -269,11 +257,7 @@ async def test_migration_prohibited_is_watched_by_every_server_and_obeyed_by_the
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, topics)
-            await wait_placed(session, topics)
+            await cluster.start_with_topics(session, topics)
             await wait_full_isr(session, topics, {"s1", "s2"})
             before = {t: loads((await session.get(PATHS.placement(t)))[0]) for t in topics}
             await session.create(PATHS.migration_prohibited)
@@ -309,11 +293,7 @@ async def test_the_isr_names_the_backups_copy_so_it_may_take_over_unannounced(
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["y0"])
-            await wait_placed(session, ["y0"])
+            await cluster.start_with_topics(session, ["y0"])
             await wait_full_isr(session, ["y0"], {"s1", "s2"})
             isr = Isr.decode((await session.get(BrokerPaths().isr("y0")))[0])
             backup = next(s for s in isr.in_sync if s != isr.leader)

@@ -16,7 +16,7 @@ import trio
 from examples.message_broker import ctl
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ROOT, LocalCluster
-from examples.message_broker.ctl import create_topics, force_leader, wait_placed
+from examples.message_broker.ctl import create_topics, force_leader
 from examples.message_broker.layout import BrokerPaths, Isr, dumps, loads
 from framework import Session
 from framework.runtime import App, gather_status, render_status
@@ -43,11 +43,7 @@ async def test_produce_consume_and_list_from_the_command_line(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["cli"])
-            await wait_placed(session, ["cli"])
+            await cluster.start_with_topics(session, ["cli"])
             assert await run_ctl(zk_hosts, chroot, "produce", "cli", "hello") == \
                 (0, "", "produced 1 message(s) to cli\n")
             status, _, err = await run_ctl(zk_hosts, chroot, "produce", "cli", "-",
@@ -137,11 +133,7 @@ async def test_force_leader_brings_a_stranded_topic_back(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=2.0)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["g"])
-            await wait_placed(session, ["g"])
+            await cluster.start_with_topics(session, ["g"])
             await wait_isr(session, "g", {"s1", "s2"})
             primary = loads((await session.get(PATHS.primary("g")))[0])["server"]
             backup = ({"s1", "s2"} - {primary}).pop()

@@ -12,7 +12,6 @@ import trio
 from examples.message_broker import protocol
 from examples.message_broker.client import Producer
 from examples.message_broker.cluster import LocalCluster
-from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import BrokerPaths, loads
 from framework import Session
 from tests.test_broker_failover import wait_full_isr
@@ -41,11 +40,7 @@ async def test_forged_fetch_frames_change_nothing(
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=4.0)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["a"])
-            await wait_placed(session, ["a"])
+            await cluster.start_with_topics(session, ["a"])
             await wait_full_isr(session, ["a"], {"s1", "s2"})  # replication over signed frames
             data, stat = await session.get(PATHS.primary("a"))
             primary = cluster.servers[loads(data)["server"]]
@@ -84,11 +79,7 @@ async def test_without_a_secret_a_forged_newer_epoch_is_checked_against_zookeepe
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=4.0)
-            for name in ("s1", "s2"):
-                await cluster.start_server(name, session)
-            await cluster.start_controller("c1")
-            await create_topics(session, ["a"])
-            await wait_placed(session, ["a"])
+            await cluster.start_with_topics(session, ["a"])
             await wait_full_isr(session, ["a"], {"s1", "s2"})
             data, stat = await session.get(PATHS.primary("a"))
             primary = cluster.servers[loads(data)["server"]]

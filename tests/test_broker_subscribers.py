@@ -16,7 +16,7 @@ import trio.testing
 
 from examples.message_broker.client import Message, Producer, Subscriber, SubscriberBusyError
 from examples.message_broker.cluster import ROOT, LocalCluster
-from examples.message_broker.ctl import create_topics, wait_placed
+from examples.message_broker.ctl import create_topics
 from examples.message_broker.layout import BrokerPaths, loads
 from framework import Session, errors
 from framework.testing.faults import expire_session
@@ -133,11 +133,7 @@ async def test_paused_subscriber_process_resumes_as_a_zombie(
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
                 cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-                for name in ("s1", "s2"):
-                    await cluster.start_server(name, session)
-                await cluster.start_controller("c1")
-                await create_topics(session, ["q"])
-                await wait_placed(session, ["q"])
+                await cluster.start_with_topics(session, ["q"])
                 async with Producer(session) as producer:
                     await producer.send_many("q", [f"m{i}".encode() for i in range(10)])
                     # the first never commits while it lives: 10 acks held in memory

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import attrs
 import trio
 
 from examples.message_broker.controller import BrokerController
+from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import BrokerPaths, loads
 from examples.message_broker.server import BrokerServer
 from framework.zk import Session, wait_exists, wait_gone
@@ -65,6 +67,19 @@ class LocalCluster:
         self.scopes[name] = trio.CancelScope()
         await self.nursery.start(self._run, controller, self.scopes[name])
         return controller
+
+    async def start_with_topics(self, session: Session, topics: Sequence[str], *,
+                                servers: Sequence[str] = ("s1", "s2"),
+                                controllers: Sequence[str] = ("c1",),
+                                mode: str = "refuse") -> None:
+        """Start ``servers`` and ``controllers``, create ``topics`` (``mode``) and return
+        once each has a serving primary."""
+        for name in servers:
+            await self.start_server(name, session)
+        for name in controllers:
+            await self.start_controller(name)
+        await create_topics(session, topics, mode=mode)
+        await wait_placed(session, topics)
 
     def crash(self, name: str) -> None:
         """Cancel a component at once (its session closes: like a clean crash)."""
