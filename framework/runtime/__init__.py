@@ -12,6 +12,7 @@ from framework.runtime.replicated import (
     confirmed_records,
 )
 from framework.runtime.runner import load_class, run_component
+from framework.runtime.service import Part, Service
 from framework.runtime.status import (
     AppStatus,
     AppSummary,
@@ -32,9 +33,11 @@ __all__ = [
     "DeadLetter",
     "Master",
     "MasterContext",
+    "Part",
     "PlacementRules",
     "Readiness",
     "ReplicatedPlacement",
+    "Service",
     "Task",
     "TaskResult",
     "Watches",
