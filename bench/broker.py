@@ -245,8 +245,8 @@ async def run(hosts: str, messages: int) -> list[Row]:
         async with Session(hosts, chroot=chroot, session_timeout=4.0) as session:
             with trio.fail_after(30):
                 for name in ("s1", "s2"):
-                    cluster.spawn("server", name)
-                cluster.spawn("controller", "c1")
+                    await cluster.spawn("server", name)
+                await cluster.spawn("controller", "c1")
                 for name in ("s1", "s2"):
                     await cluster.wait_joined(session, name)
                 await create_topics(session, topics)
@@ -298,7 +298,7 @@ async def run(hosts: str, messages: int) -> list[Row]:
             stat = await session.exists(PATHS.primary("b0"))
             assert stat is not None
             killed = time.monotonic()
-            cluster.kill9(victim)
+            await cluster.kill9(victim)
             with trio.fail_after(30):
                 async for snap in watch_data(session, PATHS.primary("b0")):
                     if snap.stat is not None and snap.stat.czxid != stat.czxid:
@@ -306,7 +306,7 @@ async def run(hosts: str, messages: int) -> list[Row]:
             rows.append(Row("failover after kill -9 of a primary (session 2 s)", "s", None,
                             round(time.monotonic() - killed, 3)))
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()
     return rows
 
 

@@ -162,8 +162,8 @@ async def test_double_failure_loses_no_acknowledged_message(
     try:
         with trio.fail_after(60):
             for name in ("s1", "s2"):
-                cluster.spawn("server", name, env=durable)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name, env=durable)
+            await cluster.spawn("controller", "c1")
             for name in ("s1", "s2"):
                 await cluster.wait_joined(session, name)
             mode = "one_copy" if order.endswith("one_copy") else "refuse"
@@ -179,21 +179,21 @@ async def test_double_failure_loses_no_acknowledged_message(
                     nursery.start_soon(load.run, producer, topic, lane)
                 await load.until(200)
                 if order == "backup_first":
-                    cluster.kill9(backup)
+                    await cluster.kill9(backup)
                     await wait_isr(session, topic, {primary})  # the primary went on alone
-                    cluster.kill9(primary)
+                    await cluster.kill9(primary)
                 elif order.startswith("primary_first"):
-                    cluster.kill9(primary)
+                    await cluster.kill9(primary)
                     await wait_primary(session, topic, backup)  # the backup took over
                     if mode == "one_copy":
                         await load.until(len(load.acked) + 100)  # acknowledged with one copy
-                    cluster.kill9(backup)
+                    await cluster.kill9(backup)
                 else:  # both still in the in-sync set: either may take over
-                    cluster.kill9(primary)
-                    cluster.kill9(backup)
+                    await cluster.kill9(primary)
+                    await cluster.kill9(backup)
                 before = len(load.acked)
                 for name in ("s1", "s2"):  # both come back under their names
-                    cluster.spawn("server", name, env=durable)
+                    await cluster.spawn("server", name, env=durable)
                 await load.until(before + 100)  # publishing resumed
                 nursery.cancel_scope.cancel()
             got = await read_back(session, topic, load.acked)
@@ -204,7 +204,7 @@ async def test_double_failure_loses_no_acknowledged_message(
             assert not lost
             assert len(got) == len(set(got))  # retries across the restart appended nothing twice
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()
 
 
 async def test_restart_of_the_only_in_sync_replica_recovers_its_log(
@@ -218,8 +218,8 @@ async def test_restart_of_the_only_in_sync_replica_recovers_its_log(
     durable = {"BROKER_FSYNC": "always"}
     try:
         with trio.fail_after(40):
-            cluster.spawn("server", "s1", env=durable)
-            cluster.spawn("controller", "c1")
+            await cluster.spawn("server", "s1", env=durable)
+            await cluster.spawn("controller", "c1")
             await cluster.wait_joined(session, "s1")
             await create_topics(session, [topic], mode="one_copy")
             await wait_placed(session, [topic])
@@ -227,14 +227,14 @@ async def test_restart_of_the_only_in_sync_replica_recovers_its_log(
             async with Producer(session) as producer:
                 for payload in sorted(sent):
                     await producer.send(topic, payload)
-            cluster.kill9("s1")
+            await cluster.kill9("s1")
             await wait_server_gone(session, "s1")
-            cluster.spawn("server", "s1", env=durable)
+            await cluster.spawn("server", "s1", env=durable)
             assert set(await read_back(session, topic, sent)) >= sent
             data = tmp_path / "data" / "s1" / topic
             assert any(p.suffix == ".seg" for p in data.iterdir()), os.listdir(data)
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()
 
 
 async def test_double_failure_with_a_spare_server_waits_for_its_in_sync_replica(
@@ -252,8 +252,8 @@ async def test_double_failure_with_a_spare_server_waits_for_its_in_sync_replica(
     try:
         with trio.fail_after(60):
             for name in sorted(servers):
-                cluster.spawn("server", name, env=durable)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name, env=durable)
+            await cluster.spawn("controller", "c1")
             for name in sorted(servers):
                 await cluster.wait_joined(session, name)
             await create_topics(session, [topic])
@@ -268,12 +268,12 @@ async def test_double_failure_with_a_spare_server_waits_for_its_in_sync_replica(
                 for lane in range(4):
                     nursery.start_soon(load.run, producer, topic, lane)
                 await load.until(300)
-                cluster.kill9(primary)
+                await cluster.kill9(primary)
                 await wait_primary(session, topic, backup)
-                cluster.kill9(backup)
+                await cluster.kill9(backup)
                 await wait_server_gone(session, backup)
                 before = len(load.acked)
-                cluster.spawn("server", primary, env=durable)  # not the last primary
+                await cluster.spawn("server", primary, env=durable)  # not the last primary
                 await cluster.wait_joined(session, primary)
                 # a sync point: once a topic created now has a primary, the controller has
                 # reconciled with the old primary back (and the spare) - yet ``w`` must stay
@@ -282,7 +282,7 @@ async def test_double_failure_with_a_spare_server_waits_for_its_in_sync_replica(
                 await wait_placed(session, ["probe"])
                 assert backup in decode_replicas(
                     (await session.get(BrokerPaths().placement(topic)))[0])
-                cluster.spawn("server", backup, env=durable)
+                await cluster.spawn("server", backup, env=durable)
                 await load.until(before + 200)
                 nursery.cancel_scope.cancel()
             got = await read_back(session, topic, load.acked)
@@ -290,7 +290,7 @@ async def test_double_failure_with_a_spare_server_waits_for_its_in_sync_replica(
                   f"lost {len(load.acked - set(got))}")
             assert load.acked <= set(got) and len(got) == len(set(got))
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()
 
 
 async def test_a_new_cluster_on_old_data_does_not_serve_old_records(

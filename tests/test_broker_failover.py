@@ -113,12 +113,12 @@ async def test_kill9_primary_then_controller_nothing_acked_lost(
     try:
         with trio.fail_after(50):
             for name in ("s1", "s2", "s3"):
-                cluster.spawn("server", name)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name)
+            await cluster.spawn("controller", "c1")
             for name in ("s1", "s2", "s3"):
                 await cluster.wait_joined(session, name)
             await wait_exists(session, paths.app.rendezvous)  # c1 leads
-            cluster.spawn("controller", "c2")
+            await cluster.spawn("controller", "c2")
             await create_topics(session, topics)
             await wait_placed(session, topics)
             await wait_full_isr(session, topics, {"s1", "s2", "s3"})
@@ -143,7 +143,7 @@ async def test_kill9_primary_then_controller_nothing_acked_lost(
             dups = await check_delivery(session, load, "checker")
             assert sum(dups.values()) == 0  # idempotent producer: retries never duplicate
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()
 
 
 async def kill_primary_then_controller(session: Session, cluster: ProcessCluster,
@@ -155,7 +155,7 @@ async def kill_primary_then_controller(session: Session, cluster: ProcessCluster
     # kill -9 the server that is primary for the most topics, under load
     placed = await primaries(session, topics)
     victim = Counter(placed.values()).most_common(1)[0][0]
-    cluster.kill9(victim)
+    await cluster.kill9(victim)
     at_kill = load.total
     await wait_server_gone(session, victim)
     await load.until(at_kill + 300)  # the backups took over and ack again
@@ -164,11 +164,11 @@ async def kill_primary_then_controller(session: Session, cluster: ProcessCluster
     await wait_full_isr(session, topics, live)
     # kill -9 the active controller; the standby must repair the next failure
     leader = loads((await session.get(paths.app.rendezvous))[0])["name"]
-    cluster.kill9(leader)
-    cluster.spawn("server", "s4")
+    await cluster.kill9(leader)
+    await cluster.spawn("server", "s4")
     await cluster.wait_joined(session, "s4")
     second = sorted(live)[0]
-    cluster.kill9(second)
+    await cluster.kill9(second)
     await wait_server_gone(session, second)
     at_second = load.total
     await load.until(at_second + 300)
@@ -185,8 +185,8 @@ async def test_kill9_backup_primary_goes_on_and_new_backup_catches_up(
     try:
         with trio.fail_after(40):
             for name in ("s1", "s2", "s3"):
-                cluster.spawn("server", name)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name)
+            await cluster.spawn("controller", "c1")
             for name in ("s1", "s2", "s3"):
                 await cluster.wait_joined(session, name)
             await create_topics(session, topics)
@@ -201,7 +201,7 @@ async def test_kill9_backup_primary_goes_on_and_new_backup_catches_up(
                 for topic in topics:
                     nursery.start_soon(load.run, producer, topic)
                 await load.until(200)
-                cluster.kill9(backup)
+                await cluster.kill9(backup)
                 await wait_server_gone(session, backup)
                 live = {"s1", "s2", "s3"} - {backup}
                 await wait_full_isr(session, topics, live)  # a new backup caught up
@@ -210,4 +210,4 @@ async def test_kill9_backup_primary_goes_on_and_new_backup_catches_up(
             assert (await primaries(session, ["k0"]))["k0"] == primary  # it went on
             await check_delivery(session, load, "checker")
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()

@@ -69,8 +69,8 @@ async def test_a_hung_backup_leaves_the_in_sync_set_after_the_lag_limit(
     try:
         with trio.fail_after(60):
             for name in ("s1", "s2", "s3"):
-                cluster.spawn("server", name, env)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name, env)
+            await cluster.spawn("controller", "c1")
             for name in ("s1", "s2", "s3"):
                 await cluster.wait_joined(session, name)
             await wait_exists(session, PATHS.app.rendezvous)
@@ -110,9 +110,9 @@ async def test_a_hung_backup_leaves_the_in_sync_set_after_the_lag_limit(
             await wait_settled(session, topics)
             await check_delivery(session, load, "checker")
     finally:
-        if victim and cluster.procs[victim].poll() is None:
+        if victim and cluster.procs[victim].running:
             os.kill(cluster.procs[victim].pid, signal.SIGCONT)
-        cluster.stop_all()
+        await cluster.stop_all()
     logged = [e for name in ("s1", "s2", "s3") for e in events(cluster, name)]
     # its primaries found it silent and behind (half the lag limit: a replacement is placed)
     slow = [e for e in logged if e.get("event") == "broker.backup_slow"]

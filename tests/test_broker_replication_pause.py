@@ -32,8 +32,8 @@ async def test_a_resumed_zombie_primary_acknowledges_nothing(
     try:
         with trio.fail_after(60):
             for name in ("s1", "s2", "s3"):  # a third: the new primary gets a new backup
-                cluster.spawn("server", name)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name)
+            await cluster.spawn("controller", "c1")
             for name in ("s1", "s2", "s3"):
                 await cluster.wait_joined(session, name)
             await wait_exists(session, PATHS.app.rendezvous)
@@ -74,6 +74,6 @@ async def test_a_resumed_zombie_primary_acknowledges_nothing(
             assert [p for p in got if p.startswith(b"after-")] == \
                 [b"after-%d" % i for i in range(50)]
     finally:
-        if zombie and cluster.procs[zombie].poll() is None:
+        if zombie and cluster.procs[zombie].running:
             os.kill(cluster.procs[zombie].pid, signal.SIGCONT)
-        cluster.stop_all()
+        await cluster.stop_all()

@@ -46,8 +46,8 @@ async def test_graceful_shutdown_hands_over_even_with_a_hung_backup(
     try:
         with trio.fail_after(60):
             for name in ("s1", "s2", "s3", "s4"):
-                cluster.spawn("server", name, env)
-            cluster.spawn("controller", "c1")
+                await cluster.spawn("server", name, env)
+            await cluster.spawn("controller", "c1")
             for name in ("s1", "s2", "s3", "s4"):
                 await cluster.wait_joined(session, name)
             await wait_exists(session, PATHS.app.rendezvous)
@@ -80,9 +80,9 @@ async def test_graceful_shutdown_hands_over_even_with_a_hung_backup(
                   f"(lag limit {LAG_LIMIT} s)")
             await check_delivery(session, load, "checker")
     finally:
-        if hung and cluster.procs[hung].poll() is None:
+        if hung and cluster.procs[hung].running:
             os.kill(cluster.procs[hung].pid, signal.SIGCONT)
-        cluster.stop_all()
+        await cluster.stop_all()
     mine = events(cluster, stopping)
     handed = {e["topic"] for e in mine if e.get("event") == "broker.handed_over"}
     assert handed == set(led)  # every primary handed over, the hung backup's topic too

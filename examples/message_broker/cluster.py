@@ -8,13 +8,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from examples.message_broker.controller import BrokerController
 from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import BrokerPaths, loads
 from examples.message_broker.server import BrokerServer
+from framework.testing import Child, spawn
 from framework.zk import Session, wait_exists, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,13 +84,11 @@ class LocalCluster:
         self.scopes[name].cancel()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class ProcessCluster:
-    """Servers and controllers as child processes (see the module doc)."""
+    """Servers and controllers as child processes (see the module doc), through the
+    framework's process harness: each dies with its parent, logs to ``<logs>/<name>.log``
+    (appended to when a server restarts under its name); :meth:`stop_all` kills -9 and reaps
+    every one still running."""
 
     def __init__(self, hosts: str, chroot: str | None, data_dir: Path, logs: Path, *,
                  session_timeout: float = 4.0, log_level: str = "info") -> None:
@@ -102,27 +98,28 @@ class ProcessCluster:
         self.logs = logs
         self.session_timeout = session_timeout
         self.log_level = log_level
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Child] = {}
+        self._stack = AsyncExitStack()
         logs.mkdir(parents=True, exist_ok=True)
 
-    def spawn(self, kind: str, name: str, env: dict[str, str] | None = None) -> None:
+    async def spawn(self, kind: str, name: str, env: dict[str, str] | None = None) -> Child:
         cls = {"server": "BrokerServer", "controller": "BrokerController"}[kind]
         argv = [sys.executable, "-m", "framework", "run",
                 f"examples.message_broker.app:{cls}", "--zk", self.hosts, "--name", name,
                 "--session-timeout", str(self.session_timeout)]
         if self.chroot:
             argv += ["--chroot", self.chroot]
-        environment = os.environ | {
+        environment = {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "FRAMEWORK_LOG_LEVEL": self.log_level,
             "FRAMEWORK_LOG_JSON": "1",
             "BROKER_DATA_DIR": str(self.data_dir),
             **(env or {}),
         }
-        with open(self.logs / f"{name}.log", "wb") as out:
-            self.procs[name] = subprocess.Popen(
-                argv, env=environment, cwd=ROOT, stdout=out, stderr=out,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        child = await self._stack.enter_async_context(
+            spawn(argv, name=name, log_dir=self.logs, env=environment, cwd=ROOT))
+        self.procs[name] = child
+        return child
 
     async def wait_joined(self, session: Session, name: str) -> None:
         """Return once server ``name`` is a member of ``nodes/`` and of ``workers/`` (where
@@ -130,21 +127,18 @@ class ProcessCluster:
         await wait_exists(session, f"{BrokerPaths().nodes}/{name}")
         await wait_exists(session, f"{BrokerPaths().app.workers}/{name}")
 
-    def kill9(self, name: str) -> None:
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    async def kill9(self, name: str) -> None:
+        """kill -9 ``name`` and wait until it is gone."""
+        child = self.procs[name]
+        child.kill()
+        await child.wait()
 
     async def wait_exit(self, name: str) -> int:
-        return await trio.to_thread.run_sync(self.procs[name].wait, abandon_on_cancel=True)
+        return await self.procs[name].wait()
 
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        for proc in self.procs.values():
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=5)
+    async def stop_all(self) -> None:
+        """kill -9 and reap every process still running."""
+        await self._stack.aclose()
 
     def log_tail(self, name: str, lines: int = 10) -> str:
         try:

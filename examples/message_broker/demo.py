@@ -300,12 +300,12 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
         async with Session(hosts, chroot=chroot, session_timeout=4.0) as session:
             with trio.fail_after(60):
                 for name in ("s1", "s2", "s3"):
-                    cluster.spawn("server", name)
-                cluster.spawn("controller", "c1")
+                    await cluster.spawn("server", name)
+                await cluster.spawn("controller", "c1")
                 for name in ("s1", "s2", "s3"):
                     await cluster.wait_joined(session, name)
                 await wait_exists(session, PATHS.app.rendezvous)
-                cluster.spawn("controller", "c2")
+                await cluster.spawn("controller", "c2")
                 say("3 servers and 2 controllers up; creating topics")
                 await create_topics(session, topics)
                 await wait_placed(session, topics)
@@ -335,7 +335,7 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 say(f"kill -9 {victim} (primary for {led} topics)")
                 old = await epochs(session, victim_topics)
                 killed_at = time.monotonic()
-                cluster.kill9(victim)
+                await cluster.kill9(victim)
                 with trio.fail_after(30):
                     times = sorted(await failover_times(session, old, killed_at))
                 summary["failover_s"] = {"p50": round(statistics.median(times), 3),
@@ -349,8 +349,8 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 leader = loads((await session.get(PATHS.app.rendezvous))[0])["name"]
                 say(f"kill -9 the active controller {leader}; replacement server s4 joins")
                 ctl_killed = time.monotonic()
-                cluster.kill9(leader)
-                cluster.spawn("server", "s4")
+                await cluster.kill9(leader)
+                await cluster.spawn("server", "s4")
                 live |= {"s4"}
                 with trio.fail_after(40):
                     async for snap in watch_data(session, PATHS.app.rendezvous):
@@ -403,7 +403,7 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                          <= summary["sigstop"]["target_s"])
         return summary
     finally:
-        cluster.stop_all()
+        await cluster.stop_all()
 
 
 def render_summary(summary: dict[str, Any]) -> str:
