@@ -16,7 +16,7 @@ import trio
 from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
-from framework.runtime.task_consumer import _Marker
+from framework.runtime.markers import Marker as _Marker
 from framework.runtime.tasks import read_result
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session

@@ -54,12 +54,16 @@ from examples.message_broker.watching import wait_epoch_changed, wait_watch
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Group, Membership
+from framework.retry import Backoff
 from framework.runtime import App, Worker
 from framework.zk import Session, wait_gone, watch_data
 
 __all__ = ["BrokerServer"]
 
 log = get_logger("examples.message_broker.server")
+
+#: Pauses before a backup reconnects to its primary after a failed link.
+RECONNECT = Backoff(0.2, 1.0)
 
 #: Longest a replication fetch waits on the primary for new records (seconds).
 FETCH_WAIT = 1.0
@@ -493,7 +497,9 @@ class BrokerServer(Worker):
                                    wait_epoch_changed(session, self.paths.primary(topic),
                                                       epoch, fired, generation),
                                    nursery.cancel_scope)
+                failures = 0
                 while True:
+                    linked = trio.current_time()
                     try:
                         await self._replicate(topic, topic_log, address, epoch, info)
                     except (OSError, protocol.PeerClosed, protocol.ProtocolError,
@@ -503,7 +509,10 @@ class BrokerServer(Worker):
                         log.info("broker.replication_refused", topic=topic, code=exc.code)
                         if exc.code in ("stale_epoch", "stale_copy"):
                             await trio.sleep_forever()  # until the primary znode changes
-                    await trio.sleep(0.2)  # back off before reconnecting to the same primary
+                    # back off before reconnecting to the same primary (anew after a link
+                    # that lasted)
+                    failures = 1 if trio.current_time() - linked > RECONNECT.cap else failures + 1
+                    await RECONNECT.sleep(failures)
         finally:
             self.backups.pop(topic, None)
 

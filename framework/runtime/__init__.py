@@ -4,13 +4,8 @@ from framework.runtime.app import App
 from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
-from framework.runtime.replicated import (
-    PlacementRules,
-    Readiness,
-    ReplicatedPlacement,
-    commit_fenced,
-    confirmed_records,
-)
+from framework.runtime.placement_rules import PlacementRules, Readiness, confirmed_records
+from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.service import Part, Service
 from framework.runtime.status import (

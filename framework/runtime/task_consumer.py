@@ -20,7 +20,6 @@ unstarted (its ``running/`` marker goes in the same transaction; no delivery is 
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -29,7 +28,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
 from framework import errors, metrics
@@ -37,6 +35,7 @@ from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
 from framework.runtime.app import ensure_result_buckets
 from framework.runtime.handlers import ThreadCall, handle_in_process, returned
+from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone
 
@@ -75,7 +74,7 @@ class TaskConsumer:
         self.tasks_failed = 0
         self._in_flight = 0
         self._waiting: set[trio.CancelScope] = set()
-        self._markers: dict[str, _Marker] = {}  # running/ path -> this worker's marker
+        self._markers: dict[str, Marker] = {}  # running/ path -> this worker's marker
         self._stuck_threads = 0
         self._threads_lock = threading.Lock()
         self._pool_limiter = trio.CapacityLimiter(math.inf)
@@ -128,7 +127,7 @@ class TaskConsumer:
                 # a persistent problem (e.g. the app's znodes deleted under us) must not
                 # turn into a busy loop: back off, exponentially, up to backoff_max
                 await self.worker.backoff.sleep(trouble)
-            marker: list[_Marker] = []
+            marker: list[Marker] = []
             try:
                 with trio.CancelScope() as slot:
                     # request_stop cancels only slots still waiting for an item
@@ -156,7 +155,7 @@ class TaskConsumer:
                 log.exception("worker.slot_error", worker=self.worker.name, retry=trouble)
 
     async def _mark_running(self, session: Session, running: str, task: Task,
-                            item: QueueItem, marker: list[_Marker]) -> None:
+                            item: QueueItem, marker: list[Marker]) -> None:
         """Create this delivery's ``running/<task id>`` marker; on return ``marker`` holds
         it.  The marker is also the task id's mutual exclusion: another live delivery of the
         same id (a resubmission, an at-least-once put) waits here until that one's marker is
@@ -173,7 +172,7 @@ class TaskConsumer:
                     return
                 except (errors.ConnectionLossError, errors.NodeExistsError):
                     pass  # ours, applied with its reply lost, or another delivery's
-                owner = await _marker_owner(session, running)
+                owner = await marker_owner(session, running)
                 if owner is None:
                     continue
                 delivery, owner_session, version = owner
@@ -182,7 +181,7 @@ class TaskConsumer:
                     mine.version = version
                     marker.append(mine)
                     return
-                if _earlier_delivery_of(delivery, item):
+                if earlier_delivery_of(delivery, item):
                     log.warning("task.stale_marker_taken_over", task=task.id,
                                 worker=self.worker.name, other=delivery)
                     try:
@@ -198,14 +197,14 @@ class TaskConsumer:
             # marker behind, it would hold up every later delivery of this task id
             with cleanup_scope(session):
                 try:
-                    owner = await _marker_owner(session, running)
+                    owner = await marker_owner(session, running)
                     if owner is not None and owner[0] == mine.delivery:
                         await session.delete(running, version=owner[2])
                 except errors.ZooKeeperError:
                     pass  # the session ended (so did its ephemeral marker), or not ours
             raise
 
-    async def _clear_running(self, session: Session, marker: list[_Marker]) -> None:
+    async def _clear_running(self, session: Session, marker: list[Marker]) -> None:
         """Delete our marker, and only ours: the node is read first and deleted at the
         version read only if it carries our delivery token (a later delivery that took
         over a stale marker of ours creates its own, also at version 0: a delete by
@@ -218,7 +217,7 @@ class TaskConsumer:
                 return  # deleted with the acknowledgement
             with cleanup_scope(session):
                 try:
-                    owner = await _marker_owner(session, mine.path)
+                    owner = await marker_owner(session, mine.path)
                     if owner is not None and owner[0] == mine.delivery:
                         await session.delete(mine.path, version=owner[2])
                 except errors.ZooKeeperError:
@@ -249,13 +248,13 @@ class TaskConsumer:
 
         return ClaimExtras(build, undo, (task, mine))
 
-    def _new_marker(self, running: str, task: Task, item: QueueItem) -> _Marker:
-        return _Marker(running, f"{self.worker.name}/{item.name}/{item.attempts}",
+    def _new_marker(self, running: str, task: Task, item: QueueItem) -> Marker:
+        return Marker(running, f"{self.worker.name}/{item.name}/{item.attempts}",
                        {"worker": self.worker.name, "started": time.time(),
                         "attempt": task.attempts})
 
     async def _handle_item(self, session: Session, queue: WorkQueue, item: QueueItem,
-                           marker: list[_Marker]) -> None:
+                           marker: list[Marker]) -> None:
         """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
         previous_version: int | None = None  # the result record's version, if one exists
         if item.extras is not None:
@@ -480,48 +479,6 @@ class TaskConsumer:
         except (errors.BadVersionError, errors.NoNodeError):
             return  # the marker is no longer ours: this delivery lost its claim
         marker.version = stat.version
-
-
-@attrs.define
-class _Marker:
-    """This worker's ``running/<task id>`` node: its delivery token
-    (``worker/item name/attempt``) and the version we last wrote."""
-
-    path: str
-    delivery: str
-    doc: dict[str, Any]
-    version: int = 0
-    finisher: Finisher | None = None  # when set and applied, the ack deleted the marker
-
-    def encode(self, progress: dict[str, Any] | None = None) -> bytes:
-        return json.dumps({**self.doc, **(progress or {}), "delivery": self.delivery}).encode()
-
-
-def _earlier_delivery_of(delivery: str, item: QueueItem) -> bool:
-    """Whether ``delivery`` (a marker's token) is an earlier delivery of ``item``: that
-    delivery's claim has ended, since ours holds the item now."""
-    head, _, attempt = delivery.rpartition("/")
-    _worker, _, name = head.partition("/")
-    return name == item.name and attempt.isdigit() and int(attempt) < item.attempts
-
-
-async def _marker_owner(session: Session, path: str) -> tuple[str, int, int] | None:
-    """The delivery token, owning session and version of a ``running/`` marker (``None``:
-    there is none)."""
-    while True:
-        try:
-            await session.sync(path)
-            data, stat = await session.get(path)
-        except errors.NoNodeError:
-            return None
-        except errors.ConnectionLossError:
-            await session.wait_connected()
-            continue
-        try:
-            delivery = str(json.loads(data).get("delivery", ""))
-        except (ValueError, AttributeError):
-            delivery = ""
-        return delivery, stat.ephemeralOwner, stat.version
 
 
 async def _put(session: Session, path: str, data: bytes) -> None:
