@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -12,7 +10,14 @@ import trio
 
 from framework import LeadershipLost, Session, TransactionFailedError
 from framework.primitives.election import Election, Term, contenders_of
-from framework.testing import TcpProxy, count_watch_fires, expire_session, watchers_by_path
+from framework.testing import (
+    TcpProxy,
+    count_watch_fires,
+    expire_session,
+    python_argv,
+    spawn,
+    watchers_by_path,
+)
 from framework.zk import watch_children
 from framework.zkserver import four_letter
 
@@ -27,16 +32,6 @@ async def wait_contenders(observer: Session, count: int, path: str = PATH) -> li
         if len(line) >= count:
             return line
     raise AssertionError("unreachable")
-
-
-async def read_line(stream: trio.abc.ReceiveStream) -> str:
-    buffer = b""
-    while b"\n" not in buffer:
-        chunk = await stream.receive_some(4096)
-        if not chunk:
-            raise AssertionError(f"helper exited before signalling: {buffer!r}")
-        buffer += chunk
-    return buffer.split(b"\n", 1)[0].decode()
 
 
 async def records(session: Session) -> dict[str, int]:
@@ -98,14 +93,11 @@ async def test_kill9_leader_next_contender_leads_after_session_timeout(
 ) -> None:
     await session.ensure_path("/records")
     await session.ensure_path(PATH)
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPER), zk_hosts, chroot, PATH, "holder", "--timeout", "2",
-         "--records", "/records"],
-        stdout=subprocess.PIPE,
-    )
-    try:
+    async with spawn(python_argv(HELPER, zk_hosts, chroot, PATH, "holder", "--timeout", "2",
+                                 "--records", "/records"), pipe_stdout=True) as proc:
+        assert proc.lines is not None
         with trio.fail_after(30):
-            holder_token = int((await read_line(proc.stdout)).split()[1])
+            holder_token = int((await proc.lines.next()).split()[1])
             async with (
                 Session(zk_hosts, chroot=chroot, session_timeout=2) as b,
                 Session(zk_hosts, chroot=chroot, session_timeout=2) as c,
@@ -149,11 +141,6 @@ async def test_kill9_leader_next_contender_leads_after_session_timeout(
                 assert max_leaders == 1
                 tokens = sorted(int(name.split("-")[1]) for name in await records(session))
                 assert tokens[0] == holder_token and len(tokens) == 3
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        with trio.CancelScope(shield=True):
-            await proc.wait()
 
 
 async def test_frozen_leader_is_cancelled_before_the_next_leader_starts(

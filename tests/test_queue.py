@@ -6,7 +6,6 @@ concurrent producers, bad settings, and a property test with faults at random po
 from __future__ import annotations
 
 import random
-import sys
 import types
 import uuid
 from collections import Counter
@@ -30,7 +29,7 @@ from framework.errors import (
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.primitives.queue import producer as queue_producer
 from framework.primitives.queue.view import parse_item, update_listing
-from framework.testing import TcpProxy, expire_session
+from framework.testing import TcpProxy, expire_session, python_argv, spawn
 from framework.zk import Transaction
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -239,11 +238,8 @@ async def test_consumer_killed_mid_item(zk_hosts: str, chroot: str, session: Ses
     nothing is lost, and every item is acknowledged exactly once."""
     q = WorkQueue(session, "/q")
     names = await q.put_many([b"a", b"b", b"c"])
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPERS / "p2_queue_consumer.py"), zk_hosts, chroot, "/q"],
-        cwd=str(ROOT),
-    )
-    try:
+    async with spawn(python_argv(HELPERS / "p2_queue_consumer.py", zk_hosts, chroot, "/q"),
+                     cwd=ROOT) as proc:
         with trio.fail_after(20):
             [claim] = await _wait_children(session, "/q/claims", 1)
             proc.kill()
@@ -253,8 +249,6 @@ async def test_consumer_killed_mid_item(zk_hosts: str, chroot: str, session: Ses
                 async with q.take() as item:
                     pass
                 acked.append(item)
-    finally:
-        proc.kill()
     assert sorted(i.name for i in acked) == sorted(names)
     held = next(i for i in acked if i.name.replace("/", ".") == claim)
     assert held.attempts == 2 and all(i.attempts == 1 for i in acked if i is not held)
@@ -267,11 +261,8 @@ async def test_crashed_deliveries_count_towards_max_attempts(
     q = WorkQueue(session, "/q", max_attempts=1)
     await q.put(b"kills-consumers")
     await q.put(b"ok")
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPERS / "p2_queue_consumer.py"), zk_hosts, chroot, "/q"],
-        cwd=str(ROOT),
-    )
-    try:
+    async with spawn(python_argv(HELPERS / "p2_queue_consumer.py", zk_hosts, chroot, "/q"),
+                     cwd=ROOT) as proc:
         with trio.fail_after(20):
             await _wait_children(session, "/q/claims", 1)
             proc.kill()
@@ -283,8 +274,6 @@ async def test_crashed_deliveries_count_towards_max_attempts(
                 nursery.start_soon(_take_data, q)
                 await _wait_children(session, "/q/dead", 1)
                 nursery.cancel_scope.cancel()
-    finally:
-        proc.kill()
     [dead] = await q.dead_letters()
     assert dead.data == b"kills-consumers" and dead.attempts == 1
     assert await q.size() == 0
