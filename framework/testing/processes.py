@@ -70,6 +70,21 @@ class Lines:
             if done(line):
                 return read
 
+    async def rest(self) -> list[str]:
+        """Every line until the child closes its output (its exit, usually); a last line
+        without a newline is included."""
+        read = []
+        while True:
+            try:
+                read.append(await self.next())
+            except EOFError:
+                break
+        if self._buffer:
+            read.append(self._buffer.decode(errors="replace"))
+            self.seen.append(read[-1])
+            self._buffer = b""
+        return read
+
 
 @attrs.define(eq=False)
 class Child:
