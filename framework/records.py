@@ -8,7 +8,8 @@ msgpack frames).
 Contract:
 
 * enums travel as their values, tuples as lists (and come back as tuples), ``None`` as null;
-* a field may travel under a shorter name: ``attrs.field(metadata=wire("k"))``;
+* a field may travel under a shorter name: ``attrs.field(metadata=wire("k"))``, or not at
+  all: ``attrs.field(metadata=local())`` (it takes its default when decoded);
 * :func:`decode` ignores keys the class does not know (a newer writer's fields) and fills the
   defaults of keys that are missing (an older writer's record);
 * :func:`decode` and :func:`structure` raise :class:`CorruptRecord` (a ``ValueError``) when
@@ -30,6 +31,8 @@ T = TypeVar("T")
 
 #: The metadata key naming a field's name on the wire (see :func:`wire`).
 WIRE_NAME = "framework.wire"
+#: The metadata key of a field that stays in the process (see :func:`local`).
+LOCAL = "framework.local"
 
 
 class CorruptRecord(FrameworkError, ValueError):
@@ -41,19 +44,27 @@ def wire(name: str) -> dict[str, str]:
     return {WIRE_NAME: name}
 
 
+def local() -> dict[str, bool]:
+    """Field metadata: never on the wire (decoded records get the field's default)."""
+    return {LOCAL: True}
+
+
 def _overrides(cls: type) -> dict[str, Any]:
-    return {
-        field.name: override(rename=field.metadata[WIRE_NAME])
-        for field in attrs.fields(cls)
-        if WIRE_NAME in field.metadata
-    }
+    found: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        if field.metadata.get(LOCAL):
+            found[field.name] = override(omit=True)
+        elif WIRE_NAME in field.metadata:
+            found[field.name] = override(rename=field.metadata[WIRE_NAME])
+    return found
 
 
 def _make_converter() -> cattrs.Converter:
     made = cattrs.Converter()
 
     def renamed(cls: type) -> bool:
-        return attrs.has(cls) and any(WIRE_NAME in f.metadata for f in attrs.fields(cls))
+        return attrs.has(cls) and any(
+            WIRE_NAME in f.metadata or LOCAL in f.metadata for f in attrs.fields(cls))
 
     made.register_unstructure_hook_factory(
         renamed, lambda cls: make_dict_unstructure_fn(cls, made, **_overrides(cls))

@@ -20,6 +20,7 @@ from examples.message_broker.ctl import create_topics, force_leader
 from examples.message_broker.layout import BrokerPaths, Isr, dumps, loads
 from framework import Session
 from framework.runtime import App, gather_status, render_status
+from framework.runtime.records import MemberState
 from framework.zk import watch_data
 
 PATHS = BrokerPaths()
@@ -172,7 +173,7 @@ async def test_framework_status_lists_broker_servers(
                 await cluster.start_server(name, session)
             status = await gather_status(session, App("broker"))
             assert set(status.workers) == {"s1", "s2"}
-            assert status.workers["s1"]["state"] == "running"
-            assert status.workers["s1"]["kind"] == "broker server"
+            assert status.workers["s1"].state is MemberState.RUNNING
+            assert status.workers["s1"].kind == "broker server"
             assert render_status(status) is not None
             nursery.cancel_scope.cancel()

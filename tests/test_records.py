@@ -22,6 +22,7 @@ class Sample:
     kind: Kind = Kind.FIRST
     key: str | None = attrs.field(default=None, metadata=records.wire("k"))
     tags: tuple[str, ...] = ()
+    seen: int = attrs.field(default=0, metadata=records.local())
 
 
 def test_round_trip_keeps_enums_tuples_and_renamed_fields() -> None:
@@ -29,6 +30,12 @@ def test_round_trip_keeps_enums_tuples_and_renamed_fields() -> None:
     data = records.encode(record)
     assert data == b'{"id":"a","kind":"second","k":"key-1","tags":["x","y"]}'
     assert records.decode(data, Sample) == record
+
+
+def test_local_fields_stay_off_the_wire() -> None:
+    data = records.encode(Sample("e", seen=3))
+    assert b"seen" not in data
+    assert records.decode(data, Sample).seen == 0
 
 
 def test_unknown_keys_are_ignored_and_missing_ones_take_defaults() -> None:

@@ -11,6 +11,7 @@ import trio
 
 from framework import LeadershipLost, PermanentFailure, Session
 from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker, gather_status
+from framework.runtime.records import MemberState
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone
 
@@ -104,7 +105,7 @@ async def test_tasks_retries_dead_letters_and_time_limits(zk_hosts: str, chroot:
     assert results["t23"].ok
     assert not results["t24"].ok and results["t24"].error == "time limit exceeded"
     assert status.dead_letters == 3 and status.queue_depth == 0 and status.results == 25
-    assert {f["task_id"] for f in status.failures} >= {"t21", "t22", "t24"}
+    assert {f.task_id for f in status.failures} >= {"t21", "t22", "t24"}
     assert sum(w.tasks_done for w in workers) == 22
 
 
@@ -145,7 +146,7 @@ async def test_unstorable_results_fail_the_task_for_good(zk_hosts: str, chroot: 
     assert permanent.error == "the input is malformed"
     assert fine.ok and fine.result == "fine"
     assert status.dead_letters == 3 and status.queue_depth == 0
-    assert {f["task_id"] for f in status.failures} == {"t0", "t1", "t2"}
+    assert {f.task_id for f in status.failures} == {"t0", "t1", "t2"}
     assert worker.tasks_failed == 3 and worker.tasks_done == 1
 
 
@@ -284,8 +285,9 @@ async def test_status_reports_workers_and_leader(zk_hosts: str, chroot: str) -> 
             await wait_exists(s, "/apps/st/workers/w1")
             status = await gather_status(s, App("st"))
             nursery.cancel_scope.cancel()
-    assert status.leader["name"] == "m1" and status.leader["address"] == "10.0.0.1:99"
-    assert set(status.workers) == {"w1"} and status.workers["w1"]["state"] == "running"
+    assert status.leader is not None
+    assert status.leader.name == "m1" and status.leader.address == "10.0.0.1:99"
+    assert set(status.workers) == {"w1"} and status.workers["w1"].state is MemberState.RUNNING
     json.loads(status.to_json())
 
 

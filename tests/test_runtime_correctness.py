@@ -17,6 +17,7 @@ from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from framework.runtime.markers import Marker as _Marker
+from framework.runtime.records import RunningRecord
 from framework.runtime.tasks import read_result
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
@@ -316,9 +317,9 @@ async def test_clearing_a_marker_spares_a_later_delivery_that_took_it_over(
     worker = Echo(app, name="w")
     path = f"{app.running}/t1"
     await session.ensure_path(app.running)
-    later = _Marker(path, "w2/b-0000000000/i+0-0000000001/2", {"worker": "w2"})
+    later = _Marker(path, RunningRecord("w2/b-0000000000/i+0-0000000001/2", "w2"))
     await session.create(path, later.encode(), ephemeral=True)
-    stale = _Marker(path, "w/b-0000000000/i+0-0000000001/1", {"worker": "w"})
+    stale = _Marker(path, RunningRecord("w/b-0000000000/i+0-0000000001/1", "w"))
     await worker.tasks._clear_running(session, [stale])
     assert (await session.get(path))[0] == later.encode()  # the later delivery's, kept
     await worker.tasks._clear_running(session, [later])

@@ -15,7 +15,6 @@ submitting the same key twice runs the task once and ``result(key)`` finds its r
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -23,10 +22,12 @@ from typing import Any
 import attrs
 import trio
 
-from framework import errors
+from framework import errors, records
 from framework.primitives.queue import WorkQueue
+from framework.records import CorruptRecord
 from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
+from framework.runtime.records import CancelRecord
 from framework.runtime.tasks import Task, TaskResult, new_task, read_result
 from framework.zk import Session, validate_name
 
@@ -99,7 +100,7 @@ class Client:
         ``False`` if it already was.  :class:`NoNodeError` if there is no such app."""
         if await self.session.exists(self.app.base) is None:
             raise errors.NoNodeError(f"no application {self.app.name!r} in this ZooKeeper")
-        record = json.dumps({"at": time.time(), "by": by}).encode()
+        record = records.encode(CancelRecord(time.time(), by))
         try:
             await self.session.create(self.app.cancel, record)
         except errors.NodeExistsError:
@@ -150,7 +151,7 @@ class Client:
         for item in await queue.dead_letters():
             try:
                 task: Task | None = Task.decode(item.data)
-            except (ValueError, KeyError, TypeError):
+            except CorruptRecord:
                 task = None
             error = None
             if task is not None:

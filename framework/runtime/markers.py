@@ -8,29 +8,35 @@ the task's progress; it is the task id's mutual exclusion across deliveries (see
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import attrs
 
-from framework import errors
+from framework import errors, records
 from framework.primitives.queue import Finisher, QueueItem
+from framework.runtime.records import RunningRecord, decode_or_none
 from framework.zk import Session
 
 
 @attrs.define
 class Marker:
-    """This worker's ``running/<task id>`` node: its delivery token
-    (``worker/item name/attempt``) and the version we last wrote."""
+    """This worker's ``running/<task id>`` node: its record (the delivery token
+    ``worker/item name/attempt`` and progress) and the version we last wrote."""
 
     path: str
-    delivery: str
-    doc: dict[str, Any]
+    record: RunningRecord
     version: int = 0
     finisher: Finisher | None = None  # when set and applied, the ack deleted the marker
 
-    def encode(self, progress: dict[str, Any] | None = None) -> bytes:
-        return json.dumps({**self.doc, **(progress or {}), "delivery": self.delivery}).encode()
+    @property
+    def delivery(self) -> str:
+        return self.record.delivery
+
+    def encode(self) -> bytes:
+        return records.encode(self.record)
+
+    def progressed(self, done: float, total: float | None, message: str, at: float) -> bytes:
+        """The record with the handler's latest progress, encoded."""
+        return records.encode(attrs.evolve(self.record, done=done, total=total,
+                                           message=message, at=at))
 
 
 def earlier_delivery_of(delivery: str, item: QueueItem) -> bool:
@@ -53,8 +59,5 @@ async def marker_owner(session: Session, path: str) -> tuple[str, int, int] | No
         except errors.ConnectionLossError:
             await session.wait_connected()
             continue
-        try:
-            delivery = str(json.loads(data).get("delivery", ""))
-        except (ValueError, AttributeError):
-            delivery = ""
-        return delivery, stat.ephemeralOwner, stat.version
+        record = decode_or_none(data, RunningRecord, path=path) or RunningRecord()
+        return record.delivery, stat.ephemeralOwner, stat.version

@@ -31,13 +31,14 @@ from typing import Any, NoReturn
 import attrs
 import trio
 
-from framework import errors, metrics
+from framework import errors, metrics, records
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, app_of, check_name, ensure_layout, process_name
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
+from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
 from framework.runtime.retention import Retention, limits_of
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task, read_result
@@ -315,8 +316,8 @@ class Master:
         app = self.app
         await ensure_layout(session, app, app.masters, app.tasks, app.running, app.results,
                             app.workers)
-        identity = json.dumps({"name": self.name, "address": self.address,
-                               "pid": os.getpid(), "host": socket.gethostname()}).encode()
+        identity = records.encode(MasterIdentity(self.name, self.address, os.getpid(),
+                                                 socket.gethostname()))
         election = Election(session, app.masters, identity,
                             suspended_grace=self.suspended_grace)
         with single_body_error():
@@ -355,7 +356,7 @@ class Master:
             return
         if finished is not None:
             log.info("master.job_already_done", app=self.app.name, master=self.name,
-                     finished_by=finished.get("master"), at=finished.get("at"))
+                     finished_by=finished.master, at=finished.at)
             return
         self.terms_led += 1
         started = time.monotonic()
@@ -383,8 +384,8 @@ class Master:
                     await self.lead(ctx)
                     nursery.cancel_scope.cancel()
             self.summary = await _job_summary(session, self.app)
-            record = json.dumps({"master": self.name, "at": time.time(),
-                                 "token": term.token} | self.summary).encode()
+            record = records.encode(JobDone(self.name, time.time(), term.token,
+                                            **self.summary))
             try:
                 await _commit(term.fenced().create(self.app.done, record))
             except errors.TransactionFailedError as exc:
@@ -421,16 +422,18 @@ async def _job_summary(session: Session, app: App) -> dict[str, int]:
     return {"results": sum(counts), "dead_letters": dead.numChildren if dead else 0}
 
 
-async def _job_done(session: Session, app: App) -> tuple[dict[str, Any] | None, bool]:
+async def _job_done(session: Session, app: App) -> tuple[JobDone | None, bool]:
     """The job-done record of ``app`` (``None`` while the job is not finished), and whether
-    the app is cancelled: two reads in one round trip."""
+    the app is cancelled: two reads in one round trip.  A ``done`` node that holds no
+    readable record still means done."""
     found: dict[str, Any] = {}
 
     async def done() -> None:
         try:
-            found["done"] = _json((await session.get(app.done))[0])
+            data = (await session.get(app.done))[0]
         except errors.NoNodeError:
-            pass
+            return
+        found["done"] = decode_or_none(data, JobDone, path=app.done) or JobDone()
 
     async def cancelled() -> None:
         found["cancelled"] = await is_cancelled(session, app)

@@ -36,7 +36,6 @@ Pluggable pieces, all optional (the defaults are Katta's model):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -46,6 +45,7 @@ import trio
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import is_fence_failure
+from framework.records import CorruptRecord
 from framework.retry import Backoff
 from framework.runtime.app import check_name
 from framework.runtime.assignment import plan_replicas
@@ -56,6 +56,7 @@ from framework.runtime.placement_rules import (
     ReadyRule,
     confirmed_records,
 )
+from framework.runtime.records import Plan
 from framework.zk import SessionState, watch_children
 
 if TYPE_CHECKING:
@@ -237,10 +238,11 @@ class ReplicatedPlacement:
             try:
                 self.known[shard] = (await session.get(f"{app.shards}/{shard}"))[0]
                 data = (await session.get(app.plan_path(shard)))[0]
-                self.plan[shard] = [str(w) for w in json.loads(data)] if data else []
+                self.plan[shard] = list(Plan.decode(data).workers)
             except errors.NoNodeError:
                 pass
-            except ValueError:
+            except CorruptRecord as exc:
+                log.warning("replicated.plan_corrupt", shard=shard, error=str(exc))
                 self.plan[shard] = []
             if shard not in self.plan:  # written by run_shards, say: give it directories
                 for path in (app.plan_path(shard), app.deployed_dir(shard),
@@ -367,7 +369,7 @@ class ReplicatedPlacement:
         if shard not in self.known:
             spec = self._wanted[shard]
             txn.create(f"{app.shards}/{shard}", spec)
-            txn.create(app.plan_path(shard), json.dumps(workers).encode())
+            txn.create(app.plan_path(shard), Plan(tuple(workers)).encode())
             txn.create(app.deployed_dir(shard))
             txn.create(app.refused_dir(shard))
             if self.on_new_shard is not None:
@@ -379,7 +381,7 @@ class ReplicatedPlacement:
         if workers == old and shard in self.known:
             return writes
         if shard in self.known:
-            txn.set(app.plan_path(shard), json.dumps(workers).encode())
+            txn.set(app.plan_path(shard), Plan(tuple(workers)).encode())
         dropped = set(old) - set(workers)
         readiness = self._readiness.get(shard)
         if dropped and workers and readiness is not None:

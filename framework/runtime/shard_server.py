@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
+from framework.runtime.records import Refusal
 from framework.runtime.task_consumer import MAX_ERROR_CHARS
 from framework.zk import Session, watch_children
 from framework.zk.scopes import single_body_error
@@ -119,8 +120,7 @@ class ShardServer:
         """Record that this worker cannot serve ``shard`` (replicated push mode): a
         persistent ``refused/<shard>/<worker>``, never creating parents."""
         log.error("shard.refused", worker=self.worker.name, shard=shard, error=str(exc))
-        data = json.dumps({"worker": self.worker.name,
-                           "error": str(exc)[:MAX_ERROR_CHARS]}).encode()
+        data = records.encode(Refusal(self.worker.name, str(exc)[:MAX_ERROR_CHARS]))
         path = f"{self.worker.app.refused_dir(shard)}/{self.worker.name}"
         try:
             await session.create(path, data)

@@ -18,18 +18,29 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import attrs
 import trio
 from rich.console import Group as RichGroup
 from rich.table import Table
 
-from framework import errors
+from framework import errors, records
 from framework.primitives import Election
 from framework.primitives.queue.view import is_bucket
 from framework.runtime.app import App
+from framework.runtime.records import (
+    CancelRecord,
+    JobDone,
+    MasterIdentity,
+    MemberStatus,
+    RunningRecord,
+    decode_or_none,
+)
+from framework.runtime.tasks import TaskResult
 from framework.zk import Session, gather
+
+T = TypeVar("T")
 
 
 class Watches:
@@ -60,20 +71,37 @@ class Watches:
 
 
 @attrs.frozen
+class Contender:
+    """A master in the election line: who it is (its :class:`MasterIdentity`) and the
+    fencing token its term would carry."""
+
+    name: str
+    address: str | None
+    pid: int
+    host: str
+    token: int
+
+    @classmethod
+    def of(cls, identifier: bytes, token: int, path: str) -> Contender:
+        who = decode_or_none(identifier, MasterIdentity, path=path) or MasterIdentity()
+        return cls(who.name or "-", who.address, who.pid, who.host, token)
+
+
+@attrs.frozen
 class AppStatus:
     app: str
     exists: bool
-    leader: dict[str, Any] | None
-    standbys: list[dict[str, Any]]
-    workers: dict[str, dict[str, Any]]
+    leader: Contender | None
+    standbys: list[Contender]
+    workers: dict[str, MemberStatus]
     queue_depth: int
-    running: dict[str, dict[str, Any]]
+    running: dict[str, RunningRecord]
     assignments: dict[str, str]
-    failures: list[dict[str, Any]]
+    failures: list[TaskResult]
     dead_letters: int
     results: int
-    done: dict[str, Any] | None = None  # the job-done record (``lead`` returned)
-    cancelled: dict[str, Any] | None = None  # the cancel record (``framework cancel``)
+    done: JobDone | None = None  # the job-done record (``lead`` returned)
+    cancelled: CancelRecord | None = None  # the cancel record (``framework cancel``)
 
     @property
     def state(self) -> str:
@@ -85,7 +113,7 @@ class AppStatus:
         return "active" if self.leader else "no leader"
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(attrs.asdict(self) | {"state": self.state}, indent=indent,
+        return json.dumps(records.unstructure(self) | {"state": self.state}, indent=indent,
                           default=str)
 
 
@@ -108,14 +136,6 @@ class AppSummary:
         return "done" if self.done else ("active" if self.leader else "no leader")
 
 
-def _doc(data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data) if data else {}
-    except ValueError:
-        return {"raw": data.decode(errors="replace")}
-    return value if isinstance(value, dict) else {"value": value}
-
-
 def _arm(watches: Watches | None, path: str) -> Callable[..., None] | None:
     return watches(path) if watches is not None else None
 
@@ -129,29 +149,35 @@ async def _children(session: Session, path: str, watches: Watches | None = None)
         return []
 
 
-async def _data(session: Session, path: str,
-                watches: Watches | None = None) -> dict[str, Any] | None:
+async def _data(session: Session, path: str, cls: type[T],
+                watches: Watches | None = None) -> T | None:
+    """The ``cls`` record at ``path``: ``None`` if there is no node, or if it holds no
+    readable record and ``cls`` has no default (a record of defaults if it has)."""
     try:
-        return _doc((await session.get(path, watch=_arm(watches, path)))[0])
+        data = (await session.get(path, watch=_arm(watches, path)))[0]
     except errors.NoNodeError:
         return None
+    found = decode_or_none(data, cls, path=path)
+    if found is None and all(f.default is not attrs.NOTHING for f in attrs.fields(cls)):
+        return cls()
+    return found
 
 
-async def _record(session: Session, path: str,
-                  watches: Watches | None = None) -> dict[str, Any] | None:
-    """The data of a node that may not exist yet (watched for its creation too)."""
+async def _record(session: Session, path: str, cls: type[T],
+                  watches: Watches | None = None) -> T | None:
+    """The record at a node that may not exist yet (watched for its creation too)."""
     if await session.exists(path, watch=_arm(watches, path)) is None:
         return None
-    return await _data(session, path, watches)
+    return await _data(session, path, cls, watches)
 
 
-async def _docs(session: Session, parent: str, names: list[str],
-                watches: Watches | None = None) -> dict[str, dict[str, Any]]:
-    """The JSON documents of ``parent``'s children ``names`` (read concurrently)."""
-    found: dict[str, dict[str, Any]] = {}
+async def _docs(session: Session, parent: str, names: list[str], cls: type[T],
+                watches: Watches | None = None) -> dict[str, T]:
+    """The ``cls`` records of ``parent``'s children ``names`` (read concurrently)."""
+    found: dict[str, T] = {}
 
     async def read(name: str) -> None:
-        doc = await _data(session, f"{parent}/{name}", watches)
+        doc = await _data(session, f"{parent}/{name}", cls, watches)
         if doc is not None:
             found[name] = doc
 
@@ -202,7 +228,7 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         return AppStatus(app.name, False, None, [], {}, 0, {}, {}, [], 0, 0)
     await _children(session, app.masters, watches)  # arms the watch of the line
     contenders = await Election(session, app.masters).contenders()
-    line = [_doc(c.identifier) | {"token": c.token} for c in contenders]
+    line = [Contender.of(c.identifier, c.token, c.node) for c in contenders]
     assignments = {}
     for worker in await _children(session, app.assignments):
         for shard in await _children(session, app.assignment_dir(worker)):
@@ -214,16 +240,16 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         leader=line[0] if line else None,
         standbys=line[1:],
         workers=await _docs(session, app.workers, await _children(session, app.workers, watches),
-                            watches),
+                            MemberStatus, watches),
         queue_depth=await queue_depth(session, app, watches),
         running=await _docs(session, app.running, await _children(session, app.running, watches),
-                            watches),
+                            RunningRecord, watches),
         assignments=assignments,
-        failures=list((await _docs(session, app.failures, newest)).values()),
+        failures=list((await _docs(session, app.failures, newest, TaskResult)).values()),
         dead_letters=len(await _children(session, app.dead, watches)),
         results=await result_count(session, app),
-        done=await _record(session, app.done, watches),
-        cancelled=await _record(session, app.cancel, watches),
+        done=await _record(session, app.done, JobDone, watches),
+        cancelled=await _record(session, app.cancel, CancelRecord, watches),
     )
 
 
@@ -235,9 +261,10 @@ async def list_apps(session: Session, root: str = "/apps") -> list[AppSummary]:
     async def summarise(name: str) -> None:
         app = App(name, root)
         contenders = await Election(session, app.masters).contenders()
-        leader = _doc(contenders[0].identifier).get("name") if contenders else None
+        leader = (Contender.of(contenders[0].identifier, contenders[0].token,
+                               contenders[0].node).name if contenders else None)
         found[name] = AppSummary(
-            name=name, leader=str(leader) if contenders else None, masters=len(contenders),
+            name=name, leader=leader, masters=len(contenders),
             workers=len(await _children(session, app.workers)),
             queue_depth=await queue_depth(session, app),
             done=await session.exists(app.done) is not None,
@@ -273,21 +300,17 @@ def _table(title: str | None, *columns: str) -> Table:
     return table
 
 
-def _master(doc: dict[str, Any]) -> str:
-    where = f"{doc.get('host', '?')}:{doc.get('pid', '?')}"
-    address = f" {doc['address']}" if doc.get("address") else ""
-    return f"{doc.get('name', '-')} ({where}){address} token {doc.get('token')}"
+def _master(who: Contender) -> str:
+    address = f" {who.address}" if who.address else ""
+    return f"{who.name} ({who.host or '?'}:{who.pid or '?'}){address} token {who.token}"
 
 
-def _progress(doc: dict[str, Any]) -> str:
-    done, total = doc.get("done"), doc.get("total")
+def _progress(marker: RunningRecord) -> str:
+    done, total = marker.done, marker.total
     if done is None:
         return "-"
-    if isinstance(total, (int, float)) and total > 0 and isinstance(done, (int, float)):
-        text = f"{done:g}/{total:g} ({done / total:.0%})"
-    else:
-        text = f"{done:g}" if isinstance(done, (int, float)) else str(done)
-    return f"{text} {doc.get('message') or ''}".strip()
+    text = f"{done:g}/{total:g} ({done / total:.0%})" if total else f"{done:g}"
+    return f"{text} {marker.message or ''}".strip()
 
 
 def _ago(now: float, at: Any) -> str:
@@ -313,23 +336,19 @@ def render_status(status: AppStatus) -> RichGroup | str:
     summary.add_row("dead letters", str(status.dead_letters))
     workers = _table("workers", "name", "address", "state", "load", "done", "failed",
                      "shards", "health", "changed")
-    for name, doc in sorted(status.workers.items()):
-        health = doc.get("health", {})
-        load = doc.get("load", 0)
+    for name, member in sorted(status.workers.items()):
         workers.add_row(
-            name, str(doc.get("address", "")), str(doc.get("state", "?")),
-            f"{load:.0%}" if isinstance(load, (int, float)) else str(load),
-            str(doc.get("done", 0)), str(doc.get("failed", 0)),
-            ",".join(doc.get("shards", [])) or "-",
-            "ok" if health.get("ok", True) else json.dumps(health),
-            _ago(now, doc.get("at")),
+            name, member.address or "", member.state.value, f"{member.load:.0%}",
+            str(member.done), str(member.failed), ",".join(member.shards) or "-",
+            "ok" if member.health.get("ok", True) else json.dumps(member.health),
+            _ago(now, member.at),
         )
     parts: list[Any] = [summary, workers]
     if status.running:
         running = _table("running tasks", "task", "worker", "attempt", "progress", "started")
-        for task_id, doc in sorted(status.running.items()):
-            running.add_row(task_id, str(doc.get("worker", "?")), str(doc.get("attempt", "?")),
-                            _progress(doc), _ago(now, doc.get("started")))
+        for task_id, marker in sorted(status.running.items()):
+            running.add_row(task_id, marker.worker or "?", str(marker.attempt),
+                            _progress(marker), _ago(now, marker.started))
         parts.append(running)
     if status.assignments:
         shards = _table("assignments", "shard", "worker")
@@ -338,8 +357,8 @@ def render_status(status: AppStatus) -> RichGroup | str:
         parts.append(shards)
     if status.failures:
         failures = _table("recent failures", "task", "worker", "attempt", "error")
-        for doc in status.failures:
-            failures.add_row(str(doc.get("task_id")), str(doc.get("worker")),
-                             str(doc.get("attempts")), str(doc.get("error")))
+        for failure in status.failures:
+            failures.add_row(failure.task_id, failure.worker, str(failure.attempts),
+                             str(failure.error))
         parts.append(failures)
     return RichGroup(*parts)

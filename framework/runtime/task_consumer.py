@@ -36,6 +36,7 @@ from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQue
 from framework.runtime.app import ensure_result_buckets
 from framework.runtime.handlers import ThreadCall, handle_in_process, returned
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
+from framework.runtime.records import RunningRecord
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone
 
@@ -249,9 +250,8 @@ class TaskConsumer:
         return ClaimExtras(build, undo, (task, mine))
 
     def _new_marker(self, running: str, task: Task, item: QueueItem) -> Marker:
-        return Marker(running, f"{self.worker.name}/{item.name}/{item.attempts}",
-                       {"worker": self.worker.name, "started": time.time(),
-                        "attempt": task.attempts})
+        return Marker(running, RunningRecord(f"{self.worker.name}/{item.name}/{item.attempts}",
+                                             self.worker.name, time.time(), task.attempts))
 
     async def _handle_item(self, session: Session, queue: WorkQueue, item: QueueItem,
                            marker: list[Marker]) -> None:
@@ -472,10 +472,9 @@ class TaskConsumer:
             raise errors.ConfigurationError(
                 f"report_progress() for task {task.id!r}, which this worker is not running"
             )
-        progress = {"done": done, "total": total, "message": message, "at": time.time()}
+        data = marker.progressed(done, total, message, time.time())
         try:
-            stat = await self.worker.session.set(marker.path, marker.encode(progress),
-                                          version=marker.version)
+            stat = await self.worker.session.set(marker.path, data, version=marker.version)
         except (errors.BadVersionError, errors.NoNodeError):
             return  # the marker is no longer ours: this delivery lost its claim
         marker.version = stat.version

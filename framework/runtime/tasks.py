@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from framework import errors
+from framework import errors, records
 from framework.errors import ConfigurationError, PermanentFailure
 from framework.runtime.app import check_name
 from framework.zk import MAX_DATA_BYTES, Session, wait_created
@@ -29,25 +29,22 @@ class Task:
 
     id: str
     payload: Any = None
-    idempotency_key: str | None = None
+    idempotency_key: str | None = attrs.field(default=None, metadata=records.wire("key"))
     time_limit: float | None = None
-    attempts: int = 0
+    attempts: int = attrs.field(default=0, metadata=records.local())  # from the queue item
 
     @property
     def key(self) -> str:
         return self.idempotency_key or self.id
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"id": self.id, "payload": self.payload, "key": self.idempotency_key,
-             "time_limit": self.time_limit},
-            separators=(",", ":"),
-        ).encode()
+        return records.encode(self)
 
     @classmethod
     def decode(cls, data: bytes, attempts: int = 0) -> Task:
-        doc = json.loads(data)
-        return cls(doc["id"], doc.get("payload"), doc.get("key"), doc.get("time_limit"), attempts)
+        """The task in a queue item's data; :class:`~framework.records.CorruptRecord` if it
+        is not one."""
+        return attrs.evolve(records.decode(data, cls), attempts=attempts)
 
 
 def new_task(
@@ -89,7 +86,7 @@ class TaskResult:
         """The record as JSON; :class:`PermanentFailure` if the result is not JSON or the
         record would not fit in one znode (neither gets better by running the task again)."""
         try:
-            data = json.dumps(attrs.asdict(self), separators=(",", ":")).encode()
+            data = records.encode(self)
         except (TypeError, ValueError) as exc:
             raise PermanentFailure(
                 f"the result of task {self.task_id} is not JSON-serialisable ({exc}); "
@@ -105,9 +102,8 @@ class TaskResult:
 
     @classmethod
     def decode(cls, data: bytes) -> TaskResult:
-        doc = json.loads(data)
-        known = {field.name for field in attrs.fields(cls)}
-        return cls(**{name: value for name, value in doc.items() if name in known})
+        """:class:`~framework.records.CorruptRecord` if ``data`` is not a result record."""
+        return records.decode(data, cls)
 
 
 async def read_result(session: Session, path: str, *, wait: bool = False) -> TaskResult | None:
