@@ -15,6 +15,7 @@ What the counts mean (each one thing):
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import time
@@ -70,6 +71,23 @@ class Watches:
         self.changed = trio.Event()
 
 
+class AppState(enum.StrEnum):
+    """An application's state, as ``framework status`` and ``framework apps`` show it."""
+
+    CANCELLED = "cancelled"
+    DONE = "done"
+    ACTIVE = "active"  # a master leads
+    NO_LEADER = "no leader"
+
+    @classmethod
+    def of(cls, *, cancelled: bool, done: bool, led: bool) -> AppState:
+        if cancelled:
+            return cls.CANCELLED
+        if done:
+            return cls.DONE
+        return cls.ACTIVE if led else cls.NO_LEADER
+
+
 @attrs.frozen
 class Contender:
     """A master in the election line: who it is (its :class:`MasterIdentity`) and the
@@ -104,13 +122,9 @@ class AppStatus:
     cancelled: CancelRecord | None = None  # the cancel record (``framework cancel``)
 
     @property
-    def state(self) -> str:
-        """``cancelled``, ``done``, ``active`` (a leader) or ``no leader``."""
-        if self.cancelled is not None:
-            return "cancelled"
-        if self.done is not None:
-            return "done"
-        return "active" if self.leader else "no leader"
+    def state(self) -> AppState:
+        return AppState.of(cancelled=self.cancelled is not None, done=self.done is not None,
+                           led=self.leader is not None)
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(records.unstructure(self) | {"state": self.state}, indent=indent,
@@ -130,10 +144,8 @@ class AppSummary:
     cancelled: bool
 
     @property
-    def state(self) -> str:
-        if self.cancelled:
-            return "cancelled"
-        return "done" if self.done else ("active" if self.leader else "no leader")
+    def state(self) -> AppState:
+        return AppState.of(cancelled=self.cancelled, done=self.done, led=self.leader is not None)
 
 
 def _arm(watches: Watches | None, path: str) -> Callable[..., None] | None:

@@ -5,24 +5,12 @@ kazoo completes requests on its own threads.  A completion may touch trio only t
 and must tolerate the trio run having finished.  kazoo re-runs *every* linked callback when a
 later one is linked to a finished result, so callbacks here are idempotent.
 
-Speed: requests the session makes itself (get, create, set, ...) are built from kazoo's
-protocol records and queued with kazoo's ``_call`` together with a :class:`_Pending`, a
-completion slot with no lock or condition: the connection thread stores the reply in it and
-schedules the waiting task directly.  kazoo's ``*_async`` methods would add a
-``threading.Condition`` per request and, for ``create`` and ``sync``, a hop through kazoo's
-completion thread.
-
-kazoo normally hands every completion callback to a second thread (its completion
-queue).  Our callbacks only call ``run_sync_soon``, which never blocks, so
-:class:`BridgeHandler` runs callbacks marked ``direct_safe`` right on the connection thread:
-one thread hop less per request.  Every other callback (kazoo's own, watches) still goes
-through the completion queue as usual.
-
-kazoo's connection thread waits on its sockets through ``handler.select`` four or five times
-per request, and the stock handler builds and closes a new epoll selector each time (four
-system calls and a few Python objects).  :class:`BridgeHandler` answers the same question with
-one ``poll`` call (no limit on descriptor numbers either), which makes the connection thread,
-the bottleneck under load, cheaper per request.
+Contract: requests the session makes itself (get, create, set, ...) are queued with kazoo's
+``_call`` together with a :class:`_Pending` that the connection thread fills and that wakes
+the waiting task; callbacks marked ``direct_safe`` run on the connection thread (they only
+call ``run_sync_soon``), every other callback (kazoo's own, watches) on kazoo's completion
+thread; :class:`BridgeHandler` waits on the sockets with one ``poll`` call.  Why, and what
+each saves per request: docs/architecture.md, "The kazoo bridge".
 """
 
 from __future__ import annotations
