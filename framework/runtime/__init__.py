@@ -5,6 +5,7 @@ from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
 from framework.runtime.placement_rules import PlacementRules, Readiness, confirmed_records
+from framework.runtime.records import MasterIdentity, MemberState, MemberStatus, Plan
 from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.service import Part, Service
@@ -28,8 +29,12 @@ __all__ = [
     "DeadLetter",
     "Master",
     "MasterContext",
+    "MasterIdentity",
+    "MemberState",
+    "MemberStatus",
     "Part",
     "PlacementRules",
+    "Plan",
     "Readiness",
     "ReplicatedPlacement",
     "Service",
