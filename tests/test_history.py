@@ -9,46 +9,24 @@ checker itself is shown to catch each violation on a made-up history.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
 from framework import Session, WorkQueue, ZooKeeperEnsemble
-from framework.testing.history import Event, Recorder, check, load, now_ns
+from framework.testing.history import (
+    Event,
+    HistoryWorkers,
+    Recorder,
+    check,
+    load,
+    now_ns,
+    put_recorded,
+    wait_drained,
+)
 
-HELPER = Path(__file__).parent / "helpers" / "history_worker.py"
-ROOT = Path(__file__).parent.parent
 ITEMS = 300
-
-
-async def start_worker(hosts: str, directory: Path, name: str) -> trio.Process:
-    process = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPER), hosts, "/hist", str(directory), name],
-        stdout=subprocess.PIPE, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"},
-    )
-    assert process.stdout is not None
-    buffer = b""
-    while b"ready" not in buffer:
-        chunk = await process.stdout.receive_some()
-        assert chunk, f"{name} exited before it was ready"
-        buffer += chunk
-    return process
-
-
-async def wait_drained(session: Session) -> None:
-    """Until the queue is empty (watches, no polling)."""
-    queue = WorkQueue(session, "/q")
-    while True:
-        changed = trio.Event()
-        if await queue.size(changed=changed) == 0:
-            return
-        await changed.wait()
 
 
 @pytest.mark.ensemble
@@ -57,41 +35,27 @@ async def test_queue_and_lock_histories_hold_under_faults(
 ) -> None:
     hosts = ensemble.connect_string
     history = Recorder(tmp_path, "test")
-    workers: dict[str, trio.Process] = {}
     try:
-        with trio.fail_after(120):
-            for name in ("w1", "w2", "w3"):
-                workers[name] = await start_worker(hosts, tmp_path, name)
-            async with Session(hosts, chroot="/hist") as session:
-                queue = WorkQueue(session, "/q")
-                for i in range(ITEMS):
-                    if i == ITEMS // 3:
-                        history.record("fault", "w2")  # its open lock body ends here
-                        workers["w2"].kill()
-                        await workers["w2"].wait()
-                        workers["w4"] = await start_worker(hosts, tmp_path, "w4")
-                    if i == 2 * ITEMS // 3:
-                        leader = ensemble.leader()
-                        assert leader is not None
-                        history.record("fault", "")
-                        await trio.to_thread.run_sync(ensemble.kill, leader)
-                        await trio.to_thread.run_sync(ensemble.restart, leader)
-                    key = f"item-{i}"
-                    history.record("put", key)
-                    while True:
-                        try:
-                            await queue.put(key.encode())
-                            break
-                        except Exception:  # the leader change: the put is at-least-once
-                            await session.wait_connected()
-                await wait_drained(session)
-                remaining = [item.data.decode() for item in await queue.dead_letters()]
+        async with HistoryWorkers(hosts, "/hist", tmp_path, history) as workers:
+            with trio.fail_after(120):
+                for name in ("w1", "w2", "w3"):
+                    await workers.start(name)
+                async with Session(hosts, chroot="/hist") as session:
+                    queue = WorkQueue(session, "/q")
+                    for i in range(ITEMS):
+                        if i == ITEMS // 3:
+                            await workers.kill("w2")  # its open lock body ends here
+                            await workers.start("w4")
+                        if i == 2 * ITEMS // 3:
+                            leader = ensemble.leader()
+                            assert leader is not None
+                            history.record("fault", "")
+                            await trio.to_thread.run_sync(ensemble.kill, leader)
+                            await trio.to_thread.run_sync(ensemble.restart, leader)
+                        await put_recorded(queue, history, f"item-{i}")
+                    await wait_drained(queue)
+                    remaining = [item.data.decode() for item in await queue.dead_letters()]
     finally:
-        for name, process in workers.items():
-            if process.returncode is None:
-                history.record("fault", name)
-                process.send_signal(signal.SIGKILL)
-                await process.wait()
         history.close()
     report = check(load(tmp_path), remaining=remaining)
     print(report.summary())

@@ -16,36 +16,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import trio
 
-from framework.testing.history import Event, Recorder, Report, check, load, now_ns
+from framework.testing.history import (
+    ROOT,
+    Event,
+    HistoryWorkers,
+    Recorder,
+    Report,
+    check,
+    load,
+    now_ns,
+    put_recorded,
+    wait_drained,
+)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-HELPER = ROOT / "tests" / "helpers" / "history_worker.py"
 SCHEDULE = ("kill -9 worker", "kill ZooKeeper leader", "kill ZooKeeper follower")
-
-
-async def start_worker(hosts: str, directory: Path, name: str) -> trio.Process:
-    """Start a history worker and wait until it says it is ready."""
-    process = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPER), hosts, "/chaos", str(directory), name],
-        stdout=subprocess.PIPE, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"},
-    )
-    assert process.stdout is not None
-    buffer = b""
-    while b"ready" not in buffer:
-        chunk = await process.stdout.receive_some()
-        if not chunk:
-            raise RuntimeError(f"worker {name} exited before it was ready")
-        buffer += chunk
-    return process
 
 
 async def run(duration: float, every: float, down: float, rate: float, workers: int,
@@ -56,33 +45,24 @@ async def run(duration: float, every: float, down: float, rate: float, workers: 
     for old in history_dir.glob("*.jsonl"):
         old.unlink()
     history = Recorder(history_dir, "driver")
-    procs: dict[str, trio.Process] = {}
     started = now_ns()
     with ZooKeeperEnsemble(3) as ensemble:
         hosts = ensemble.connect_string
         try:
-            for i in range(workers):
-                procs[f"w{i}"] = await start_worker(hosts, history_dir, f"w{i}")
-            async with Session(hosts, chroot="/chaos") as session:
-                queue = WorkQueue(session, "/q")
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_faults, ensemble, hosts, history_dir, history, procs,
-                                       duration, every, down)
-                    await _produce(session, queue, history, duration, rate)
-                    nursery.cancel_scope.cancel()
-                print("producer done; draining the queue", flush=True)
-                while True:
-                    changed = trio.Event()
-                    if await queue.size(changed=changed) == 0:
-                        break
-                    await changed.wait()
-                remaining = [item.data.decode() for item in await queue.dead_letters()]
+            async with HistoryWorkers(hosts, "/chaos", history_dir, history) as procs:
+                for i in range(workers):
+                    await procs.start(f"w{i}")
+                async with Session(hosts, chroot="/chaos") as session:
+                    queue = WorkQueue(session, "/q")
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_faults, ensemble, history, procs, duration, every,
+                                           down)
+                        await _produce(session, queue, history, duration, rate)
+                        nursery.cancel_scope.cancel()
+                    print("producer done; draining the queue", flush=True)
+                    await wait_drained(queue)
+                    remaining = [item.data.decode() for item in await queue.dead_letters()]
         finally:
-            for name, process in procs.items():
-                if process.returncode is None:
-                    history.record("fault", name)
-                    process.send_signal(signal.SIGKILL)
-                    await process.wait()
             history.close()
     events = load(history_dir)
     report = check(events, remaining=remaining)
@@ -105,22 +85,14 @@ async def _produce(session: object, queue: object, history: Recorder, duration: 
     n = 0
     next_at = trio.current_time()
     while trio.current_time() < deadline:
-        key = f"item-{n}"
-        history.record("put", key)
-        while True:
-            try:
-                await queue.put(key.encode())
-                break
-            except Exception:  # a ZooKeeper member down: put again once connected
-                await queue.session.wait_connected()
+        await put_recorded(queue, history, f"item-{n}")
         n += 1
         next_at += 1.0 / rate
         await trio.sleep_until(next_at)  # the producer's rate, not synchronisation
 
 
-async def _faults(ensemble: object, hosts: str, history_dir: Path, history: Recorder,
-                  procs: dict[str, trio.Process], duration: float, every: float,
-                  down: float) -> None:
+async def _faults(ensemble: object, history: Recorder, procs: HistoryWorkers,
+                  duration: float, every: float, down: float) -> None:
     from framework import ZooKeeperEnsemble
 
     assert isinstance(ensemble, ZooKeeperEnsemble)
@@ -133,13 +105,10 @@ async def _faults(ensemble: object, hosts: str, history_dir: Path, history: Reco
         kind = SCHEDULE[step % len(SCHEDULE)]
         step += 1
         if kind == "kill -9 worker":
-            victim = sorted(n for n, p in procs.items() if p.returncode is None)[0]
-            history.record("fault", victim)
-            procs[victim].kill()
-            await procs[victim].wait()
+            victim = procs.running()[0]
+            await procs.kill(victim)
             print(f"fault: kill -9 {victim}", flush=True)
-            name = f"w{len(procs)}"
-            procs[name] = await start_worker(hosts, history_dir, name)
+            await procs.start(f"w{len(procs.children)}")
             continue
         leader = ensemble.leader()
         if leader is None:

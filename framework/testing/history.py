@@ -14,6 +14,10 @@ ZooKeeper member killed...).  The checker proves, for the queue: no item acknowl
 no item lost (every item put was acknowledged, or is still queued or dead-lettered as the
 server says); for the lock: no two holders' bodies overlap (a killed holder's body ends at
 its kill, when the test recorded it).
+
+The worker processes of such a run (``tests/helpers/history_worker.py``: they take items
+from ``/q`` and contend for ``/lock`` under a chroot) are started and killed through
+:class:`HistoryWorkers`, which records each kill -9 as a fault.
 """
 
 from __future__ import annotations
@@ -22,10 +26,20 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterable
+from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import attrs
+import trio
+
+from framework.testing.processes import Child, python_argv, spawn
+
+if TYPE_CHECKING:
+    from framework.primitives.queue import WorkQueue
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+HELPER = ROOT / "tests" / "helpers" / "history_worker.py"
 
 
 def now_ns() -> int:
@@ -58,6 +72,80 @@ class Recorder:
 
     def close(self) -> None:
         self._file.close()
+
+
+class HistoryWorkers:
+    """History worker processes on one ZooKeeper chroot, each recording to ``directory``.
+
+    ``async with`` it: at the end every worker still running is killed with kill -9, each
+    kill recorded first as a ``fault`` in ``history`` (the kill ends its open lock body),
+    and reaped."""
+
+    def __init__(self, hosts: str, chroot: str, directory: Path, history: Recorder) -> None:
+        self.hosts = hosts
+        self.chroot = chroot
+        self.directory = directory
+        self.history = history
+        self.children: dict[str, Child] = {}
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> HistoryWorkers:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            for name in self.running():
+                self.history.record("fault", name)
+                self.children[name].kill()
+        finally:
+            await self._stack.aclose()  # reaps them
+
+    def running(self) -> list[str]:
+        """The names of the workers still running, sorted."""
+        return sorted(name for name, child in self.children.items() if child.running)
+
+    async def start(self, name: str) -> Child:
+        """Start worker ``name`` and wait until it takes items and contends for the lock;
+        :class:`RuntimeError` if it exits before that."""
+        child = await self._stack.enter_async_context(spawn(
+            python_argv(HELPER, self.hosts, self.chroot, self.directory, name), name=name,
+            pipe_stdout=True, cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"}))
+        self.children[name] = child
+        assert child.lines is not None
+        try:
+            await child.lines.until(lambda line: line == "ready")
+        except EOFError:
+            raise RuntimeError(f"worker {name} exited before it was ready") from None
+        return child
+
+    async def kill(self, name: str) -> None:
+        """kill -9 worker ``name`` (recorded first as a fault) and wait until it is gone."""
+        self.history.record("fault", name)
+        self.children[name].kill()
+        await self.children[name].wait()
+
+
+async def put_recorded(queue: WorkQueue, history: Recorder, key: str) -> None:
+    """Record the ``put`` of ``key``, then put it; a put that fails (a ZooKeeper member
+    down, a leader change) is made again once connected: at-least-once, as the checker
+    expects."""
+    history.record("put", key)
+    while True:
+        try:
+            await queue.put(key.encode())
+            return
+        except Exception:
+            await queue.session.wait_connected()
+
+
+async def wait_drained(queue: WorkQueue) -> None:
+    """Until ``queue`` holds no item (a watch on its size, no polling)."""
+    while True:
+        changed = trio.Event()
+        if await queue.size(changed=changed) == 0:
+            return
+        await changed.wait()
 
 
 def load(directory: Path) -> list[Event]:
