@@ -4,7 +4,6 @@ kill -9), a late member that still sees "go", reuse of the path, stale markers."
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,14 @@ import trio
 from framework import Session
 from framework.errors import ConfigurationError, NoNodeError
 from framework.primitives.double_barrier import DoubleBarrier
-from framework.testing import TcpProxy, count_watch_fires, watchers_by_path
+from framework.testing import (
+    Child,
+    TcpProxy,
+    count_watch_fires,
+    python_argv,
+    spawn,
+    watchers_by_path,
+)
 from framework.zkserver import four_letter
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -47,12 +53,12 @@ async def _round_over(s: Session) -> None:
     assert (await s.get("/b/ready"))[0] == b""
 
 
-async def _spawn(zk_hosts: str, chroot: str, count: int, name: str, mode: str) -> trio.Process:
-    return await trio.lowlevel.open_process(
-        [sys.executable, str(HELPERS / "p2_barrier_participant.py"), zk_hosts, chroot, "/b",
-         str(count), name, mode],
-        cwd=str(ROOT),
-    )
+async def _spawn(stack: contextlib.AsyncExitStack, zk_hosts: str, chroot: str, count: int,
+                 name: str, mode: str) -> Child:
+    """A participant process (killed with kill -9 and reaped when ``stack`` closes)."""
+    return await stack.enter_async_context(spawn(
+        python_argv(HELPERS / "p2_barrier_participant.py", zk_hosts, chroot, "/b", count, name,
+                    mode), name=name, cwd=ROOT))
 
 
 async def test_participants_in_processes_one_killed_inside(
@@ -60,9 +66,9 @@ async def test_participants_in_processes_one_killed_inside(
 ) -> None:
     """Four processes enter together; one is killed with kill -9 inside the barrier; the three
     others still leave (the dead one's ephemeral node vanishes with its session)."""
-    procs = [await _spawn(zk_hosts, chroot, 4, f"p{i}", "hold") for i in range(3)]
-    victim = await _spawn(zk_hosts, chroot, 4, "victim", "hang")
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        procs = [await _spawn(stack, zk_hosts, chroot, 4, f"p{i}", "hold") for i in range(3)]
+        victim = await _spawn(stack, zk_hosts, chroot, 4, "victim", "hang")
         with trio.fail_after(30):
             await _wait_children(session, "/entered", lambda kids: len(kids) == 4)
             victim.kill()
@@ -75,9 +81,6 @@ async def test_participants_in_processes_one_killed_inside(
         with trio.fail_after(10):
             await _wait_children(session, "/b", lambda kids: kids == ["ready"])
             await _round_over(session)
-    finally:
-        for proc in [*procs, victim]:
-            proc.kill()
 
 
 async def test_crash_while_waiting_does_not_block_the_others(
@@ -85,10 +88,9 @@ async def test_crash_while_waiting_does_not_block_the_others(
 ) -> None:
     """A participant killed before the count is reached does not count once its session is
     gone, and does not block the others once they are complete."""
-    first = await _spawn(zk_hosts, chroot, 3, "first", "hold")
-    doomed = await _spawn(zk_hosts, chroot, 3, "doomed", "hold")
-    procs = [first, doomed]
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        first = await _spawn(stack, zk_hosts, chroot, 3, "first", "hold")
+        doomed = await _spawn(stack, zk_hosts, chroot, 3, "doomed", "hold")
         with trio.fail_after(30):
             await _wait_children(session, "/b", lambda kids: _members(kids) == 2)
             doomed.kill()
@@ -96,14 +98,11 @@ async def test_crash_while_waiting_does_not_block_the_others(
             # its node goes with its session (until then it would count as a participant)
             await _wait_children(session, "/b", lambda kids: _members(kids) == 1)
             await session.create("/release")
-            procs.append(await _spawn(zk_hosts, chroot, 3, "second", "hold"))
-            procs.append(await _spawn(zk_hosts, chroot, 3, "third", "hold"))
-            for proc in (first, *procs[2:]):
+            later = [await _spawn(stack, zk_hosts, chroot, 3, name, "hold")
+                     for name in ("second", "third")]
+            for proc in (first, *later):
                 assert await proc.wait() == 0
         assert {"first", "second", "third"} <= set(await session.children("/left"))
-    finally:
-        for proc in procs:
-            proc.kill()
 
 
 async def test_late_member_still_sees_go(zk_hosts: str, chroot: str, proxy: TcpProxy) -> None:

@@ -3,8 +3,7 @@ a site killed with kill -9 before voting (abort), and a site gone after voting c
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import trio
 from framework import Session
 from framework.errors import ConfigurationError
 from framework.primitives.two_phase import Outcome, TwoPhaseCoordinator, TwoPhaseSite
-from framework.testing import TcpProxy
+from framework.testing import TcpProxy, python_argv, spawn
 from framework.zk import wait_exists
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -108,17 +107,14 @@ async def test_site_killed_before_voting_aborts(zk_hosts: str, chroot: str,
     """Three sites in their own processes; one is killed with kill -9 after joining, before
     voting.  Its ephemeral node vanishes with its session and everyone decides abort long
     before the coordinator's timeout."""
-
-    def spawn(site: str, mode: str) -> list[str]:
-        return [sys.executable, str(HELPERS / "p2_two_phase_site.py"), zk_hosts, chroot,
-                "/tx", "t1", site, mode]
-
-    procs = [
-        await trio.lowlevel.open_process(spawn(name, mode), cwd=str(ROOT), stdout=subprocess.PIPE)
-        for name, mode in (("s1", "commit"), ("s2", "commit"), ("s3", "hang"))
-    ]
     coordinator = TwoPhaseCoordinator(session, "/tx", ["s1", "s2", "s3"])
-    try:
+    async with AsyncExitStack() as stack:
+        procs = [
+            await stack.enter_async_context(spawn(
+                python_argv(HELPERS / "p2_two_phase_site.py", zk_hosts, chroot, "/tx", "t1",
+                            name, mode), name=name, pipe_stdout=True, cwd=ROOT))
+            for name, mode in (("s1", "commit"), ("s2", "commit"), ("s3", "hang"))
+        ]
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 outcome: list[Outcome] = []
@@ -132,11 +128,8 @@ async def test_site_killed_before_voting_aborts(zk_hosts: str, chroot: str,
                 await procs[2].wait()
             for proc in procs[:2]:
                 assert await proc.wait() == 0
-                assert proc.stdout is not None
-                assert (await proc.stdout.receive_some()).strip() == b"abort"
-    finally:
-        for proc in procs:
-            proc.kill()
+                assert proc.lines is not None
+                assert await proc.lines.rest() == ["abort"]
     assert outcome == [Outcome.ABORTED]
     assert "site s3 crashed before voting" in await _reason(session)
     assert (await session.get("/tx/t1/site-s3"))[0] == b"joined"
