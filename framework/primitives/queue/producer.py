@@ -19,7 +19,7 @@ from framework.primitives.queue.view import (
     item_name_prefix,
     item_token,
 )
-from framework.zk import Session, create_protected, delete_guid_nodes, new_guid
+from framework.zk import Session, Transaction, create_protected, delete_guid_nodes, new_guid
 
 log = get_logger("framework.primitives.queue")
 
@@ -67,11 +67,19 @@ class Producer:
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 10**9:
             raise ConfigurationError(f"priority must be an int below 10**9 in size: {priority!r}")
 
-    async def put(self, data: bytes, *, priority: int = 0) -> str:
-        """Add one item; return its name."""
-        return (await self.put_many([data], priority=priority))[0]
+    async def put(self, data: bytes, *, priority: int = 0,
+                  also: Callable[[Transaction], None] | None = None) -> str:
+        """Add one item; return its name.
 
-    async def put_many(self, items: Iterable[bytes], *, priority: int = 0) -> list[str]:
+        ``also`` adds the caller's operations to the multi that creates the item (after the
+        create, before the queue's fence): the item and they are applied together or not at
+        all, once, even across lost replies.  If one of them is refused, nothing is applied
+        and :class:`~framework.errors.TransactionFailedError` is raised with ``failed_index``
+        counted from the first of them."""
+        return (await self.put_many([data], priority=priority, also=also))[0]
+
+    async def put_many(self, items: Iterable[bytes], *, priority: int = 0,
+                       also: Callable[[Transaction], None] | None = None) -> list[str]:
         """Add items in order; return their names.
 
         Items are written in multi-op batches (up to 500 items or 512 KiB per request), and
@@ -88,6 +96,8 @@ class Producer:
             )
         self._check_priority(priority)
         payloads = [self._check(d) for d in items]
+        if also is not None and len(payloads) != 1:
+            raise ConfigurationError("put_many(also=...) takes exactly one item; use put()")
         await self._setup()
         names: list[str] = []
         chain: Chain | None = None
@@ -103,7 +113,7 @@ class Producer:
                 if len(batches) > 1 and chain is None:
                     chain = await self._open_chain()
                 ordered = chain if len(batches) > 1 else None
-                await self._send_round(bucket, priority, batches, payloads, ordered)
+                await self._send_round(bucket, priority, batches, payloads, ordered, also)
                 applied, verdict = await self._conclude(bucket, priority, batches, ordered)
                 if chain is not None and not chain.alive:
                     chain = None  # gone with an expired session: a new one if needed
@@ -137,12 +147,13 @@ class Producer:
 
     async def _send_round(
         self, bucket: str, priority: int, batches: list[Batch], payloads: list[bytes],
-        chain: Chain | None,
+        chain: Chain | None, also: Callable[[Transaction], None] | None = None,
     ) -> None:
         """Send the batches, each setting its ``outcome``; several at once with a chain."""
         if chain is None:
             for batch in batches:
-                batch.outcome = await self._send(bucket, priority, batch, payloads, None, 0)
+                batch.outcome = await self._send(bucket, priority, batch, payloads, None, 0,
+                                                 also)
             return
         turns = [trio.Event() for _ in batches]
         turns[0].set()
@@ -167,13 +178,14 @@ class Producer:
 
     async def _send(
         self, bucket: str, priority: int, batch: Batch, payloads: list[bytes],
-        chain: Chain | None, k: int,
+        chain: Chain | None, k: int, also: Callable[[Transaction], None] | None = None,
     ) -> list[str] | Exception:
         parent = f"{self.items_root}/{bucket}"
         data = payloads[batch.start:batch.end]
         fence = self.fence
+        extra = 0
         try:
-            if chain is None and len(data) == 1 and fence is None:
+            if chain is None and len(data) == 1 and fence is None and also is None:
                 prefix = item_name_prefix(priority, batch.tokens[0])
                 return [await self.session.create(f"{parent}/{prefix}", data[0], sequence=True)]
             txn = self.session.transaction()
@@ -182,13 +194,20 @@ class Producer:
             for token, payload in zip(batch.tokens, data, strict=True):
                 txn.create(f"{parent}/{item_name_prefix(priority, token)}", payload,
                            sequence=True)
+            if also is not None:
+                before = len(txn.operations)
+                also(txn)
+                extra = len(txn.operations) - before
             if fence is not None:  # last, so the other operations keep their indexes
                 txn.check(*fence)
             results = await txn.commit()
-            created = results[0 if chain is None else 1:]
-            return [str(r) for r in (created[:-1] if fence is not None else created)]
+            first = 0 if chain is None else 1
+            return [str(r) for r in results[first:first + len(data)]]
         except errors.TransactionFailedError as exc:
-            if fence is not None and exc.failed_index == len(data) + (chain is not None):
+            first_also = len(data) + (chain is not None)
+            if extra and first_also <= exc.failed_index < first_also + extra:
+                return _AlsoRefused(exc.results[first_also:first_also + extra])
+            if fence is not None and exc.failed_index == len(data) + (chain is not None) + extra:
                 return errors.LeadershipLost(
                     f"put refused: {fence[0]} is no longer at version {fence[1]} "
                     "(a new leader was elected)"
@@ -399,12 +418,19 @@ def _plan(payloads: list[bytes], start: int, room: int) -> list[Batch]:
     return batches
 
 
+class _AlsoRefused(errors.TransactionFailedError):
+    """The caller's operations in a put's multi were refused (``failed_index`` counts from
+    the first of them): raised to the caller, never retried."""
+
+
 def _in_doubt(outcome: object) -> bool:
     return isinstance(outcome, (errors.ConnectionLossError, errors.SessionExpiredError))
 
 
 def _expected_put_error(exc: Exception, chain: Chain | None) -> bool:
     """Errors a put recovers from: lost replies, an old bucket gone, a broken chain."""
+    if isinstance(exc, _AlsoRefused):
+        return False
     if _in_doubt(exc) or isinstance(exc, errors.NoNodeError):
         return True
     if isinstance(exc, errors.TransactionFailedError):
