@@ -3,9 +3,12 @@
 :class:`CrawlConfig` is an immutable attrs class.  Every field is checked when an instance is
 made (directly, by :meth:`CrawlConfig.evolve`, or from JSON), and a bad value raises
 :class:`framework.errors.ConfigurationError` whose message names the field, the rule and the
-value, so a CLI can print it as it is.  The JSON form (:meth:`to_json` / :meth:`from_json`,
-through cattrs) is what travels through ZooKeeper; unknown keys are refused rather than
-silently ignored, so a typo in a live change is reported instead of having no effect.
+value, so a CLI can print it as it is.  The JSON form is what travels through ZooKeeper: it
+is written by :mod:`framework.records` (:meth:`CrawlConfig.to_json`) and read back by a
+stricter copy of the same converter (:meth:`CrawlConfig.from_json`): unlike other records,
+unknown keys are refused rather than ignored and numbers are not coerced, because a
+configuration is written by a person, and a typo in a live change must be reported instead
+of having no effect.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
+from framework import records
 from framework.errors import ConfigurationError
 
 __all__ = ["CrawlConfig", "normalize_host", "url_host"]
@@ -169,11 +173,12 @@ class CrawlConfig:
         return self.evolve(**changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return _converter.unstructure(self)
+        """Plain values (what the runtime's configuration store publishes)."""
+        return records.unstructure(self)
 
     def to_json(self) -> bytes:
-        """Compact, key-sorted UTF-8 JSON (stable bytes for the same config)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        """The record's compact JSON (the same bytes for the same config)."""
+        return records.encode(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CrawlConfig:
@@ -233,7 +238,8 @@ def _parse_text(name: str, text: str) -> Any:
 
 
 def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(forbid_extra_keys=True)
+    """:data:`framework.records.converter`, strict: extra keys refused, no coercion."""
+    converter = records.converter.copy(forbid_extra_keys=True)
 
     def strict_number(kind: type) -> Any:
         def structure(value: Any, _: type) -> Any:

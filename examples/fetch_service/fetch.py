@@ -11,17 +11,17 @@ and across batches processed at the same time.  Guarantees:
   in parallel, at most ``fetch_concurrency`` exchanges at a time.
 - **Redirects** are followed by hand, each hop through the politeness of its own host,
   at most ``max_redirects`` hops.  A loop (a URL seen twice in one chain) ends the fetch with
-  ``error_kind="redirect_loop"``; a longer chain with ``"too_many_redirects"``.
+  :attr:`ErrorKind.REDIRECT_LOOP`; a longer chain with :attr:`ErrorKind.TOO_MANY_REDIRECTS`.
 - **Bounded time.**  Each hop (connect, headers, body) is bounded by ``request_timeout_s``.
 - **No exception escapes for a bad URL or a bad server.**  Every URL produces exactly one
-  :class:`FetchOutcome`; failures are described by ``error_kind`` and a readable ``error``.
-  Only cancellation propagates.
+  :class:`FetchOutcome`; failures are described by an :class:`ErrorKind` and a readable
+  ``error``.  Only cancellation propagates.
 - **Live configuration.**  Assigning :attr:`Fetcher.config` takes effect for the next hop
   (delay, timeout, user agent, limits, allowed hosts).
 
 The body of every response received (each hop) is handed back in :class:`FetchResult` as a
 :class:`RawResponse` for storage (WARC); the small :class:`FetchOutcome` is what a fetcher
-reports (it has the links, never the body).
+reports (it has the links, never the body; a record through :mod:`framework.records`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import enum
 import hashlib
 import http
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import attrs
-import cattrs
 import httpx
 import trio
 
@@ -45,7 +44,7 @@ from examples.fetch_service.links import InvalidUrlError, canonicalize, extract_
 from framework.logs import get_logger
 
 __all__ = [
-    "ERROR_KINDS",
+    "ErrorKind",
     "FetchOutcome",
     "FetchResult",
     "Fetcher",
@@ -57,22 +56,20 @@ log = get_logger("examples.fetch_service.fetch")
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
-#: Every value :attr:`FetchOutcome.error_kind` can take (None means success).
-ERROR_KINDS = frozenset(
-    {
-        "invalid_url",  # not an absolute http(s) URL with a host
-        "not_allowed",  # host not in allowed_hosts (no request made)
-        "http",  # a response with status >= 400 (recorded and stored)
-        "redirect_loop",  # the redirect chain came back to a URL already in it
-        "too_many_redirects",  # more than max_redirects hops
-        "bad_redirect",  # 3xx without a usable Location
-        "timeout",  # a hop took longer than request_timeout_s
-        "connect",  # connection refused / host unreachable / name not resolved
-        "network",  # the connection broke or the server spoke bad HTTP
-        "too_large",  # body longer than max_page_bytes (cut; no links taken)
-        "internal",  # a bug in the fetcher; reported rather than raised
-    }
-)
+class ErrorKind(enum.StrEnum):
+    """Why a fetch failed (:attr:`FetchOutcome.error_kind`; ``None`` there means success)."""
+
+    INVALID_URL = "invalid_url"  # not an absolute http(s) URL with a host
+    NOT_ALLOWED = "not_allowed"  # host not in allowed_hosts (no request made)
+    HTTP = "http"  # a response with status >= 400 (recorded and stored)
+    REDIRECT_LOOP = "redirect_loop"  # the redirect chain came back to a URL already in it
+    TOO_MANY_REDIRECTS = "too_many_redirects"  # more than max_redirects hops
+    BAD_REDIRECT = "bad_redirect"  # 3xx without a usable Location
+    TIMEOUT = "timeout"  # a hop took longer than request_timeout_s
+    CONNECT = "connect"  # connection refused / host unreachable / name not resolved
+    NETWORK = "network"  # the connection broke or the server spoke bad HTTP
+    TOO_LARGE = "too_large"  # body longer than max_page_bytes (cut; no links taken)
+    INTERNAL = "internal"  # a bug in the fetcher; reported rather than raised
 
 
 def payload_digest(body: bytes) -> str:
@@ -97,15 +94,15 @@ class RawResponse:
 
 @attrs.frozen
 class FetchOutcome:
-    """What happened to one URL; small and JSON-friendly (see :meth:`to_dict`).
+    """What happened to one URL; small, a record of :mod:`framework.records`.
 
     - ``url``: the URL asked for (canonical when it could be parsed);
     - ``final_url``: the last URL of the redirect chain that was tried (``url`` when there
       was no redirect); ``redirects``: the URLs after ``url`` in the chain;
     - ``status``: the HTTP status of ``final_url`` (None when it got no response: bad URL,
       refused, timed out...); ``responses``: how many responses were received (and stored);
-    - ``error``: a readable reason, None on success; ``error_kind``: one of
-      :data:`ERROR_KINDS` (``http`` for a 4xx/5xx answer);
+    - ``error``: a readable reason, None on success; ``error_kind``: why, None on success
+      (:attr:`ErrorKind.HTTP` for a 4xx/5xx answer);
     - ``bytes`` and ``digest`` (``sha1:BASE32``, as in WARC): of ``final_url``'s body;
     - ``elapsed``: seconds in HTTP exchanges; ``waited``: seconds in politeness delays;
     - ``links``: canonical, allowed links of a 2xx HTML page (empty otherwise).
@@ -115,7 +112,7 @@ class FetchOutcome:
     final_url: str
     status: int | None
     error: str | None
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
     bytes: int = 0
     elapsed: float = 0.0
     waited: float = 0.0
@@ -138,13 +135,6 @@ class FetchOutcome:
         """Every URL this fetch tried: ``url`` then ``redirects`` (mark them all seen)."""
         return (self.url, *self.redirects)
 
-    def to_dict(self) -> dict[str, Any]:
-        return _converter.unstructure(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FetchOutcome:
-        return _converter.structure(data, cls)
-
 
 @attrs.frozen
 class FetchResult:
@@ -154,9 +144,6 @@ class FetchResult:
     responses: tuple[RawResponse, ...] = ()
 
 
-_converter = cattrs.Converter()
-
-
 @attrs.define
 class _Host:
     lock: trio.Lock = attrs.field(factory=trio.Lock)
@@ -164,7 +151,7 @@ class _Host:
 
 
 class _Failure(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
@@ -248,10 +235,10 @@ class Fetcher:
         try:
             current = canonicalize(url)
         except InvalidUrlError as exc:
-            return self._failed(url, "invalid_url", str(exc))
+            return self._failed(url, ErrorKind.INVALID_URL, str(exc))
         if not config.allows(current):
             return self._failed(
-                current, "not_allowed", f"host {host_key(current)} is not in allowed_hosts"
+                current, ErrorKind.NOT_ALLOWED, f"host {host_key(current)} is not in allowed_hosts"
             )
         chain = [current]
         responses: list[RawResponse] = []
@@ -265,15 +252,15 @@ class Fetcher:
                     return self._finished(chain, responses, timing)
                 if target in chain:
                     loop = " -> ".join([*chain[chain.index(target) :], target])
-                    raise _Failure("redirect_loop", f"redirect loop: {loop}")
+                    raise _Failure(ErrorKind.REDIRECT_LOOP, f"redirect loop: {loop}")
                 if len(chain) > self._config.max_redirects:
                     raise _Failure(
-                        "too_many_redirects",
+                        ErrorKind.TOO_MANY_REDIRECTS,
                         f"more than {self._config.max_redirects} redirects from {chain[0]}",
                     )
                 if not self._config.allows(target):
                     raise _Failure(
-                        "not_allowed",
+                        ErrorKind.NOT_ALLOWED,
                         f"redirect to host {host_key(target)} which is not in allowed_hosts",
                     )
                 chain.append(target)
@@ -333,21 +320,22 @@ class Fetcher:
                     )
             except httpx.TimeoutException as exc:
                 raise _Failure(
-                    "timeout", f"timed out after {config.request_timeout_s:g}s ({_why(exc)})"
+                    ErrorKind.TIMEOUT,
+                    f"timed out after {config.request_timeout_s:g}s ({_why(exc)})",
                 ) from None
             except httpx.ConnectError as exc:
                 raise _Failure(
-                    "connect", f"cannot connect to {host_key(url)}: {_why(exc)}"
+                    ErrorKind.CONNECT, f"cannot connect to {host_key(url)}: {_why(exc)}"
                 ) from None
             except httpx.InvalidURL as exc:
-                raise _Failure("invalid_url", f"invalid URL {url!r}: {_why(exc)}") from None
+                raise _Failure(ErrorKind.INVALID_URL, f"invalid URL {url!r}: {_why(exc)}") from None
             except (httpx.TransportError, httpx.DecodingError, OSError) as exc:
-                raise _Failure("network", f"{host_key(url)}: {_why(exc)}") from None
+                raise _Failure(ErrorKind.NETWORK, f"{host_key(url)}: {_why(exc)}") from None
             except Exception as exc:
                 log.exception("fetch.internal_error", url=url)
-                raise _Failure("internal", f"fetcher error: {_why(exc)}") from None
+                raise _Failure(ErrorKind.INTERNAL, f"fetcher error: {_why(exc)}") from None
         assert scope.cancelled_caught
-        raise _Failure("timeout", f"timed out after {config.request_timeout_s:g}s")
+        raise _Failure(ErrorKind.TIMEOUT, f"timed out after {config.request_timeout_s:g}s")
 
     # -- results ----------------------------------------------------------------------
 
@@ -356,24 +344,25 @@ class Fetcher:
             return None
         location = _header(response, "location")
         if not location:
-            raise _Failure("bad_redirect", f"{response.status} from {response.url} has no Location")
+            raise _Failure(ErrorKind.BAD_REDIRECT,
+                           f"{response.status} from {response.url} has no Location")
         try:
             return canonicalize(location, response.url)
         except InvalidUrlError as exc:
-            raise _Failure("bad_redirect", f"{response.url} redirects to {exc}") from None
+            raise _Failure(ErrorKind.BAD_REDIRECT, f"{response.url} redirects to {exc}") from None
 
     def _finished(
         self, chain: list[str], responses: list[RawResponse], timing: list[float]
     ) -> FetchResult:
         final = responses[-1]
-        kind: str | None = None
+        kind: ErrorKind | None = None
         error: str | None = None
         links: tuple[str, ...] = ()
         if final.truncated:
-            kind = "too_large"
+            kind = ErrorKind.TOO_LARGE
             error = f"body larger than {self._config.max_page_bytes} bytes (cut)"
         elif final.status >= 400:
-            kind = "http"
+            kind = ErrorKind.HTTP
             error = f"HTTP {final.status} {final.reason}".rstrip()
         elif 200 <= final.status < 300 and _is_html(final):
             found = extract_links(_decode(final), final.url)
@@ -387,7 +376,7 @@ class Fetcher:
         chain: list[str],
         responses: list[RawResponse],
         timing: list[float],
-        kind: str | None,
+        kind: ErrorKind | None,
         error: str | None,
         links: tuple[str, ...] = (),
     ) -> FetchOutcome:
@@ -408,7 +397,7 @@ class Fetcher:
         )
 
     @staticmethod
-    def _failed(url: str, kind: str, error: str) -> FetchResult:
+    def _failed(url: str, kind: ErrorKind, error: str) -> FetchResult:
         log.debug("fetch.failed", url=url, kind=kind, error=error)
         return FetchResult(
             FetchOutcome(url=url, final_url=url, status=None, error=error, error_kind=kind)

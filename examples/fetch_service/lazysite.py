@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from collections import Counter
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -47,12 +45,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from examples.fetch_service.fetch import payload_digest
-from examples.fetch_service.site import HOST, serve_until_signal
-from framework import web
+from examples.fetch_service.site import HOST, serve_until_signal, write_record_file
+from framework import records, web
 from framework.errors import ConfigurationError
 from framework.logs import get_logger
 
-__all__ = ["Access", "LazySite", "LazySpec", "serve_lazy_site"]
+__all__ = ["Access", "LazyManifest", "LazySite", "LazySpec", "serve_lazy_site"]
 
 log = get_logger("examples.fetch_service.lazysite")
 
@@ -79,6 +77,17 @@ class LazySpec:
     extra_links: int = attrs.field(default=3, validator=_at_least(0))
     gone_every: int = attrs.field(default=97, validator=_at_least(1))
     private_every: int = attrs.field(default=89, validator=_at_least(1))
+
+
+@attrs.frozen
+class LazyManifest:
+    """The ``--manifest`` file: the spec and the ports rebuild the served site (hosts and
+    seeds for a reader's convenience)."""
+
+    lazy: LazySpec
+    ports: tuple[int, ...]
+    hosts: tuple[str, ...] = ()
+    seeds: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -172,20 +181,18 @@ class LazySite:
 
     # -- manifest -------------------------------------------------------------------------
 
-    def manifest(self) -> dict[str, Any]:
-        return {"lazy": cattrs.unstructure(self.spec), "ports": list(self.ports),
-                "hosts": list(self.hosts), "seeds": list(self.seeds)}
+    def manifest(self) -> LazyManifest:
+        return LazyManifest(self.spec, self.ports, self.hosts, self.seeds)
 
     def write_manifest(self, path: str | Path) -> None:
-        target = Path(path)
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
-        tmp.replace(target)
+        write_record_file(path, self.manifest())
 
     @classmethod
     def from_manifest(cls, path: str | Path) -> LazySite:
-        data = json.loads(Path(path).read_text())
-        return cls(cattrs.structure(data["lazy"], LazySpec), data["ports"])
+        """The site another process serves, from its manifest;
+        :class:`~framework.records.CorruptRecord` if the file is not one."""
+        manifest = records.decode(Path(path).read_bytes(), LazyManifest)
+        return cls(manifest.lazy, manifest.ports)
 
     # -- serving --------------------------------------------------------------------------
 

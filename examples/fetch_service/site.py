@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
+import os
 import posixpath
 import random
 import signal
@@ -59,14 +59,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from framework import web
+from framework import records, web
 from framework.errors import ConfigurationError, FrameworkError
 from framework.logs import get_logger
 
@@ -74,8 +73,10 @@ __all__ = [
     "AccessRecord",
     "Resource",
     "Site",
+    "SiteManifest",
     "SiteSpec",
     "serve_site",
+    "write_record_file",
 ]
 
 log = get_logger("examples.fetch_service.site")
@@ -137,6 +138,26 @@ class SiteSpec:
             raise ConfigurationError(
                 f"SiteSpec.deep_chain ({self.deep_chain}) must be <= pages/2 ({self.pages // 2})"
             )
+
+
+@attrs.frozen
+class SiteManifest:
+    """The ``--manifest`` file: what another process needs to rebuild the served site (the
+    spec and the ports; hosts and seeds for a reader's convenience)."""
+
+    spec: SiteSpec
+    ports: tuple[int, ...]
+    hosts: tuple[str, ...] = ()
+    seeds: tuple[str, ...] = ()
+
+
+def write_record_file(path: str | Path, record: object) -> None:
+    """Write ``record`` (through :mod:`framework.records`) as the file ``path``, whole or
+    not at all (written beside it, then renamed)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(records.encode(record) + b"\n")
+    os.replace(tmp, target)
 
 
 @attrs.frozen
@@ -289,28 +310,20 @@ class Site:
 
     # -- manifest (for other processes) ----------------------------------------------------
 
-    def manifest(self) -> dict[str, Any]:
-        return {
-            "spec": cattrs.unstructure(self.spec),
-            "ports": list(self.ports),
-            "hosts": list(self.hosts),
-            "seeds": list(self.seeds),
-        }
+    def manifest(self) -> SiteManifest:
+        return SiteManifest(self.spec, self.ports, self.hosts, self.seeds)
 
     def write_manifest(self, path: str | Path) -> None:
-        target = Path(path)
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
-        tmp.replace(target)
+        write_record_file(path, self.manifest())
 
     @classmethod
-    def from_manifest(cls, path_or_data: str | Path | dict[str, Any]) -> Site:
-        """Rebuild the site another process served (to compute ground truth)."""
-        data = path_or_data
-        if not isinstance(data, dict):
-            data = json.loads(Path(data).read_text())
-        spec = cattrs.structure(data["spec"], SiteSpec)
-        return cls(spec, data["ports"])
+    def from_manifest(cls, source: str | Path | SiteManifest) -> Site:
+        """Rebuild the site another process served (to compute ground truth) from its
+        manifest or manifest file; :class:`~framework.records.CorruptRecord` if the file is
+        not a manifest, ``OSError`` if it cannot be read."""
+        manifest = source if isinstance(source, SiteManifest) else records.decode(
+            Path(source).read_bytes(), SiteManifest)
+        return cls(manifest.spec, manifest.ports)
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
 """Where the partitioned crawl keeps things: a few znodes, and a shared directory.
 
-ZooKeeper (control plane only; nothing per URL), under the application's base::
+ZooKeeper (control plane only; nothing per URL), under the application's base; every record
+is an attrs class through :mod:`framework.records`::
 
-    crawl/job               the job: id, seeds, partitions, shared directory, checkpoint
-                            interval (written once by :func:`start_job`)
-    crawl/desired           the wanted CrawlConfig (written at the start, may be rewritten); the
-                            master publishes it to the fetchers (ready-znode configuration)
-    crawl/partitions/pNNN   one record per partition: epoch, owner, latest checkpoint file,
-                            status counters, released (see :class:`PartitionRecord`)
-    crawl/report            the final report; it exists once the crawl is finished
+    crawl/job               :class:`Job`: id, seeds, partitions, shared directory,
+                            checkpoint interval (written once by :func:`start_job`)
+    crawl/desired           the wanted :class:`CrawlConfig` (written at the start, may be
+                            rewritten); the master publishes it to the fetchers
+    crawl/partitions/pNNN   :class:`PartitionRecord`: epoch, owner, latest checkpoint file,
+                            its :class:`Progress`, :class:`PartitionState`
+    crawl/report            :class:`CrawlReport`; it exists once the crawl is finished
 
 The shared directory (``job.shared``; stands for a distributed file system that every
 fetcher machine mounts, like the Katta example's shard store; only whole files are written,
@@ -16,35 +17,39 @@ each once, under a temporary name and renamed, which is what HDFS-like stores of
 
     <shared>/<job id>/parts/pNNN/ckpt-eEEEEEE-SSSSSS.sqlite   checkpoints of the partition
     <shared>/<job id>/inbox/pNNN/<sender>-eEEEEEE-SSSSSSSSS.json   links for the partition
+                                                                   (:mod:`.inbox`)
+
+A record that does not decode raises :class:`framework.records.CorruptRecord`; the readers
+log it and wait for the node to change rather than overwrite it (see :func:`wait_job`,
+:mod:`.ownership`, :mod:`.master`).
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.links import InvalidUrlError, canonicalize, host_key
-from examples.fetch_service.scale.inbox import write_inbox_file
+from examples.fetch_service.scale.inbox import InboxBatch, write_inbox_file
 from examples.fetch_service.scale.urls import partition_name, partition_of
-from framework import errors
+from framework import errors, records
+from framework.logs import get_logger
 from framework.runtime import App
-from framework.zk import Session
+from framework.zk import Session, watch_data
 
-__all__ = ["APP_NAME", "Job", "PartitionRecord", "ScalePaths", "SharedDir", "start_job"]
+__all__ = ["APP_NAME", "CrawlReport", "Job", "PartitionRecord", "PartitionState", "Progress",
+           "ScalePaths", "SharedDir", "start_job", "wait_job"]
+
+log = get_logger("examples.fetch_service.scale.layout")
 
 #: The application name of the crawl.
 APP_NAME = "fetch-scale"
-
-
-def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
 @attrs.frozen
@@ -66,7 +71,8 @@ class ScalePaths:
 
 @attrs.frozen
 class Job:
-    """What to crawl and how the URL space is cut.  ``partitions`` never changes for a job."""
+    """The ``crawl/job`` record: what to crawl and how the URL space is cut.  Written once
+    by :func:`start_job`; ``partitions`` never changes for a job."""
 
     id: str
     seeds: tuple[str, ...] = attrs.field(converter=tuple)
@@ -79,13 +85,6 @@ class Job:
     @property
     def names(self) -> list[str]:
         return [partition_name(i) for i in range(self.partitions)]
-
-    def to_json(self) -> bytes:
-        return dumps(attrs.asdict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Job:
-        return cls(**json.loads(data))
 
     def directory(self) -> SharedDir:
         return SharedDir(Path(self.shared) / self.id)
@@ -104,50 +103,97 @@ class SharedDir:
         return self.root / "inbox" / partition
 
 
+class PartitionState(enum.Enum):
+    """Where a partition stands with its owners (:attr:`PartitionRecord.state`)."""
+
+    #: Created by the master; nobody has taken it over yet.
+    NEW = "new"
+    #: An owner took it over; it has published no checkpoint of its own yet.
+    TAKEN_OVER = "taken_over"
+    #: The owner serves it; ``checkpoint`` is its latest published state.
+    SERVING = "serving"
+    #: The owner stopped serving (its requests are over); ``checkpoint`` is its last state.
+    RELEASED = "released"
+
+
+@attrs.frozen
+class Progress:
+    """What a published checkpoint holds: URLs ``pending``, ``done`` (fetched, whatever the
+    HTTP outcome) and ``blocked`` (robots.txt), links in the ``outbox`` (found for other
+    partitions, not shipped yet); ``at``: when it was taken (wall clock)."""
+
+    pending: int = 0
+    done: int = 0
+    blocked: int = 0
+    outbox: int = 0
+    at: float = 0.0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending and nothing unshipped."""
+        return self.pending == 0 and self.outbox == 0
+
+
 @attrs.frozen
 class PartitionRecord:
-    """The znode of one partition.
+    """The ``crawl/partitions/pNNN`` record of one partition.
 
     ``epoch`` grows by one at every takeover (a version-checked set: two would-be owners
-    cannot both win); ``checkpoint`` names the newest published checkpoint file; ``status``
-    is what that checkpoint holds (``pending``, ``done``, ``blocked``, ``outbox`` counts and
-    ``idle``: nothing pending and nothing unshipped at snapshot time; the master also checks
-    the inboxes).  ``released``: the owner has stopped serving (its requests are over) and
-    ``checkpoint`` is its last state: the next owner may start at once (see
-    :mod:`.ownership`).  Every write after the takeover is a set at the version the owner
-    last wrote, so a deposed owner's publish fails on the server (``BadVersionError``).
+    cannot both win); ``checkpoint`` names the newest published checkpoint file (``None``:
+    start empty) and ``progress`` is what it holds; ``state`` says whether the current
+    ``owner`` has published its own checkpoint yet and whether it has released the
+    partition (see :mod:`.ownership`).  Every write after the takeover is a set at the
+    version the owner last wrote, so a deposed owner's publish fails on the server.
     """
 
     epoch: int = 0
     owner: str | None = None
     checkpoint: str | None = None
-    status: dict[str, Any] | None = None
-    released: bool = False
+    state: PartitionState = PartitionState.NEW
+    progress: Progress = Progress()
 
-    def to_json(self) -> bytes:
-        return dumps(attrs.asdict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes) -> PartitionRecord:
-        return cls(**json.loads(data)) if data else cls()
+    @property
+    def released(self) -> bool:
+        return self.state is PartitionState.RELEASED
 
     @property
     def idle(self) -> bool:
-        return bool(self.status and self.status.get("idle"))
+        """The current owner published a checkpoint with nothing pending and nothing
+        unshipped (the master also checks the inboxes before it ends the crawl)."""
+        return (self.state in (PartitionState.SERVING, PartitionState.RELEASED)
+                and self.progress.idle)
 
 
-def seed_links(seeds: Iterable[str], partitions: int) -> tuple[dict[int, list[list[Any]]],
-                                                              list[dict[str, str]]]:
-    """Canonical seeds grouped by partition, and the invalid ones with the reason."""
-    routed: dict[int, list[list[Any]]] = {}
-    invalid: list[dict[str, str]] = []
+@attrs.frozen
+class CrawlReport:
+    """The ``crawl/report`` record the master writes once the crawl is finished: totals of
+    the partitions' last checkpoints, the epoch each partition reached, who wrote it, and
+    the inbox files set aside as unreadable (their links were not crawled)."""
+
+    job: str
+    seeds: tuple[str, ...]
+    partitions: int
+    done: int
+    blocked: int
+    started: float
+    finished: float
+    master: str
+    epochs: dict[str, int] = attrs.Factory(dict)
+    quarantined: tuple[str, ...] = ()
+
+
+def seed_links(seeds: Iterable[str], partitions: int) -> tuple[
+        dict[int, list[tuple[str, int]]], list[str]]:
+    """Canonical seeds (at depth 0) grouped by partition, and why the others are invalid."""
+    routed: dict[int, list[tuple[str, int]]] = {}
+    invalid: list[str] = []
     for seed in seeds:
         try:
             url = canonicalize(seed)
         except InvalidUrlError as exc:
-            invalid.append({"url": seed, "error": str(exc)})
+            invalid.append(str(exc))
             continue
-        routed.setdefault(partition_of(host_key(url), partitions), []).append([url, 0])
+        routed.setdefault(partition_of(host_key(url), partitions), []).append((url, 0))
     return routed, invalid
 
 
@@ -155,10 +201,13 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
                     shared: str | Path, partitions: int = 8, checkpoint_interval_s: float = 1.0,
                     obey_robots: bool = True, job_id: str | None = None) -> Job:
     """Create a partitioned crawl job: the seeds go to their partitions' inboxes first, then
-    the job and its configuration are written in one transaction.
+    the job and its configuration are written in one transaction (so a job that exists has
+    its seeds delivered).
 
     Raises :class:`ConfigurationError` for no valid seed, a bad partition count, or when the
-    application already has a job (``framework purge fetch-scale`` first).
+    application already has a job (``framework purge fetch-scale`` first); ``OSError`` when
+    the shared directory cannot be written; ZooKeeper errors as they come (nothing is
+    retried: after a ``ConnectionLossError`` the job may or may not exist).
     """
     if not 1 <= partitions <= 999:
         raise errors.ConfigurationError(f"partitions must be in 1..999, got {partitions}")
@@ -167,7 +216,7 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
             f"checkpoint_interval_s must be > 0, got {checkpoint_interval_s}")
     routed, invalid = seed_links(seeds, partitions)
     if not routed:
-        reasons = "; ".join(i["error"] for i in invalid) or "no seed given"
+        reasons = "; ".join(invalid) or "no seed given"
         raise errors.ConfigurationError(f"a crawl needs at least one valid seed URL ({reasons})")
     job = Job(job_id or uuid.uuid4().hex[:8], tuple(seeds), partitions,
               str(Path(shared).resolve()), checkpoint_interval_s, obey_robots, time.time())
@@ -182,10 +231,10 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
         directory.inbox(name).mkdir(parents=True, exist_ok=True)
     for index, links in routed.items():
         write_inbox_file(directory.inbox(partition_name(index)), "seeds-e000000-000000000.json",
-                         links)
+                         InboxBatch(tuple(links)))
     await session.ensure_path(paths.partitions)
     try:
-        await session.transaction().create(paths.job, job.to_json()).create(
+        await session.transaction().create(paths.job, records.encode(job)).create(
             paths.desired, config.to_json()).commit()
     except errors.TransactionFailedError as exc:
         if isinstance(exc.cause, errors.NodeExistsError):
@@ -196,8 +245,16 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
     return job
 
 
-async def read_job(session: Session, paths: ScalePaths) -> Job | None:
-    try:
-        return Job.from_json((await session.get(paths.job))[0])
-    except errors.NoNodeError:
-        return None
+async def wait_job(session: Session, paths: ScalePaths) -> Job:
+    """The job, once ``crawl/job`` exists and holds a valid record.  A record that is not
+    one is logged (``crawl.job_corrupt``, an error) and waited out: nothing is crawled under
+    a job nobody can read, and the wait ends when the node is rewritten."""
+    async for snap in watch_data(session, paths.job):
+        if snap.data is None:
+            continue
+        try:
+            return records.decode(snap.data, Job)
+        except records.CorruptRecord as exc:
+            log.error("crawl.job_corrupt", path=paths.job, error=str(exc),
+                      action="waiting for the job record to be rewritten")
+    raise AssertionError("watch_data never ends")  # pragma: no cover

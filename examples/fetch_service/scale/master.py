@@ -1,10 +1,18 @@
 """``PartitionMaster``: the master of the partitioned crawl (a runtime ``Master``).
 
 While it leads it: publishes the wanted configuration to the fetchers (and follows
-rewrites of ``crawl/desired``), creates the partition records, keeps the partitions assigned to live
-fetchers (``MasterContext.run_shards``: sticky, balanced, moved off dead fetchers after the
-safe-mode period), and detects the end of the crawl; then it writes the report.  It keeps no
-crawl data: a standby that takes over resumes from the partition records.
+rewrites of ``crawl/desired``; a rewrite that is not a valid :class:`CrawlConfig` is logged
+as ``crawl.bad_config`` and the previous one kept), creates the partition records, keeps the
+partitions assigned to live fetchers (``MasterContext.run_shards``: sticky, balanced, moved
+off dead fetchers after the safe-mode period), and detects the end of the crawl; then it
+writes the :class:`~.layout.CrawlReport` (fenced by its term) and ``lead`` returns.  It
+keeps no crawl data: a standby that takes over resumes from the partition records.
+
+Connection states are the runtime's (see :class:`framework.runtime.Master`): on SUSPENDED
+past the trust deadline or on LOST the body of ``lead`` is cancelled and the master stands
+by again; the end detection itself waits out a ``ConnectionLossError``.  A partition record
+or job record that does not decode is logged (``crawl.partition_record_corrupt``,
+``crawl.job_corrupt``) and waited out: the crawl does not end while a record is unreadable.
 
 The end (no URL pending anywhere, no link in flight) is detected without any per-URL
 record, from the partition records and the inbox directories:
@@ -29,19 +37,19 @@ from typing import Any
 import trio
 
 from examples.fetch_service.config import CrawlConfig
-from examples.fetch_service.scale.inbox import list_inbox
+from examples.fetch_service.scale.inbox import list_inbox, list_quarantined
 from examples.fetch_service.scale.layout import (
     APP_NAME,
+    CrawlReport,
     Job,
     PartitionRecord,
     ScalePaths,
-    dumps,
-    read_job,
+    wait_job,
 )
-from framework import errors, single_body_error
+from framework import errors, records, single_body_error
 from framework.logs import get_logger
 from framework.runtime import Master, MasterContext
-from framework.zk import Session, Stat, wait_exists, watch_data
+from framework.zk import Session, Stat, watch_data
 
 __all__ = ["PartitionMaster", "read_partitions"]
 
@@ -57,22 +65,22 @@ class PartitionMaster(Master):
         session = ctx.session
         if await session.exists(paths.report) is not None:
             return
-        await wait_exists(session, paths.job)
-        job = await read_job(session, paths)
-        assert job is not None
+        job = await wait_job(session, paths)
         for name in job.names:
             if await session.exists(paths.partition(name)) is None:
                 await ctx.term.commit(lambda t, n=name: t.create(
-                    paths.partition(n), PartitionRecord().to_json()))
+                    paths.partition(n), records.encode(PartitionRecord())))
         with single_body_error():  # a lost term is raised as itself
             async with trio.open_nursery() as nursery:
                 await nursery.start(_follow_desired, ctx, paths)
                 nursery.start_soon(ctx.run_shards, {name: b"" for name in job.names})
-                records = await _until_finished(session, paths, job)
+                final = await _until_finished(session, paths, job)
                 nursery.cancel_scope.cancel()
-        report = _report(job, records, self.name)
-        await ctx.term.commit(lambda t: t.create(paths.report, dumps(report)))
-        log.info("crawl.finished", job=job.id, pages=report["done"], blocked=report["blocked"])
+        quarantined = await trio.to_thread.run_sync(_quarantined, job)
+        report = _report(job, final, self.name, quarantined)
+        await ctx.term.commit(lambda t: t.create(paths.report, records.encode(report)))
+        log.info("crawl.finished", job=job.id, pages=report.done, blocked=report.blocked,
+                 quarantined=len(quarantined))
 
 
 async def _follow_desired(ctx: MasterContext, paths: ScalePaths,
@@ -97,12 +105,18 @@ async def _follow_desired(ctx: MasterContext, paths: ScalePaths,
 async def read_partitions(session: Session, paths: ScalePaths, job: Job,
                           changed: trio.Event | None = None,
                           ) -> dict[str, tuple[PartitionRecord, Stat]]:
-    """Every partition's record and stat (``changed`` is set when one of them changes)."""
+    """Every partition's record and stat (``changed`` is set when one of them changes);
+    :class:`~framework.records.CorruptRecord` naming the first one that does not decode (its
+    watch is set too)."""
     found: dict[str, tuple[PartitionRecord, Stat]] = {}
     for name in job.names:
         watch = session.waker(changed) if changed is not None else None
-        data, stat = await session.get(paths.partition(name), watch=watch)
-        found[name] = (PartitionRecord.from_json(data), stat)
+        path = paths.partition(name)
+        data, stat = await session.get(path, watch=watch)
+        try:
+            found[name] = (records.decode(data, PartitionRecord), stat)
+        except records.CorruptRecord as exc:
+            raise records.CorruptRecord(f"{path}: {exc}") from None
     return found
 
 
@@ -126,14 +140,25 @@ async def _until_finished(session: Session, paths: ScalePaths,
         except (errors.ConnectionLossError, errors.SessionExpiredError):
             await session.wait_connected()
             continue
+        except records.CorruptRecord as exc:
+            log.error("crawl.partition_record_corrupt", error=str(exc),
+                      action="the crawl does not end until the record is rewritten")
         await changed.wait()
 
 
-def _report(job: Job, records: dict[str, PartitionRecord], master: str) -> dict[str, Any]:
-    def total(key: str) -> int:
-        return sum(int((record.status or {}).get(key, 0)) for record in records.values())
+def _quarantined(job: Job) -> tuple[str, ...]:
+    """``pNNN/<file>`` of every inbox file set aside as unreadable."""
+    directory = job.directory()
+    return tuple(f"{name}/{file}" for name in job.names
+                 for file in list_quarantined(directory.inbox(name)))
 
-    return {"job": job.id, "seeds": list(job.seeds), "partitions": job.partitions,
-            "done": total("done"), "blocked": total("blocked"), "started": job.created,
-            "finished": time.time(), "master": master,
-            "epochs": {name: record.epoch for name, record in records.items()}}
+
+def _report(job: Job, final: dict[str, PartitionRecord], master: str,
+            quarantined: tuple[str, ...]) -> CrawlReport:
+    return CrawlReport(
+        job=job.id, seeds=job.seeds, partitions=job.partitions,
+        done=sum(record.progress.done for record in final.values()),
+        blocked=sum(record.progress.blocked for record in final.values()),
+        started=job.created, finished=time.time(), master=master,
+        epochs={name: record.epoch for name, record in final.items()},
+        quarantined=quarantined)

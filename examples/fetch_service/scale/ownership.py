@@ -1,29 +1,34 @@
 """Owning a partition: the epoch taken in ZooKeeper, the hand-over from the previous owner,
 and the fenced publish of checkpoints.
 
-:meth:`Ownership.take_over` raises the partition's epoch by one with a version-checked set
-of its record; it wins only against the version it read, so of two would-be owners exactly
-one gets each epoch.  When ``assignment`` is given, the same transaction checks that this
-fetcher's assignment node (the master's decision, ``assignments/<worker>/<partition>``)
-exists: a fetcher the partition was moved away from cannot take it back, however late it
-acts.  Every later :meth:`Ownership.publish` is a set at the version this owner last wrote:
-once anybody else has taken the partition over, the server refuses it (``BadVersionError``)
-and :class:`PartitionLost` is raised.  The published checkpoint is the partition's durable
-state, so a deposed owner cannot change what the next owner resumes from; whatever else it
-still does (fetching pages, shipping links) is at-least-once noise: duplicate WARC records
-and duplicate links, which the receivers' seen-sets drop.
+Guarantees:
 
-Hand-over (``members`` given): an owner that stops serving publishes its last checkpoint
-with ``released`` set (:meth:`publish`, :meth:`release`), after its requests have ended.
-A new owner waits, before it takes over, until the record says ``released``, or its owner
-is no longer a live member (dead: its session expired), or ``handoff_timeout`` passed (the
-previous owner is stuck; fencing still keeps the state right).  So when a partition moves
-between two live fetchers the old owner's last requests are over before the new owner
-starts (politeness holds across the move without a lock), and the new owner resumes from
-the old owner's last checkpoint (a move redoes nothing).
+* **One owner per epoch.**  :meth:`Ownership.take_over` raises the partition's epoch by one
+  with a version-checked set of its :class:`~.layout.PartitionRecord`; of two would-be owners
+  exactly one gets each epoch.  With ``assignment``, the same multi checks that this
+  fetcher's assignment node (the master's decision) exists: a fetcher the partition was
+  moved away from cannot take it back, however late it acts.
+* **Fenced publish.**  Every later :meth:`Ownership.publish` / :meth:`Ownership.release` is a
+  set at the version this owner last wrote: once anybody else has taken the partition over,
+  the server refuses it and :class:`PartitionLost` is raised.  The published checkpoint is
+  the partition's durable state, so a deposed owner cannot change what the next owner
+  resumes from; whatever else it still does (fetching pages, shipping links) is
+  at-least-once noise that the receivers' seen-sets drop.
+* **Hand-over** (``members`` given): a new owner waits, before it takes over, until the
+  record is :attr:`~.layout.PartitionState.RELEASED`, or its owner is no longer a live
+  member (its session expired), or ``handoff_timeout`` passed (the previous owner is stuck;
+  fencing still keeps the state right).  So between two live fetchers the old owner's
+  requests are over before the new owner starts, and the new owner resumes from the old
+  owner's last checkpoint.
 
-A lost reply (``ConnectionLossError``) is resolved by reading the record back: our write
-happened if the record now holds what we wrote.
+Connection states: the calls need a connected session and do not watch its state
+themselves.  A lost reply (``ConnectionLossError``) is resolved by waiting for the
+connection and reading the record back: our write happened if the record holds what we
+wrote.  A session expiry raises :class:`~framework.errors.SessionExpiredError` (the caller,
+run by the runtime's shard server, is cancelled on SUSPENDED past the trust deadline and
+on LOST anyway).  A partition record that is not a record (:class:`~framework.records.
+CorruptRecord`) is never overwritten: :meth:`take_over` logs ``partition.record_corrupt``
+and waits until the node changes.
 
 ZooKeeper cost: a takeover is one read and one multi (plus one read and two watches per
 change seen while waiting for the hand-over); a publish is one set.
@@ -32,13 +37,12 @@ change seen while waiting for the hand-over); a publish is one set.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 import trio
 
-from examples.fetch_service.scale.layout import PartitionRecord
-from framework import errors
+from examples.fetch_service.scale.layout import PartitionRecord, PartitionState, Progress
+from framework import errors, records
 from framework.logs import get_logger
 from framework.zk import Session, wait_exists
 
@@ -80,8 +84,8 @@ class Ownership:
         self.on_wait = on_wait
         self.record = PartitionRecord()
         self.version = -1
-        #: The owner before us and whether it had released the partition (after take_over).
-        self.previous: tuple[str | None, bool] = (None, True)
+        #: The record as the previous owner left it (set by :meth:`take_over`).
+        self.previous = PartitionRecord()
 
     @property
     def epoch(self) -> int:
@@ -89,9 +93,9 @@ class Ownership:
 
     async def take_over(self) -> PartitionRecord:
         """Become the owner under a new epoch; returns the record (with the checkpoint to
-        resume from).  Waits for the record to exist (the master creates it) and for a live
-        previous owner to release it; :class:`PartitionLost` if the partition is not
-        assigned to us."""
+        resume from).  Waits for the record to exist (the master creates it), to be a valid
+        record, and for a live previous owner to release it; :class:`PartitionLost` if the
+        partition is not assigned to us."""
         deadline = trio.current_time() + self.handoff_timeout
         while True:
             changed = trio.Event()
@@ -101,26 +105,33 @@ class Ownership:
             except errors.NoNodeError:
                 await wait_exists(self.session, self.path)
                 continue
-            current = PartitionRecord.from_json(data)
+            try:
+                current = records.decode(data, PartitionRecord)
+            except records.CorruptRecord as exc:
+                log.error("partition.record_corrupt", path=self.path, owner=self.owner,
+                          error=str(exc), action="waiting for the record to be rewritten")
+                await changed.wait()
+                continue
             if await self._must_wait(current, changed, deadline):
                 with trio.move_on_at(deadline):
                     await changed.wait()
                 continue
             wanted = attrs.evolve(current, epoch=current.epoch + 1, owner=self.owner,
-                                  released=False, status={"idle": False, "taken_over": True})
+                                  state=PartitionState.TAKEN_OVER)
             if await self._set(wanted, stat.version, takeover=True):
-                self.previous = (current.owner, current.released)
+                self.previous = current
                 log.info("partition.taken_over", partition=self.path.rpartition("/")[2],
                          owner=self.owner, epoch=wanted.epoch, checkpoint=wanted.checkpoint,
                          previous=current.owner, released=current.released)
                 return wanted
 
-    async def publish(self, checkpoint: str, status: dict[str, Any], *,
+    async def publish(self, checkpoint: str, progress: Progress, *,
                       released: bool = False) -> None:
-        """Point the record at ``checkpoint`` (``released``: and hand the partition over);
-        :class:`PartitionLost` if we were deposed."""
-        wanted = attrs.evolve(self.record, checkpoint=checkpoint, status=status,
-                              released=released)
+        """Point the record at ``checkpoint``, which holds ``progress`` (``released``: and
+        hand the partition over); :class:`PartitionLost` if we were deposed."""
+        state = PartitionState.RELEASED if released else PartitionState.SERVING
+        wanted = attrs.evolve(self.record, checkpoint=checkpoint, progress=progress,
+                              state=state)
         if not await self._set(wanted, self.version):
             raise PartitionLost(f"{self.path} was taken over (our epoch {self.epoch})")
 
@@ -129,7 +140,8 @@ class Ownership:
         one); :class:`PartitionLost` if we were deposed."""
         if self.version < 0:
             return  # never owned it
-        if not await self._set(attrs.evolve(self.record, released=True), self.version):
+        released = attrs.evolve(self.record, state=PartitionState.RELEASED)
+        if not await self._set(released, self.version):
             raise PartitionLost(f"{self.path} was taken over (our epoch {self.epoch})")
 
     async def _must_wait(self, current: PartitionRecord, changed: trio.Event,
@@ -159,11 +171,12 @@ class Ownership:
             try:
                 if takeover and self.assignment is not None:
                     results = await self.session.transaction().check(
-                        self.assignment, -1).set(self.path, wanted.to_json(),
+                        self.assignment, -1).set(self.path, records.encode(wanted),
                                                  version=version).commit()
                     stat = results[1]
                 else:
-                    stat = await self.session.set(self.path, wanted.to_json(), version=version)
+                    stat = await self.session.set(self.path, records.encode(wanted),
+                                                  version=version)
             except errors.BadVersionError:
                 return False
             except errors.TransactionFailedError as exc:
@@ -176,9 +189,17 @@ class Ownership:
             except errors.ConnectionLossError:
                 await self.session.wait_connected()
                 data, stat = await self.session.get(self.path)
-                if PartitionRecord.from_json(data) != wanted:
+                if not _holds(data, wanted):
                     if stat.version == version:
                         continue  # not applied: try again
                     return False
             self.record, self.version = wanted, stat.version
             return True
+
+
+def _holds(data: bytes, wanted: PartitionRecord) -> bool:
+    """Whether ``data`` is ``wanted`` (bytes that are not a record are not)."""
+    try:
+        return records.decode(data, PartitionRecord) == wanted
+    except records.CorruptRecord:
+        return False

@@ -2,24 +2,32 @@
 other partitions, and checkpoint it, while (and only while) this fetcher owns it.
 
 The runtime calls :meth:`PartitionServer.serve` from ``Worker.serve_shard`` and cancels it
-when the shard is moved away or the worker's session can no longer be trusted.  Steps:
+when the shard is moved away, and when the session can no longer be trusted (SUSPENDED past
+its trust deadline, or LOST); every effect outside ZooKeeper that only the owner may cause
+(an inbox file shipped, a checkpoint written) is preceded by ``session.ensure_trusted()``,
+so a process paused past its deadline writes nothing even before it is cancelled.
 
-1. take the partition over (a new epoch, see :mod:`.ownership`: only while it is assigned
-   to this fetcher, and after a live previous owner released it) and restore the store from
-   the published checkpoint (or start empty);
-2. run, concurrently: fetch slots (one request per host at a time; the fetcher spaces them
-   by ``politeness_delay_s``; robots.txt consulted first), the inbox reader, the outbox
-   shipper, and the checkpointer (every ``checkpoint_interval_s`` while something changed);
-   after a takeover from another owner the fetch slots start ``politeness_delay_s`` late:
-   that owner's last request ended before it released the partition (or died);
-3. when cancelled (the fetch slots are stopped first), publish a last checkpoint marked
-   ``released`` (bounded: a deposed owner's is refused), which lets the next owner start.
+Guarantees:
 
-A page's completion is one store transaction: the URL marked done, its links for this
-partition added to the frontier, its links for other partitions put in the outbox.  What is
-lost by a kill -9 is the work since the last checkpoint: the next owner fetches those pages
-again (duplicate WARC records, counted by the checkers) and re-reads the inbox files not yet
-covered by a checkpoint; no URL is lost.
+* **No URL is lost.**  A page's completion is one store transaction: the URL marked done,
+  its links for this partition added to the frontier, its links for other partitions put in
+  the outbox.  A kill -9 loses only the work since the last published checkpoint: the next
+  owner fetches those pages again (duplicate WARC records) and re-reads the inbox files not
+  yet covered by a checkpoint.
+* **Politeness per host**: one request at a time per host (the fetch slots take hosts from
+  :class:`.hostqueue.HostQueues`; the fetcher spaces them by ``politeness_delay_s``),
+  robots.txt consulted first; after a takeover from another owner the fetch slots start
+  ``politeness_delay_s`` late.
+* **Hand-over**: when cancelled, the fetch slots stop first, then a last checkpoint is
+  published as released (bounded by :data:`FINAL_CHECKPOINT_S`; a deposed owner's is
+  refused), which lets the next owner start at once.
+
+What :meth:`PartitionServer.serve` raises: :class:`.ownership.PartitionLost` (another owner
+took over, or the partition is not assigned here), :class:`CorruptCheckpoint` (the published
+checkpoint cannot be read: nothing is served and nothing overwritten), ZooKeeper errors and
+``OSError`` from the shared directory; the fetcher logs them and serves again after a
+backoff.  An inbox file that is not a batch is set aside (:func:`.inbox.quarantine`), logged
+as ``partition.inbox_corrupt`` and counted; the partition goes on.
 """
 
 from __future__ import annotations
@@ -28,32 +36,33 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
 
 from examples.fetch_service.config import CrawlConfig
-from examples.fetch_service.fetch import Fetcher, FetchResult
+from examples.fetch_service.fetch import ErrorKind, Fetcher, FetchResult
 from examples.fetch_service.links import InvalidUrlError, canonicalize, host_key
 from examples.fetch_service.scale.hostqueue import HostQueues
 from examples.fetch_service.scale.inbox import (
+    InboxBatch,
     inbox_file_name,
     list_inbox,
+    quarantine,
     read_inbox_file,
     write_inbox_file,
 )
-from examples.fetch_service.scale.layout import Job, ScalePaths
+from examples.fetch_service.scale.layout import Job, Progress, ScalePaths
 from examples.fetch_service.scale.ownership import Ownership, PartitionLost
 from examples.fetch_service.scale.robots import RobotsRules, robots_url
-from examples.fetch_service.scale.store import BLOCKED, DONE, Link, PartitionStore
+from examples.fetch_service.scale.store import CorruptCheckpoint, Link, PartitionStore, UrlState
 from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.warc import WarcWriter
-from framework import errors, single_body_error
+from framework import errors, records, single_body_error
 from framework.logs import get_logger
 from framework.zk import Session
 
-__all__ = ["PartitionContext", "PartitionServer", "PartitionStats"]
+__all__ = ["CorruptCheckpoint", "PartitionContext", "PartitionServer", "PartitionStats"]
 
 log = get_logger("examples.fetch_service.scale.partition")
 
@@ -67,6 +76,8 @@ SHIP_INTERVAL_S = 0.2
 SHIP_BATCH = 20_000
 #: Bound on the last checkpoint when the partition is released.
 FINAL_CHECKPOINT_S = 3.0
+#: Redirect outcomes whose target is a link of its own (redirects are not followed inline).
+REDIRECTED = frozenset({ErrorKind.TOO_MANY_REDIRECTS, ErrorKind.REDIRECT_LOOP})
 
 
 @attrs.define
@@ -80,6 +91,7 @@ class PartitionStats:
     robots: int = 0  # robots.txt fetched
     checkpoints: int = 0
     shipped_files: int = 0
+    corrupt_inbox_files: int = 0  # set aside unread (see .inbox.quarantine)
 
 
 @attrs.define
@@ -120,16 +132,21 @@ class PartitionServer:
     # ------------------------------------------------------------ lifecycle
 
     async def serve(self) -> None:
-        """Own and crawl the partition until cancelled; raises :class:`PartitionLost` when
-        another fetcher took it over (or it is not assigned to this fetcher)."""
+        """Own and crawl the partition until cancelled (see the module doc for what it
+        raises)."""
         record = await self.ownership.take_over()
-        previous, _released = self.ownership.previous
+        previous = self.ownership.previous.owner
         epoch = record.epoch
         parts = self.shared.parts(self.name)
         source = parts / record.checkpoint if record.checkpoint else None
         working = self.ctx.local_dir / f"{self.name}-e{epoch:06d}.sqlite"
-        self.store = store = await trio.to_thread.run_sync(PartitionStore.restore, source,
-                                                           working)
+        try:
+            self.store = store = await trio.to_thread.run_sync(PartitionStore.restore, source,
+                                                               working)
+        except CorruptCheckpoint as exc:
+            log.error("partition.checkpoint_corrupt", partition=self.name, epoch=epoch,
+                      checkpoint=str(source), error=str(exc))
+            raise
         try:
             self._consumed = store.consumed()
             self._rules = {host: RobotsRules.from_answer(status, body)
@@ -191,7 +208,7 @@ class PartitionServer:
         if self.ctx.job.obey_robots:
             rules = await self._robots(host, url)
             if not rules.allows(url, config.user_agent):
-                store.complete(url, BLOCKED, (), ())
+                store.complete(url, UrlState.BLOCKED, (), ())
                 stats.blocked += 1
                 self._dirty = True
                 return
@@ -200,7 +217,7 @@ class PartitionServer:
         stats.pages += len(result.responses)
         stats.bytes += sum(len(r.body) for r in result.responses)
         outcome = result.outcome
-        if not outcome.ok and outcome.error_kind not in ("too_many_redirects", "redirect_loop"):
+        if not outcome.ok and outcome.error_kind not in REDIRECTED:
             stats.errors += 1
         own: list[Link] = []
         others: list[tuple[int, str, int]] = []
@@ -211,7 +228,7 @@ class PartitionServer:
                 own.append((link, link_host, link_depth))
             else:
                 others.append((target, link, link_depth))
-        self.queues.add(store.complete(url, DONE, own, others))
+        self.queues.add(store.complete(url, UrlState.DONE, own, others))
         self._dirty = True
         if others:
             self._outbox.set()
@@ -224,7 +241,7 @@ class PartitionServer:
         partition), at the same depth."""
         outcome = result.outcome
         found = [(link, depth + 1) for link in outcome.links] if depth < config.max_depth else []
-        if outcome.error_kind in ("too_many_redirects", "redirect_loop") and result.responses:
+        if outcome.error_kind in REDIRECTED and result.responses:
             last = result.responses[-1]
             location = next((v for k, v in last.headers if k.lower() == "location"), None)
             if location:
@@ -260,8 +277,15 @@ class PartitionServer:
             names = await trio.to_thread.run_sync(list_inbox, directory)
             fresh = [name for name in names if name not in self._consumed]
             for name in fresh:
-                raw = await trio.to_thread.run_sync(read_inbox_file, directory / name)
-                links = [(url, host_key(url), depth) for url, depth in raw]
+                try:
+                    batch = await trio.to_thread.run_sync(read_inbox_file, directory / name)
+                except records.CorruptRecord as exc:
+                    kept = await trio.to_thread.run_sync(quarantine, directory / name)
+                    self.ctx.stats.corrupt_inbox_files += 1
+                    log.error("partition.inbox_corrupt", partition=self.name, file=name,
+                              error=str(exc), kept_as=str(kept))
+                    continue
+                links = [(url, host_key(url), depth) for url, depth in batch.links]
                 self.queues.add(self._store().consume(name, links))
                 self._consumed.add(name)
                 self._dirty = True
@@ -276,17 +300,18 @@ class PartitionServer:
                 self._outbox = trio.Event()
                 await self._outbox.wait()
                 continue
-            by_target: dict[int, list[list[Any]]] = {}
-            for _id, target, url, depth in rows:
-                by_target.setdefault(target, []).append([url, depth])
+            by_target: dict[int, list[tuple[str, int]]] = {}
+            for row in rows:
+                by_target.setdefault(row.dst, []).append((row.url, row.depth))
             for target, links in sorted(by_target.items()):
                 self._ship_seq += 1
                 name = inbox_file_name(self.name, self.ownership.epoch, self._ship_seq)
                 directory = self.shared.inbox(self.ctx.job.names[target])
                 self.ctx.session.ensure_trusted()  # a paused former owner writes nothing
-                await trio.to_thread.run_sync(write_inbox_file, directory, name, links)
+                await trio.to_thread.run_sync(write_inbox_file, directory, name,
+                                              InboxBatch(tuple(links)))
                 self.ctx.stats.shipped_files += 1
-            store.shipped([row[0] for row in rows])
+            store.shipped([row.id for row in rows])
             self._dirty = True
             await trio.sleep(SHIP_INTERVAL_S)  # batching period, not synchronisation
 
@@ -315,10 +340,9 @@ class PartitionServer:
         store.checkpoint(tmp)  # synchronous: no step of this partition runs meanwhile
         self._dirty = False
         await trio.to_thread.run_sync(_make_durable, tmp, parts / name)
-        status = {"pending": counts.pending, "done": counts.done, "blocked": counts.blocked,
-                  "outbox": counts.outbox, "idle": counts.pending == 0 and counts.outbox == 0,
-                  "at": time.time()}
-        await self.ownership.publish(name, status, released=released)
+        progress = Progress(counts.pending, counts.done, counts.blocked, counts.outbox,
+                            time.time())
+        await self.ownership.publish(name, progress, released=released)
         self.ctx.stats.checkpoints += 1
         self.ctx.on_checkpoint()
         inbox = self.shared.inbox(self.name)

@@ -38,6 +38,7 @@ import trio
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.lazysite import LazySite
 from examples.fetch_service.scale import layout
+from examples.fetch_service.scale.worker import FetcherStatus
 from examples.fetch_service.warc import iter_stored
 from framework import (
     ConfigurationError,
@@ -45,6 +46,7 @@ from framework import (
     NoNodeError,
     ZooKeeperEnsemble,
     configure_logging,
+    records,
 )
 from framework.logs import get_logger
 from framework.primitives import Group, Rendezvous
@@ -134,8 +136,17 @@ class RunResult:
         return self.missing == 0 and self.unexpected == 0 and self.differing == 0
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self) | {"pages_per_s": round(self.pages_per_s, 1),
-                                     "writes_per_s": round(self.writes_per_s, 1), "ok": self.ok}
+        """The result as plain values (``result.json``), with its rates and ``ok``."""
+        return records.unstructure(self) | {"pages_per_s": round(self.pages_per_s, 1),
+                                            "writes_per_s": round(self.writes_per_s, 1),
+                                            "ok": self.ok}
+
+
+@attrs.frozen
+class LeaderName:
+    """What the run reads of the rendezvous record (the runtime's master identity)."""
+
+    name: str = ""
 
 
 def mntr(hosts: str) -> dict[str, str]:
@@ -284,7 +295,7 @@ class _Crawl:
     async def follow_leader(self, session: Session) -> None:
         """Who leads (the runtime's rendezvous node), and the failover after the kill."""
         async for data in Rendezvous(session, self.app.rendezvous).watch():
-            name = json.loads(data).get("name") if data else None
+            name = _leader_name(data)
             if name == self.leader:
                 continue
             self.leader = name
@@ -322,9 +333,9 @@ class _Crawl:
             self.live = len(members)
             for name, data in members.items():
                 try:
-                    self.pages[name] = int(json.loads(data).get("health", {}).get("pages", 0))
-                except (ValueError, AttributeError):
-                    continue
+                    self.pages[name] = records.decode(data, FetcherStatus).health.pages
+                except records.CorruptRecord:
+                    continue  # not a fetcher's status (yet): its pages count when it is
             await self.maybe_kill(sum(self.pages.values()))  # a killed fetcher's pages count
 
     async def maybe_kill(self, pages: int) -> None:
@@ -364,6 +375,17 @@ class _Crawl:
         site.terminate()
         with trio.move_on_after(10):
             await site.wait()
+
+
+def _leader_name(data: bytes | None) -> str | None:
+    """The leader's name in a rendezvous record (``None``: no leader, or not readable)."""
+    if not data:
+        return None
+    try:
+        return records.decode(data, LeaderName).name or None
+    except records.CorruptRecord as exc:
+        log.warning("crawl.rendezvous_corrupt", error=str(exc))
+        return None
 
 
 def _stored(warc_root: Path) -> Counter[tuple[str, str]]:
@@ -412,7 +434,7 @@ async def run_crawl(options: RunOptions) -> RunResult:
                 raise FrameworkError(f"the crawl did not finish within {options.timeout:g}s;"
                                      f" see {out / 'logs'}")
             seconds = time.monotonic() - started
-            report = json.loads((await session.get(report_path))[0])
+            report = records.decode((await session.get(report_path))[0], layout.CrawlReport)
             znodes_after, writes_after = await trio.to_thread.run_sync(_zk_numbers, zk)
             app_znodes = await count_znodes(session, "/")
         await crawl.stop()
@@ -429,7 +451,7 @@ async def run_crawl(options: RunOptions) -> RunResult:
         znodes_before=znodes_before, znodes_peak=max(crawl.peak, znodes_after),
         znodes_after=znodes_after, app_znodes=app_znodes, writes=writes_after - writes_before,
         killed=crawl.killed, replacement=crawl.replacement, killed_master=crawl.killed_master,
-        report_master=report.get("master"),
+        report_master=report.master,
         failover_s=None if crawl.failover_s is None else round(crawl.failover_s, 2),
         missing_sample=tuple(missing[:5]), unexpected_sample=tuple(unexpected[:5]))
     (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")

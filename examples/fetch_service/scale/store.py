@@ -11,27 +11,55 @@ the trio thread never sees half of a step.
 Tables:
 
 - ``urls(url, host, depth, state)``: the seen-set *and* the frontier: a URL is inserted once
-  (``INSERT OR IGNORE``); ``state`` is ``PENDING``, ``DONE`` (fetched, whatever the HTTP
-  outcome) or ``BLOCKED`` (robots.txt forbids it).
+  (``INSERT OR IGNORE``); ``state`` is a :class:`UrlState`: ``PENDING``, ``DONE`` (fetched,
+  whatever the HTTP outcome) or ``BLOCKED`` (robots.txt forbids it).
 - ``outbox(id, dst, url, depth)``: links found here for other partitions, inserted in the
   same transaction that marks their page done, deleted once shipped to the receiver's inbox.
   So a snapshot never holds a page done whose links are neither shipped nor in the outbox.
 - ``consumed(name)``: inbox files already merged into ``urls``; forgotten once a checkpoint
   that includes them is published and the files are deleted.
 - ``robots(host, status, body)``: the robots.txt answer of each host (politeness state).
+
+A checkpoint that cannot be read back (missing, cut short, not sqlite, failing sqlite's
+``quick_check``) makes :meth:`PartitionStore.restore` raise :class:`CorruptCheckpoint`, never
+an sqlite error from inside a later step.
 """
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import attrs
 
-__all__ = ["BLOCKED", "DONE", "PENDING", "Counts", "Link", "PartitionStore"]
+from framework.records import CorruptRecord
 
-PENDING, DONE, BLOCKED = 0, 1, 2
+__all__ = ["CorruptCheckpoint", "Counts", "Link", "OutboxRow", "PartitionStore", "UrlState"]
+
+
+class UrlState(enum.IntEnum):
+    """A URL's state in the ``urls`` table (stored as its integer)."""
+
+    PENDING = 0
+    DONE = 1
+    BLOCKED = 2
+
+
+class CorruptCheckpoint(CorruptRecord):
+    """A published checkpoint file that cannot be restored (missing or damaged)."""
+
+
+class OutboxRow(NamedTuple):
+    """A link waiting in the outbox: its row ``id``, the destination partition ``dst``."""
+
+    id: int
+    dst: int
+    url: str
+    depth: int
+
 
 #: ``(url, host, depth)`` of a link to crawl.
 Link = tuple[str, str, int]
@@ -69,19 +97,20 @@ class PartitionStore:
 
     @classmethod
     def restore(cls, checkpoint: Path | None, working: Path) -> PartitionStore:
-        """A working copy at ``working`` made from ``checkpoint`` (empty when ``None``)."""
+        """A working copy at ``working`` made from ``checkpoint`` (empty when ``None``);
+        :class:`CorruptCheckpoint` if ``checkpoint`` cannot be read back whole (the working
+        copy is then removed; the checkpoint is left as it is)."""
         for stale in (working, working.with_name(working.name + "-wal"),
                       working.with_name(working.name + "-shm")):
             stale.unlink(missing_ok=True)
         working.parent.mkdir(parents=True, exist_ok=True)
         if checkpoint is not None:
-            source = sqlite3.connect(f"file:{checkpoint}?mode=ro", uri=True)
-            target = sqlite3.connect(working)
             try:
-                source.backup(target)
-            finally:
-                source.close()
-                target.close()
+                _copy_checked(checkpoint, working)
+            except (sqlite3.DatabaseError, CorruptCheckpoint) as exc:
+                working.unlink(missing_ok=True)
+                raise CorruptCheckpoint(f"checkpoint {checkpoint} cannot be restored: "
+                                        f"{exc}") from None
         return cls(working)
 
     def close(self) -> None:
@@ -95,8 +124,8 @@ class PartitionStore:
     def counts(self) -> Counts:
         by_state = dict(self._db.execute("SELECT state, COUNT(*) FROM urls GROUP BY state"))
         (outbox,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-        return Counts(by_state.get(PENDING, 0), by_state.get(DONE, 0),
-                      by_state.get(BLOCKED, 0), outbox)
+        return Counts(by_state.get(UrlState.PENDING, 0), by_state.get(UrlState.DONE, 0),
+                      by_state.get(UrlState.BLOCKED, 0), outbox)
 
     def depth(self, url: str) -> int | None:
         row = self._db.execute("SELECT depth FROM urls WHERE url = ?", (url,)).fetchone()
@@ -109,10 +138,10 @@ class PartitionStore:
         return {host: (status, body) for host, status, body
                 in self._db.execute("SELECT host, status, body FROM robots")}
 
-    def outbox(self, limit: int) -> list[tuple[int, int, str, int]]:
-        """Up to ``limit`` unshipped links, oldest first: ``(id, dst, url, depth)``."""
-        return list(self._db.execute(
-            "SELECT id, dst, url, depth FROM outbox ORDER BY id LIMIT ?", (limit,)))
+    def outbox(self, limit: int) -> list[OutboxRow]:
+        """Up to ``limit`` unshipped links, oldest first."""
+        return [OutboxRow(*row) for row in self._db.execute(
+            "SELECT id, dst, url, depth FROM outbox ORDER BY id LIMIT ?", (limit,))]
 
     # ------------------------------------------------------------ writes (one transaction each)
 
@@ -127,12 +156,12 @@ class PartitionStore:
             self._db.execute("INSERT OR IGNORE INTO consumed(name) VALUES (?)", (name,))
             return self._add(links)
 
-    def complete(self, url: str, state: int, own: Sequence[Link],
+    def complete(self, url: str, state: UrlState, own: Sequence[Link],
                  others: Sequence[tuple[int, str, int]]) -> list[Link]:
         """Mark ``url`` done (or blocked), add its links for this partition (returns the new
         ones) and queue ``(dst, url, depth)`` links for other partitions in the outbox."""
         with self._txn():
-            self._db.execute("UPDATE urls SET state = ? WHERE url = ?", (state, url))
+            self._db.execute("UPDATE urls SET state = ? WHERE url = ?", (int(state), url))
             if others:
                 self._db.executemany("INSERT INTO outbox(dst, url, depth) VALUES (?, ?, ?)",
                                      others)
@@ -177,6 +206,23 @@ class PartitionStore:
 
     def _txn(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _copy_checked(checkpoint: Path, working: Path) -> None:
+    """Copy ``checkpoint`` to ``working`` (sqlite's online backup) and check the copy."""
+    if not checkpoint.is_file():
+        raise CorruptCheckpoint("the file is missing")
+    source = sqlite3.connect(f"file:{checkpoint}?mode=ro", uri=True)
+    target = sqlite3.connect(working)
+    try:
+        source.backup(target)
+        (verdict,) = target.execute("PRAGMA quick_check").fetchone()
+        if verdict != "ok":
+            raise CorruptCheckpoint(f"sqlite quick_check: {verdict}")
+        target.executescript(_SCHEMA)  # not sqlite at all would fail here at the latest
+    finally:
+        source.close()
+        target.close()
 
 
 class _Transaction:

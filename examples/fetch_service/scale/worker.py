@@ -7,9 +7,17 @@ state per host lives in it) and one WARC writer are shared by its partitions.  D
 ``out/local/<worker name>``) for the partitions' working stores; both are local disk.  The
 durable state of a partition is in the job's shared directory (see :mod:`.layout`).
 
+Contract of :meth:`PartitionFetcher.serve_shard` (one assigned partition): it waits for the
+first configuration and a readable job record, then serves the partition until the runtime
+cancels it (unassigned, or the session SUSPENDED past its trust deadline or LOST: the
+partition's last checkpoint is published on the way out when the session still allows).
 A partition whose takeover another fetcher won (:class:`PartitionLost`) is held idle until
-the master moves it; any other error is logged and the partition served again after a
-pause (from its last checkpoint).
+the master moves it; any other error (a damaged checkpoint, the shared directory, ZooKeeper)
+is logged as ``partition.failed`` with its reason and the partition served again after the
+worker's backoff, from its last published checkpoint.  Nothing is raised to the runtime.
+
+Its group status carries a :class:`FetcherHealth` as ``health``; readers decode it with
+:class:`FetcherStatus`.
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.fetch import Fetcher
-from examples.fetch_service.scale.layout import APP_NAME, Job, ScalePaths, read_job
+from examples.fetch_service.scale.layout import APP_NAME, Job, ScalePaths, wait_job
 from examples.fetch_service.scale.ownership import PartitionLost
 from examples.fetch_service.scale.partition import (
     PartitionContext,
@@ -33,18 +42,47 @@ from examples.fetch_service.scale.partition import (
     PartitionStats,
 )
 from examples.fetch_service.warc import WarcWriter
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
 from framework.runtime import App, Worker
-from framework.zk import wait_exists
 
-__all__ = ["LOCAL_DIR_ENV", "PartitionFetcher"]
+__all__ = ["LOCAL_DIR_ENV", "FetcherHealth", "FetcherStatus", "PartitionFetcher"]
 
 log = get_logger("examples.fetch_service.scale.worker")
 
 WARC_DIR_ENV = "FETCH_WARC_DIR"
 LOCAL_DIR_ENV = "FETCH_LOCAL_DIR"
-RETRY_S = 1.0
+
+
+@attrs.frozen
+class FetcherHealth:
+    """The ``health`` of a fetcher's group status: its counters since it started (all its
+    partitions), whether a configuration reached it, and which one (``config``: the first
+    10 hex digits of the SHA-1 of :meth:`CrawlConfig.to_json`)."""
+
+    ok: bool = True
+    pages: int = 0
+    bytes: int = 0
+    errors: int = 0
+    blocked: int = 0
+    checkpoints: int = 0
+    corrupt_inbox_files: int = 0
+    configured: bool = False
+    config: str = ""
+    politeness_delay_s: float = 0.0
+
+
+@attrs.frozen
+class FetcherStatus:
+    """What this example reads of a fetcher's ``workers/<name>`` status (the runtime's own
+    keys are ignored)."""
+
+    health: FetcherHealth = FetcherHealth()
+
+
+def config_digest(config: CrawlConfig) -> str:
+    """The :attr:`FetcherHealth.config` of a fetcher running under ``config``."""
+    return hashlib.sha1(config.to_json()).hexdigest()[:10]
 
 
 class PartitionFetcher(Worker):
@@ -96,19 +134,21 @@ class PartitionFetcher(Worker):
 
     def health(self) -> dict[str, Any]:
         stats = self.stats
-        return {"ok": True, "pages": stats.pages, "bytes": stats.bytes, "errors": stats.errors,
-                "blocked": stats.blocked, "checkpoints": stats.checkpoints,
-                "configured": self._configured.is_set(),
-                "config": hashlib.sha1(self.crawl_config.to_json()).hexdigest()[:10],
-                "politeness_delay_s": self.crawl_config.politeness_delay_s}
+        return records.unstructure(FetcherHealth(
+            pages=stats.pages, bytes=stats.bytes, errors=stats.errors, blocked=stats.blocked,
+            checkpoints=stats.checkpoints, corrupt_inbox_files=stats.corrupt_inbox_files,
+            configured=self._configured.is_set(), config=config_digest(self.crawl_config),
+            politeness_delay_s=self.crawl_config.politeness_delay_s))
 
     async def serve_shard(self, shard: str, spec: bytes) -> None:
+        """Serve partition ``shard`` (see the module doc)."""
         await self._configured.wait()
         job = await self._read_job()
         assert self.session is not None and self._fetcher is not None and self._warc is not None
         ctx = PartitionContext(self.session, self.name, job, self.paths, self._fetcher,
                                self._warc, self.local_dir, lambda: self.crawl_config,
                                self.stats, self.status_changed)
+        failures = 0
         while True:
             try:
                 await PartitionServer(ctx, shard).serve()
@@ -116,17 +156,17 @@ class PartitionFetcher(Worker):
                 log.warning("partition.lost", worker=self.name, partition=shard, reason=exc.reason)
                 await trio.sleep_forever()  # until the master moves it (this is cancelled)
             except (errors.FrameworkError, OSError) as exc:
-                log.warning("partition.failed", worker=self.name, partition=shard, error=str(exc))
+                log.warning("partition.failed", worker=self.name, partition=shard,
+                            error=f"{type(exc).__name__}: {exc}")
             except Exception:
                 log.exception("partition.crashed", worker=self.name, partition=shard)
-            await trio.sleep(RETRY_S)  # back off before serving it again
+            failures += 1
+            await self.backoff.sleep(failures)  # then serve it again from its checkpoint
 
     async def _read_job(self) -> Job:
         if self._job is None:
             assert self.session is not None
-            await wait_exists(self.session, self.paths.job)
-            self._job = await read_job(self.session, self.paths)
-        assert self._job is not None
+            self._job = await wait_job(self.session, self.paths)
         return self._job
 
 
