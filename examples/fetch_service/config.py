@@ -6,9 +6,8 @@ made (directly, by :meth:`CrawlConfig.evolve`, or from JSON), and a bad value ra
 value, so a CLI can print it as it is.  The JSON form is what travels through ZooKeeper: it
 is written by :mod:`framework.records` (:meth:`CrawlConfig.to_json`) and read back by a
 stricter copy of the same converter (:meth:`CrawlConfig.from_json`): unlike other records,
-unknown keys are refused rather than ignored and numbers are not coerced, because a
-configuration is written by a person, and a typo in a live change must be reported instead
-of having no effect.
+unknown keys are refused and numbers are not coerced, so a typo in a live change is a
+:class:`ConfigurationError`, never a setting silently without effect.
 """
 
 from __future__ import annotations

@@ -14,25 +14,20 @@ by again; the end detection itself waits out a ``ConnectionLossError``.  A parti
 or job record that does not decode is logged (``crawl.partition_record_corrupt``,
 ``crawl.job_corrupt``) and waited out: the crawl does not end while a record is unreadable.
 
-The end (no URL pending anywhere, no link in flight) is detected without any per-URL
-record, from the partition records and the inbox directories:
+Guarantee: the crawl is declared finished only when no URL is pending in any partition's
+published state and no link is in flight, decided without any per-URL record:
 
-1. read every record (with a watch); unless all say ``idle`` (their checkpoint held nothing
-   pending and an empty outbox), wait for a change;
-2. list every inbox directory: a file there is a link batch in flight (or merged but not yet
-   covered by a published checkpoint);
+1. read every partition record (with a watch); unless all are idle, wait for a change;
+2. list every inbox directory: a file there is a link batch in flight;
 3. read the records again: the same versions mean no checkpoint was published meanwhile.
 
-A link in flight is in an outbox (its sender is not idle), or an inbox file (seen in 2), or
-merged into a receiver's frontier: that receiver then publishes a non-idle checkpoint before
-it deletes the file, so either the file was seen in 2, or the version changed by 3, or that
-checkpoint was already read in 1.
+(Why that suffices: ``docs/architecture.md``, "Fetch Service at scale".)
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -49,7 +44,7 @@ from examples.fetch_service.scale.layout import (
 from framework import errors, records, single_body_error
 from framework.logs import get_logger
 from framework.runtime import Master, MasterContext
-from framework.zk import Session, Stat, watch_data
+from framework.zk import Session, watch_data
 
 __all__ = ["PartitionMaster", "read_partitions"]
 
@@ -102,19 +97,25 @@ async def _follow_desired(ctx: MasterContext, paths: ScalePaths,
         task_status = trio.TASK_STATUS_IGNORED
 
 
+class Read(NamedTuple):
+    """A partition record as read, with the version it was read at."""
+
+    record: PartitionRecord
+    version: int
+
+
 async def read_partitions(session: Session, paths: ScalePaths, job: Job,
-                          changed: trio.Event | None = None,
-                          ) -> dict[str, tuple[PartitionRecord, Stat]]:
-    """Every partition's record and stat (``changed`` is set when one of them changes);
+                          changed: trio.Event | None = None) -> dict[str, Read]:
+    """Every partition's record and version (``changed`` is set when one of them changes);
     :class:`~framework.records.CorruptRecord` naming the first one that does not decode (its
     watch is set too)."""
-    found: dict[str, tuple[PartitionRecord, Stat]] = {}
+    found: dict[str, Read] = {}
     for name in job.names:
         watch = session.waker(changed) if changed is not None else None
         path = paths.partition(name)
         data, stat = await session.get(path, watch=watch)
         try:
-            found[name] = (records.decode(data, PartitionRecord), stat)
+            found[name] = Read(records.decode(data, PartitionRecord), stat.version)
         except records.CorruptRecord as exc:
             raise records.CorruptRecord(f"{path}: {exc}") from None
     return found
@@ -131,11 +132,11 @@ async def _until_finished(session: Session, paths: ScalePaths,
         changed = trio.Event()
         try:
             first = await read_partitions(session, paths, job, changed)
-            idle = all(record.idle for record, _ in first.values())
+            idle = all(read.record.idle for read in first.values())
             if idle and await trio.to_thread.run_sync(_inboxes_empty, job):
                 second = await read_partitions(session, paths, job)
-                if all(first[n][1].version == second[n][1].version for n in job.names):
-                    return {name: record for name, (record, _) in second.items()}
+                if all(first[n].version == second[n].version for n in job.names):
+                    return {name: read.record for name, read in second.items()}
                 continue
         except (errors.ConnectionLossError, errors.SessionExpiredError):
             await session.wait_connected()

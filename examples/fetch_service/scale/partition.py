@@ -9,11 +9,13 @@ so a process paused past its deadline writes nothing even before it is cancelled
 
 Guarantees:
 
-* **No URL is lost.**  A page's completion is one store transaction: the URL marked done,
-  its links for this partition added to the frontier, its links for other partitions put in
-  the outbox.  A kill -9 loses only the work since the last published checkpoint: the next
-  owner fetches those pages again (duplicate WARC records) and re-reads the inbox files not
-  yet covered by a checkpoint.
+* **No URL is lost.**  A page's completion is one store transaction, after its responses
+  are written to WARC: the URL marked done, its links for this partition added to the
+  frontier, its links for other partitions put in the outbox.  A kill -9 loses only the
+  work since the last published checkpoint: the next owner fetches those pages again
+  (duplicate WARC records) and re-reads the inbox files not yet covered by a checkpoint.
+  (WARC records are flushed, not fsynced: a process dying keeps them, a machine crash may
+  not.)
 * **Politeness per host**: one request at a time per host (the fetch slots take hosts from
   :class:`.hostqueue.HostQueues`; the fetcher spaces them by ``politeness_delay_s``),
   robots.txt consulted first; after a takeover from another owner the fetch slots start
