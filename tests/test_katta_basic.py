@@ -4,7 +4,6 @@ lifecycle (alias switch, remove), corrupt shard, clear errors."""
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,21 +13,22 @@ import trio
 
 from examples.katta_like.client import SearchClient, UnknownIndex
 from examples.katta_like.cluster import wait_serving
-from examples.katta_like.corpus import CorpusSpec, documents, sample_queries
+from examples.katta_like.corpus import CorpusSource, CorpusSpec, documents, sample_queries
 from examples.katta_like.ctl import (
     add_index,
     gather_status,
     remove_index,
     set_alias,
     wait_balanced,
+    wait_gone,
     wait_replicated,
     wait_state,
 )
-from examples.katta_like.layout import IndexRecord
+from examples.katta_like.layout import IndexRecord, IndexState, ShardSpec
 from examples.katta_like.master import KattaMaster
 from examples.katta_like.node import SearchNode
-from examples.katta_like.store import MANIFEST, ShardSearcher, ShardStore
-from framework import Session
+from examples.katta_like.store import ShardSearcher, ShardStore
+from framework import Session, records
 from framework.errors import ConfigurationError, FrameworkError
 
 TIMEOUT = 30
@@ -74,8 +74,8 @@ async def test_build_deploy_search_lifecycle(zk_hosts: str, chroot: str, session
         async with cluster(zk_hosts, chroot, tmp_path, nodes=3):
             v1 = record("docs-v1", tmp_path)
             await add_index(session, v1)
-            done = await wait_state(session, "docs-v1", ("deployed", "error"))
-            assert done is not None and done.state == "deployed", done
+            done = await wait_state(session, "docs-v1", (IndexState.DEPLOYED, IndexState.ERROR))
+            assert done is not None and done.state is IndexState.DEPLOYED, done
             await wait_replicated(session, "docs-v1", 2)
             await set_alias(session, "docs", "docs-v1")
             single = single_index(v1.corpus, tmp_path)
@@ -83,18 +83,18 @@ async def test_build_deploy_search_lifecycle(zk_hosts: str, chroot: str, session
                 for query in sample_queries(v1.corpus, 10):
                     result = await client.search(query, index="docs", top=10)
                     assert not result.partial
-                    assert result.count == single.search(query, 10)["count"]
+                    assert result.count == single.search(query, 10).count
                 # lifecycle: a new version beside the old, then an atomic alias switch
                 v2 = record("docs-v2", tmp_path, docs=200, seed=12)
                 await add_index(session, v2)
-                await wait_state(session, "docs-v2", ("deployed",))
+                await wait_state(session, "docs-v2", (IndexState.DEPLOYED,))
                 await wait_replicated(session, "docs-v2", 2)
                 single2 = single_index(v2.corpus, tmp_path / "v2")
                 # switch the alias under a query load: every answer is one version's whole
                 # answer (its hit count), never a mix of the two versions' shards
                 mixed = sample_queries(v1.corpus, 6) + sample_queries(v2.corpus, 6)
-                want = {"docs-v1": {q: single.search(q, 10)["count"] for q in mixed},
-                        "docs-v2": {q: single2.search(q, 10)["count"] for q in mixed}}
+                want = {"docs-v1": {q: single.search(q, 10).count for q in mixed},
+                        "docs-v2": {q: single2.search(q, 10).count for q in mixed}}
                 seen = {"docs-v1": 0, "docs-v2": 0}
                 warmed = trio.Event()
 
@@ -120,11 +120,11 @@ async def test_build_deploy_search_lifecycle(zk_hosts: str, chroot: str, session
                 with pytest.raises(FrameworkError, match="alias 'docs' points at"):
                     await remove_index(session, "docs-v2")
                 await remove_index(session, "docs-v1", purge=True)
-                assert await wait_state(session, "docs-v1", ("gone",)) is None
+                await wait_gone(session, "docs-v1")
                 assert not (tmp_path / "store" / "docs-v1").exists()
                 status = await gather_status(session)
-                assert set(status["indexes"]) == {"docs-v2"}
-                assert not status["under_replicated"]
+                assert set(status.indexes) == {"docs-v2"}
+                assert not status.under_replicated
                 for n in range(3):
                     assert not (tmp_path / f"node{n}" / "docs-v1").exists() or not any(
                         (tmp_path / f"node{n}" / "docs-v1").iterdir())
@@ -144,17 +144,18 @@ async def test_corrupt_shard_is_never_served(zk_hosts: str, chroot: str, session
     for shard in range(2):
         store.build_shard("bad", shard, (d for d in documents(spec.corpus)
                                          if shard_of(d.url, 2) == shard))
-    manifest = json.loads((store.shard_path("bad", 1) / MANIFEST).read_text())
-    victim = store.shard_path("bad", 1) / sorted(manifest["files"])[0]
+    manifest = store.manifest("bad", 1)
+    assert manifest is not None
+    victim = store.shard_path("bad", 1) / sorted(manifest.files)[0]
     victim.write_bytes(victim.read_bytes() + b"garbage")
     with trio.fail_after(TIMEOUT):
         async with cluster(zk_hosts, chroot, tmp_path, nodes=2):
             await add_index(session, spec)
-            done = await wait_state(session, "bad", ("error",))
+            done = await wait_state(session, "bad", (IndexState.ERROR,))
             assert done is not None and "corrupt shards: 00001" in done.error
             status = await gather_status(session)
-            assert status["indexes"]["bad"]["placement"]["00001"]["serving"] == []
-            assert len(status["indexes"]["bad"]["errors"]) == 2  # both nodes refused it
+            assert status.indexes["bad"].placement["00001"].serving == ()
+            assert len(status.indexes["bad"].errors) == 2  # both nodes refused it
             async with SearchClient.open(session) as client:
                 query = sample_queries(spec.corpus, 1)[0]
                 result = await client.search(query, index="bad")
@@ -176,9 +177,9 @@ def test_bad_settings_are_clear() -> None:
     with pytest.raises(ConfigurationError, match="replication must be"):
         IndexRecord("x", 1, 0, "/tmp", CorpusSpec())
     with pytest.raises(ConfigurationError, match="no WARC directory"):
-        CorpusSpec("warc", warc_dir="/nonexistent").check_available()
+        CorpusSpec(CorpusSource.WARC, warc_dir="/nonexistent").check_available()
     with pytest.raises(ConfigurationError, match="no WARC directory"):
-        list(documents(CorpusSpec("warc", warc_dir="/nonexistent")))
+        list(documents(CorpusSpec(CorpusSource.WARC, warc_dir="/nonexistent")))
 
 
 def write_warc(directory: Path, pages: int) -> None:
@@ -205,12 +206,12 @@ async def test_warc_index_outlives_its_crawl(zk_hosts: str, chroot: str, session
     warc = tmp_path / "warc"
     write_warc(warc, 40)
     spec = IndexRecord("crawl", 2, 2, str(tmp_path / "store"),
-                       CorpusSpec("warc", warc_dir=str(warc)))
+                       CorpusSpec(CorpusSource.WARC, warc_dir=str(warc)))
     with trio.fail_after(TIMEOUT):
         async with cluster(zk_hosts, chroot, tmp_path, nodes=2) as nursery:
             await add_index(session, spec)
-            done = await wait_state(session, "crawl", ("deployed", "error"))
-            assert done is not None and done.state == "deployed", done
+            done = await wait_state(session, "crawl", (IndexState.DEPLOYED, IndexState.ERROR))
+            assert done is not None and done.state is IndexState.DEPLOYED, done
             shutil.rmtree(warc)
             late = SearchNode(name="late")
             late.data_dir = tmp_path / "late"
@@ -223,7 +224,7 @@ async def test_warc_index_outlives_its_crawl(zk_hosts: str, chroot: str, session
             await wait_serving(session, "late")  # the rebalance gave it a replica
             await wait_balanced(session, "crawl")
             status = await gather_status(session)
-            assert status["indexes"]["crawl"]["state"] == "deployed"
+            assert status.indexes["crawl"].state is IndexState.DEPLOYED
             async with SearchClient.open(session) as client:
                 result = await client.search("alpha", index="crawl", top=5)
             assert not result.partial and result.count == 40
@@ -277,7 +278,7 @@ async def test_a_shard_dropped_mid_copy_leaves_no_local_files(
         return local
 
     monkeypatch.setattr(node_module, "fetch_shard", fetch_then_unassigned)
-    shard_spec = json.dumps({"index": "ix", "shard": 0, "store": spec.store}).encode()
+    shard_spec = records.encode(ShardSpec("ix", 0, spec.store))
     with trio.fail_after(TIMEOUT), trio.CancelScope() as cancel:
         scope.append(cancel)
         await node.serve_shard("ix.00000", shard_spec)
@@ -316,10 +317,10 @@ async def test_a_lost_node_keeps_its_replicas_for_the_grace(
                 node.data_dir = tmp_path / f"n{n}"
                 await nursery.start(run, node)
             await add_index(session, record("docs", tmp_path, shards=3))
-            await wait_state(session, "docs", ("deployed",))
+            await wait_state(session, "docs", (IndexState.DEPLOYED,))
             await wait_replicated(session, "docs", 2)
-            held = {s for s, nodes in (await gather_status(session))["indexes"]["docs"][
-                "placement"].items() if "n2" in nodes["planned"]}
+            held = {s for s, shard in (await gather_status(session)).indexes["docs"]
+                    .placement.items() if "n2" in shard.planned}
             assert held
             scopes["n2"].cancel()  # n2 leaves: its session closes, its records go
             async for snap in watch_children(session, App("katta").workers):
@@ -329,9 +330,44 @@ async def test_a_lost_node_keeps_its_replicas_for_the_grace(
             late.data_dir = tmp_path / "n3"
             await nursery.start(run, late)
             await wait_serving(session, "n3")  # the master saw n2 gone, then n3 come
-            placement = (await gather_status(session))["indexes"]["docs"]["placement"]
+            placement = (await gather_status(session)).indexes["docs"].placement
             for shard in held:
-                assert "n2" in placement[shard]["planned"], placement  # still n2's
-                assert "n2" not in placement[shard]["serving"]
+                assert "n2" in placement[shard].planned, placement  # still n2's
+                assert "n2" not in placement[shard].serving
             assert await session.exists(paths.node("n2")) is not None
             nursery.cancel_scope.cancel()
+
+
+async def test_a_corrupt_record_is_a_clear_error(zk_hosts: str, chroot: str, session: Session,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """An index or alias record that is not one: a search of it says so in one error, the
+    status leaves it out, every reader logs ``katta.bad_record`` with its path, and the
+    command that must read it ends in one line naming the znode (exit status 2)."""
+    from structlog.testing import capture_logs
+
+    from examples.katta_like.ctl import main
+    from examples.katta_like.layout import KattaPaths
+    from framework.runtime import App
+
+    paths = KattaPaths(App("katta"))
+    await session.ensure_path(paths.indexes)
+    await session.create(paths.index("bad"), b"{not json")
+    await session.create(paths.alias("old"), b'{"target": 1}', makepath=True)
+    with trio.fail_after(TIMEOUT), capture_logs() as logs:
+        async with SearchClient.open(session) as client:
+            with pytest.raises(FrameworkError, match=(
+                    r"cannot search index 'bad': .*/katta/indexes/bad: not a IndexRecord "
+                    r"record: not JSON")):
+                await client.search("x", index="bad")
+        status = await gather_status(session)
+    assert "bad" not in status.indexes and "old" not in status.aliases
+    bad = {e["path"] for e in logs if e["event"] == "katta.bad_record"}
+    assert bad == {paths.index("bad"), paths.alias("old")}
+    capsys.readouterr()
+    code = await trio.to_thread.run_sync(main, [
+        "remove", "bad", "--zk", zk_hosts, "--chroot", chroot])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("katta: error")] == [
+        f"katta: error: {paths.index('bad')}: not a IndexRecord record: not JSON "
+        "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.katta_like.corpus import CorpusSpec, documents
+from examples.katta_like.corpus import CorpusSource, CorpusSpec, documents
 from examples.katta_like.ctl import main
-from examples.katta_like.store import MANIFEST, ShardStore, verify
+from examples.katta_like.store import MANIFEST, Manifest, ShardStore, verify
 
 
 def katta(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -48,7 +48,7 @@ def test_no_half_shard_after_kill9_of_a_builder(tmp_path: Path) -> None:
     store = ShardStore(tmp_path / "store")
     child = """
 import sys
-from examples.katta_like.corpus import CorpusSpec, documents
+from examples.katta_like.corpus import CorpusSource, CorpusSpec, documents
 from examples.katta_like.store import ShardStore
 def docs():
     for n, d in enumerate(documents(CorpusSpec(docs=100000))):
@@ -70,7 +70,9 @@ ShardStore(sys.argv[1]).build_shard("docs", 0, docs())
     assert manifest.docs == 50 and verify(store.shard_path("docs", 0)) == manifest
     # publishing again (a redelivered task) keeps the published shard
     assert store.build_shard("docs", 0, documents(CorpusSpec(docs=10))).docs == 50
-    assert json.loads((store.shard_path("docs", 0) / MANIFEST).read_text())["docs"] == 50
+    on_disk = (store.shard_path("docs", 0) / MANIFEST).read_bytes()
+    assert Manifest.load(store.shard_path("docs", 0)).docs == 50
+    assert json.loads(on_disk)["docs"] == 50  # the manifest is JSON for other readers too
 
 
 def test_warc_corpus_from_the_crawler(tmp_path: Path) -> None:
@@ -89,7 +91,7 @@ def test_warc_corpus_from_the_crawler(tmp_path: Path) -> None:
             writer.write(RawResponse(url, 200, "OK", "HTTP/1.1",
                                      (("Content-Type", "text/html"),), html.encode(),
                                      dt.datetime.now(dt.UTC)))
-    docs = list(documents(CorpusSpec("warc", warc_dir=str(tmp_path / "warc"))))
+    docs = list(documents(CorpusSpec(CorpusSource.WARC, warc_dir=str(tmp_path / "warc"))))
     assert sorted(d.url for d in docs) == sorted(pages)
     p3 = next(d for d in docs if d.url.endswith("p3"))
     assert p3.title == "Page 3" and p3.body.startswith("Page 3 alpha beta beta beta & gamma")
@@ -117,12 +119,12 @@ def test_global_statistics_give_the_single_index_ranking(tmp_path: Path) -> None
     for query in queries:
         stats = GlobalStats.merge([sh.stats(query) for sh in shards])
         answers = [sh.search(query, 10, stats) for sh in shards]
-        merged = sorted((h for a in answers for h in a["hits"]), key=lambda h: -h[0])[:10]
+        merged = sorted((h for a in answers for h in a.hits), key=lambda h: -h.score)[:10]
         want = expected[query]
-        assert sum(a["count"] for a in answers) == want.count
-        assert want.correct([url for _, url, _ in merged]) == 1.0, query
+        assert sum(a.count for a in answers) == want.count
+        assert want.correct([hit.url for hit in merged]) == 1.0, query
         if merged:
-            assert abs(merged[0][0] - want.scores[want.urls[0]]) < 1e-4
+            assert abs(merged[0].score - want.scores[want.urls[0]]) < 1e-4
 
 
 def test_bad_settings_of_the_processes_are_one_line(
@@ -147,3 +149,22 @@ def test_bad_settings_of_the_processes_are_one_line(
     code = framework_main([*run, "examples.katta_like.node:SearchNode"])
     err = capsys.readouterr().err
     assert code == 2 and "KATTA_DATA: cannot use" in err and "Traceback" not in err, err
+
+
+def test_the_search_api_answers_what_it_cannot_take_clearly() -> None:
+    """The node's HTTP API: a body that is not a request is a 400 with one line, a shard it
+    does not serve is answered in ``refused``, an unknown path is a 404."""
+    from examples.katta_like.node import SearchNode
+    from examples.katta_like.wire import ErrorReply, SearchReply, ShardRequest
+    from framework import records
+
+    node = SearchNode(name="n0")
+    status, reply = node._answer("/search", b"{not json")
+    assert status == 400 and isinstance(reply, ErrorReply)
+    assert reply.error.startswith("bad request: not a ShardRequest record")
+    status, reply = node._answer("/search", b'{"index": "ix", "shards": ["x"], "query": "a"}')
+    assert status == 400 and isinstance(reply, ErrorReply) and "shards" in reply.error
+    status, reply = node._answer("/search", records.encode(ShardRequest("ix", (0,), "a")))
+    assert (status, reply) == (200, SearchReply({}, {0: "n0 does not serve ix/0"}))
+    status, reply = node._answer("/nope", b"{}")
+    assert status == 404 and isinstance(reply, ErrorReply)

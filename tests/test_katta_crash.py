@@ -5,7 +5,6 @@ whose ZooKeeper connection is frozen (the project's proxy)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,12 @@ from examples.katta_like.client import SearchClient
 from examples.katta_like.cluster import Cluster, active_master, wait_new_master
 from examples.katta_like.corpus import CorpusSpec, sample_queries
 from examples.katta_like.ctl import add_index, wait_balanced, wait_replicated, wait_state
-from examples.katta_like.layout import IndexRecord, KattaPaths
+from examples.katta_like.layout import IndexRecord, IndexState, KattaPaths
 from examples.katta_like.load import LoadStats, reference, run_load
 from examples.katta_like.master import KattaMaster
 from examples.katta_like.node import SearchNode
 from framework import Session
-from framework.runtime import App
+from framework.runtime import App, Plan
 from framework.testing import TcpProxy
 from framework.zk import watch_children, watch_data
 
@@ -29,8 +28,8 @@ SPEC = CorpusSpec(docs=600, seed=5)
 
 async def deploy(session: Session, tmp: Path, shards: int, name: str = "docs") -> None:
     await add_index(session, IndexRecord(name, shards, 2, str(tmp / "store"), SPEC))
-    record = await wait_state(session, name, ("deployed", "error"))
-    assert record is not None and record.state == "deployed", record
+    record = await wait_state(session, name, (IndexState.DEPLOYED, IndexState.ERROR))
+    assert record is not None and record.state is IndexState.DEPLOYED, record
     await wait_replicated(session, name, 2)
     await wait_balanced(session, name)  # no move in flight (a fault test starts settled)
 
@@ -154,7 +153,7 @@ async def observe(session: Session, path: str, children: list[int] | None,
         assert plan is not None
         async for data in watch_data(session, path):
             if data.data:
-                plan.append(len(json.loads(data.data)))
+                plan.append(len(Plan.decode(data.data).workers))
 
 
 class WatchedNode(SearchNode):

@@ -5,7 +5,6 @@ shard missing from the statistics round makes the result partial."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,13 @@ from examples.katta_like.client import SearchClient
 from examples.katta_like.cluster import Cluster, wait_serving
 from examples.katta_like.corpus import CorpusSpec, sample_queries
 from examples.katta_like.ctl import add_index, wait_balanced, wait_replicated, wait_state
-from examples.katta_like.layout import IndexRecord, KattaPaths
+from examples.katta_like.layout import IndexRecord, IndexState, KattaPaths
 from examples.katta_like.load import LoadStats, reference, run_load
 from examples.katta_like.master import KattaMaster
 from examples.katta_like.node import SearchNode
+from examples.katta_like.wire import ErrorReply, SearchReply, StatsReply
 from framework import Session
-from framework.runtime import App
+from framework.runtime import App, Plan
 from framework.zk import watch_children, watch_data
 
 SPEC = CorpusSpec(docs=400, seed=7)
@@ -30,8 +30,8 @@ PATHS = KattaPaths(App("katta"))
 async def deploy(session: Session, tmp: Path, shards: int, replication: int) -> None:
     await add_index(session, IndexRecord("docs", shards, replication, str(tmp / "store"),
                                          SPEC))
-    record = await wait_state(session, "docs", ("deployed", "error"))
-    assert record is not None and record.state == "deployed", record
+    record = await wait_state(session, "docs", (IndexState.DEPLOYED, IndexState.ERROR))
+    assert record is not None and record.state is IndexState.DEPLOYED, record
     await wait_replicated(session, "docs", replication)
     await wait_balanced(session, "docs")  # no move in flight (a fault test starts settled)
 
@@ -87,7 +87,7 @@ async def test_node_frozen_right_after_announcing_a_moved_replica_is_never_alone
                 shard = moved[0]
                 # n2's session expires, the leader gives up the move (n2 leaves the plan)
                 async for snap in watch_data(session, PATHS.plan("docs", shard)):
-                    if snap.data and "n2" not in json.loads(snap.data):
+                    if snap.data and "n2" not in Plan.decode(snap.data).workers:
                         break
                 observing.cancel()
                 cluster.procs["n2"].resume()
@@ -142,10 +142,13 @@ class StatsRefused(SearchNode):
 
     refused = 1
 
-    def _answer(self, path: str, body: bytes) -> tuple[int, Any]:
+    def _answer(self, path: str, body: bytes
+                ) -> tuple[int, StatsReply | SearchReply | ErrorReply]:
         status, answer = super()._answer(path, body)
-        if path == "/stats" and status == 200:
-            answer["shards"][str(self.refused)] = {"error": "no statistics (test)"}
+        if isinstance(answer, StatsReply) and self.refused in answer.shards:
+            shards = {s: a for s, a in answer.shards.items() if s != self.refused}
+            refused = answer.refused | {self.refused: "no statistics (test)"}
+            return status, StatsReply(shards, refused)
         return status, answer
 
 

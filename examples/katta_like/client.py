@@ -31,21 +31,32 @@ Guarantees:
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal, overload
 
 import attrs
 import httpx
 import trio
 
-from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, shard_name
-from examples.katta_like.store import GlobalStats, check_query
-from framework import errors, get_logger
+from examples.katta_like.layout import (
+    APP_NAME,
+    AliasRecord,
+    DeploymentInfo,
+    IndexRecord,
+    IndexState,
+    KattaPaths,
+    bad_record,
+    decode_logged,
+    read_record,
+    shard_name,
+)
+from examples.katta_like.store import GlobalStats, ShardResult, ShardStats, check_query
+from examples.katta_like.wire import REPLIES, Endpoint, ErrorReply, ShardRequest
+from framework import errors, get_logger, records
 from framework.errors import FrameworkError
 from framework.runtime import App
 from framework.zk import Session, watch_children, watch_data
@@ -84,7 +95,7 @@ class SearchResult:
     answered: list[int]
     missing: list[int]
     retries: int
-    state: str = "deployed"
+    state: IndexState = IndexState.DEPLOYED
     hedged: int = 0  # of the retries, shards also sent elsewhere because a replica was slow
 
     @property
@@ -92,12 +103,14 @@ class SearchResult:
         return bool(self.missing)
 
     def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self) | {"partial": self.partial}
+        """The result as plain values (``katta search --json``), ``partial`` included."""
+        return records.unstructure(self) | {"partial": self.partial}
 
 
 @attrs.define
 class _IndexView:
     record: IndexRecord | None = None
+    corrupt: str = ""  # why the record (there is one) cannot be read
     replicas: dict[int, dict[str, str]] = attrs.Factory(dict)  # shard -> node -> address
     ready: trio.Event = attrs.Factory(trio.Event)
     loaded: set[int] = attrs.Factory(set)
@@ -161,14 +174,10 @@ class SearchClient:
         return self._aliases.get(name) or name
 
     async def _watch_alias(self, name: str) -> None:
-        async for snap in watch_data(self.session, self.paths.alias(name)):
-            target = None
-            if snap.data:
-                try:
-                    target = json.loads(snap.data)["index"]
-                except (ValueError, KeyError, TypeError):
-                    target = None
-            self._aliases[name] = target
+        path = self.paths.alias(name)
+        async for snap in watch_data(self.session, path):
+            alias = decode_logged(snap.data, AliasRecord, path) if snap.data else None
+            self._aliases[name] = alias.index if alias is not None else None
             self._alias_ready[name].set()
 
     async def view(self, index: str) -> _IndexView:
@@ -177,6 +186,8 @@ class SearchClient:
             view = self._views[index] = _IndexView()
             self._nursery.start_soon(self._watch_index, index, view)
         await view.ready.wait()
+        if view.corrupt:
+            raise FrameworkError(f"cannot search index {index!r}: {view.corrupt}")
         if view.record is None:
             raise UnknownIndex(f"no index or alias named {index!r} "
                                "(see `katta status` for the indexes)")
@@ -185,12 +196,14 @@ class SearchClient:
     async def _watch_index(self, index: str, view: _IndexView) -> None:
         async with trio.open_nursery() as nursery:
             started: set[int] = set()
-            async for snap in watch_data(self.session, self.paths.index(index)):
-                try:
-                    view.record = IndexRecord.decode(snap.data) if snap.data else None
-                except (ValueError, KeyError, TypeError, errors.ConfigurationError) as exc:
-                    log.error("katta.bad_index_record", index=index, error=str(exc))
-                    view.record = None  # searched as an unknown index, never half-read
+            path = self.paths.index(index)
+            async for snap in watch_data(self.session, path):
+                view.record, view.corrupt = None, ""
+                try:  # a corrupt record is an error for the searches, never half-read
+                    view.record = read_record(snap.data, IndexRecord, path) if snap.data else None
+                except records.CorruptRecord as exc:
+                    bad_record(path, exc)
+                    view.corrupt = str(exc)
                 if view.record is None:
                     view.ready.set()
                     continue
@@ -207,10 +220,12 @@ class SearchClient:
             replicas: dict[str, str] = {}
             for node in snap.children:
                 try:
-                    replicas[node] = json.loads((await self.session.get(f"{base}/{node}"))[0])[
-                        "address"]
-                except (errors.NoNodeError, ValueError, KeyError):
+                    data, _ = await self.session.get(f"{base}/{node}")
+                except errors.NoNodeError:
                     continue
+                info = decode_logged(data, DeploymentInfo, f"{base}/{node}")
+                if info is not None:
+                    replicas[node] = info.address
             view.replicas[shard] = replicas
             view.loaded.add(shard)
             if view.record is not None and len(view.loaded) >= view.record.shards:
@@ -240,12 +255,13 @@ class SearchClient:
         errors_seen: list[str] = []
         stats: GlobalStats | None = None
         searched = every
+        request = ShardRequest(name, (), query, top)
         if self.scoring == "global":
             key = (name, query)
             stats = self._stats.get(key)
             if stats is None:
-                parts = await self._scatter(view, name, "/stats", {"query": query}, every,
-                                            counts, errors_seen)
+                parts = await self._scatter(view, Endpoint.STATS, request, every, counts,
+                                            errors_seen)
                 if errors_seen:
                     raise FrameworkError(errors_seen[0])
                 stats = GlobalStats.merge([parts[s] for s in sorted(parts)])
@@ -257,19 +273,16 @@ class SearchClient:
                 else:
                     log.warning("katta.stats_missing", index=name, query=query,
                                 missing=sorted(set(every) - set(parts)))
-        body: dict[str, Any] = {"query": query, "top": top}
-        if stats is not None:
-            body["stats"] = stats.to_json()
-        answers = await self._scatter(view, name, "/search", body, searched, counts,
-                                      errors_seen) if searched else {}
+        answers = await self._scatter(view, Endpoint.SEARCH, attrs.evolve(request, stats=stats),
+                                      searched, counts, errors_seen) if searched else {}
         if errors_seen:
             raise FrameworkError(errors_seen[0])
         merged = heapq.nlargest(top, (
-            Hit(score, url, title, shard)
-            for shard, answer in answers.items() for score, url, title in answer["hits"]),
+            Hit(hit.score, hit.url, hit.title, shard)
+            for shard, answer in answers.items() for hit in answer.hits),
             key=lambda h: (h.score, h.url))
         missing = sorted(set(every) - set(answers))
-        return SearchResult(name, merged, sum(a["count"] for a in answers.values()),
+        return SearchResult(name, merged, sum(a.count for a in answers.values()),
                             sorted(answers), missing, counts.retries, view.record.state,
                             counts.hedged)
 
@@ -284,10 +297,20 @@ class SearchClient:
         p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         return min(self.hedge_max, max(self.hedge_floor, self.hedge_factor * p95))
 
-    async def _scatter(self, view: _IndexView, name: str, endpoint: str,
-                       body: dict[str, Any], shards: list[int], counts: _Counts,
-                       errors_seen: list[str]) -> dict[int, dict[str, Any]]:
-        """Send ``body`` for ``shards`` to one serving replica each, one request per node
+    @overload
+    async def _scatter(self, view: _IndexView, endpoint: Literal[Endpoint.STATS],
+                       request: ShardRequest, shards: list[int], counts: _Counts,
+                       errors_seen: list[str]) -> dict[int, ShardStats]: ...
+
+    @overload
+    async def _scatter(self, view: _IndexView, endpoint: Literal[Endpoint.SEARCH],
+                       request: ShardRequest, shards: list[int], counts: _Counts,
+                       errors_seen: list[str]) -> dict[int, ShardResult]: ...
+
+    async def _scatter(self, view: _IndexView, endpoint: Endpoint, request: ShardRequest,
+                       shards: list[int], counts: _Counts,
+                       errors_seen: list[str]) -> dict[int, Any]:
+        """Send ``request`` for ``shards`` to one serving replica each, one request per node
         (Katta's way: a node gets the list of its shards).  A shard whose replica failed or
         does not serve it (any more) is sent to its next replica at once; a shard whose
         request runs longer than :meth:`hedge_delay` is *also* sent to its next replica
@@ -299,7 +322,8 @@ class SearchClient:
         Returns when every shard answered, or no replica is left to try for the others
         (they are missing from the answers)."""
         assert view.record is not None
-        answers: dict[int, dict[str, Any]] = {}
+        answers: dict[int, Any] = {}
+        reply_class = REPLIES[endpoint]
         tried: dict[int, set[str]] = {s: set() for s in shards}
         in_flight: dict[int, int] = {s: 0 for s in shards}
         exhausted: set[int] = set()  # no replica left to try
@@ -334,40 +358,38 @@ class SearchClient:
                 if first[0]:
                     self._hedge_tokens = min(self.hedge_burst,
                                              self._hedge_tokens + self.hedge_ratio)
-                request = _Request(node, batch, now)
-                outstanding.add(request)
+                sent = _Request(node, batch, now)
+                outstanding.add(sent)
                 for shard in batch:
                     in_flight[shard] += 1
-                nursery.start_soon(ask, request, addresses[node])
+                nursery.start_soon(ask, sent, addresses[node])
 
-        async def ask(request: _Request, address: str) -> None:
-            node = request.node
+        async def ask(sent: _Request, address: str) -> None:
+            node = sent.node
+            body = records.encode(attrs.evolve(request, shards=tuple(sent.shards)))
             try:
                 with trio.fail_after(self.shard_timeout):
                     response = await self._http.post(
-                        f"http://{address}{endpoint}",
-                        json={"index": name, "shards": request.shards, **body})
-            except (httpx.HTTPError, trio.TooSlowError) as exc:
-                log.debug("katta.replica_failed", node=node, shards=request.shards,
+                        f"http://{address}{endpoint.value}", content=body,
+                        headers={"content-type": "application/json"})
+                if response.status_code == 400:
+                    errors_seen.append(records.decode(response.content, ErrorReply).error)
+                elif response.status_code == 200:
+                    reply = records.decode(response.content, reply_class)
+                    self._latencies.append(trio.current_time() - sent.started)
+                    self._answered_at[node] = trio.current_time()
+                    for shard, answer in reply.shards.items():
+                        answers.setdefault(shard, answer)
+                    for shard, why in reply.refused.items():
+                        log.debug("katta.replica_refused", node=node, shard=shard, error=why)
+                    self._suspect.pop(node, None)
+                else:
+                    self._suspect[node] = trio.current_time()
+            except (httpx.HTTPError, trio.TooSlowError, records.CorruptRecord) as exc:
+                log.debug("katta.replica_failed", node=node, shards=sent.shards,
                           error=repr(exc))
                 self._suspect[node] = trio.current_time()
-                done_send.send_nowait(request)
-                return
-            if response.status_code == 400:
-                errors_seen.append(response.json().get("error", "bad request"))
-            elif response.status_code != 200:
-                self._suspect[node] = trio.current_time()
-            else:
-                self._latencies.append(trio.current_time() - request.started)
-                self._answered_at[node] = trio.current_time()
-                for key, answer in response.json()["shards"].items():
-                    if "error" not in answer:
-                        answers.setdefault(int(key), answer)
-                    else:
-                        log.debug("katta.replica_refused", node=node, shard=key,
-                                  error=answer["error"])
-                self._suspect.pop(node, None)
-            done_send.send_nowait(request)
+            done_send.send_nowait(sent)
 
         async with trio.open_nursery() as nursery:
             dispatch(sorted(shards))
@@ -384,18 +406,18 @@ class SearchClient:
                 delay = self.hedge_delay()
                 if self._hedge_tokens < 1:
                     delay = max(delay, self.hedge_max)
-                request: _Request | None = None
+                finished: _Request | None = None
                 due = [r for r in outstanding if not r.hedged
                        and any(s not in answers and s not in exhausted for s in r.shards)]
                 try:
-                    request = done_receive.receive_nowait()  # an answer already in
+                    finished = done_receive.receive_nowait()  # an answer already in
                 except trio.WouldBlock:
                     with trio.move_on_at(min((r.started + delay for r in due),
                                              default=math.inf)):
-                        request = await done_receive.receive()
-                if request is not None:
-                    outstanding.discard(request)
-                    for shard in request.shards:
+                        finished = await done_receive.receive()
+                if finished is not None:
+                    outstanding.discard(finished)
+                    for shard in finished.shards:
                         in_flight[shard] -= 1
                     continue
                 now = trio.current_time()

@@ -5,16 +5,16 @@ parent; leaving the ``async with`` kills -9 and reaps every process still runnin
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from examples.katta_like.layout import decode_logged, serving_of
 from framework.primitives import Election
-from framework.runtime import App
+from framework.runtime import App, MasterIdentity, MemberStatus
 from framework.testing import Child, spawn
-from framework.zk import Session
+from framework.zk import Session, watch_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,26 +74,31 @@ class Cluster:
 
 
 async def active_master(session: Session, app: str = "katta") -> str | None:
-    """The name of the leading master (from its election node), or None."""
-    leader = await Election(session, App(app).masters).leader()
-    return None if leader is None else json.loads(leader.identifier)["name"]
+    """The name of the leading master (from its election node), or None (also when its
+    identity is not a record: a ``katta.bad_record`` event)."""
+    masters = App(app).masters
+    leader = await Election(session, masters).leader()
+    identity = None if leader is None else decode_logged(leader.identifier, MasterIdentity,
+                                                         masters)
+    return None if identity is None else identity.name
 
 
 async def wait_new_master(session: Session, old: str | None, app: str = "katta") -> str:
     """Wait (watch on the leader only) until a master other than ``old`` leads."""
-    async for info in Election(session, App(app).masters).watch_leaders():
-        if info is not None:
-            name = json.loads(info.identifier)["name"]
-            if name != old:
-                return name
+    masters = App(app).masters
+    async for info in Election(session, masters).watch_leaders():
+        identity = None if info is None else decode_logged(info.identifier, MasterIdentity,
+                                                           masters)
+        if identity is not None and identity.name != old:
+            return identity.name
     raise AssertionError("unreachable")
 
 
 async def wait_serving(session: Session, node: str, app: str = "katta",
                        at_least: int = 1) -> None:
     """Wait until ``node`` reports serving ``at_least`` shards in its group status."""
-    from framework.zk import watch_data
-
-    async for snap in watch_data(session, f"{App(app).workers}/{node}"):
-        if snap.data and json.loads(snap.data).get("health", {}).get("serving", 0) >= at_least:
+    path = f"{App(app).workers}/{node}"
+    async for snap in watch_data(session, path):
+        member = decode_logged(snap.data, MemberStatus, path) if snap.data else None
+        if member is not None and serving_of(member) >= at_least:
             return

@@ -6,13 +6,13 @@ stable hash of its URL (blake2b, independent of Python's hash seed), so every pr
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import html
 import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -45,12 +45,21 @@ def _vocabulary(size: int, rng: random.Random) -> list[str]:
     return sorted(words)
 
 
+class CorpusSource(enum.Enum):
+    """Where a corpus's documents come from."""
+
+    GENERATED = "generated"  # ``docs`` documents generated from ``seed``
+    WARC = "warc"  # every response record in a directory of the crawler's WARC files
+
+
 @attrs.frozen
 class CorpusSpec:
-    """A deterministic generated corpus: the same spec gives the same documents anywhere.
+    """A corpus: the same spec gives the same documents anywhere.
 
-    ``source`` is ``"generated"`` (``docs`` documents from ``seed``) or ``"warc"`` (every
-    response record in the directory ``warc_dir``, HTML reduced to text).
+    ``source`` is :attr:`CorpusSource.GENERATED` (``docs`` documents from ``seed``) or
+    :attr:`CorpusSource.WARC` (every response record in the directory ``warc_dir``, HTML
+    reduced to text).  Building a spec with a generated size outside 1..1000000, or a WARC
+    source without a directory, raises :class:`ConfigurationError`.
 
     Building the spec checks only what it says; whether ``warc_dir`` exists is checked by
     :meth:`check_available` (when an index is added) and by :func:`documents` (when a shard
@@ -58,37 +67,27 @@ class CorpusSpec:
     while the index is being built, so a record must stay readable once they are gone.
     """
 
-    source: str = "generated"
+    source: CorpusSource = CorpusSource.GENERATED
     docs: int = 2000
     seed: int = 11
     warc_dir: str = ""
 
     def __attrs_post_init__(self) -> None:
-        if self.source not in ("generated", "warc"):
-            raise ConfigurationError(f"corpus source must be 'generated' or 'warc', "
-                                     f"not {self.source!r}")
-        if self.source == "generated" and not (1 <= self.docs <= 1_000_000):
+        if self.source is CorpusSource.GENERATED and not (1 <= self.docs <= 1_000_000):
             raise ConfigurationError(f"corpus docs must be 1..1000000, not {self.docs}")
-        if self.source == "warc" and not self.warc_dir:
+        if self.source is CorpusSource.WARC and not self.warc_dir:
             raise ConfigurationError("a WARC corpus needs a directory")
 
     def check_available(self) -> None:
         """Raise :class:`ConfigurationError` if the documents cannot be read (now)."""
-        if self.source == "warc" and not Path(self.warc_dir).is_dir():
+        if self.source is CorpusSource.WARC and not Path(self.warc_dir).is_dir():
             raise ConfigurationError(f"no WARC directory {self.warc_dir!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> CorpusSpec:
-        return cls(**doc)
 
 
 def documents(spec: CorpusSpec) -> Iterator[Doc]:
     """Every document of the corpus, in a fixed order."""
     spec.check_available()
-    if spec.source == "warc":
+    if spec.source is CorpusSource.WARC:
         yield from _warc_documents(Path(spec.warc_dir))
         return
     rng = random.Random(spec.seed)

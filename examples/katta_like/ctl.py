@@ -11,20 +11,27 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import Any, TypeVar
 
+import attrs
 import trio
 
-from examples.katta_like.corpus import CorpusSpec
+from examples.katta_like.corpus import CorpusSource, CorpusSpec
 from examples.katta_like.layout import (
     APP_NAME,
     MAX_INDEX_NAME,
+    AliasRecord,
     IndexRecord,
+    IndexState,
     KattaPaths,
+    bad_record,
+    decode_logged,
+    read_record,
+    serving_of,
     shard_name,
 )
-from framework import configure_logging, errors
+from framework import configure_logging, errors, records
 from framework.cli import (
     add_connection_arguments,
     add_deadline_argument,
@@ -33,8 +40,10 @@ from framework.cli import (
     zk_hosts_from,
 )
 from framework.errors import FrameworkError
-from framework.runtime import App
+from framework.runtime import App, MasterIdentity, MemberState, MemberStatus, Plan
 from framework.zk import Session, validate_name, watch_children, watch_data
+
+R = TypeVar("R")
 
 # ------------------------------------------------------------------ operations (library)
 
@@ -51,7 +60,7 @@ async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) 
     paths = KattaPaths(App(app))
     await session.ensure_path(paths.indexes)
     try:
-        await session.create(paths.index(record.name), record.encode())
+        await session.create(paths.index(record.name), records.encode(record))
     except errors.NodeExistsError:
         raise FrameworkError(f"index {record.name!r} already exists "
                              "(remove it first, or deploy a new version under another name "
@@ -59,10 +68,14 @@ async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) 
 
 
 async def read_index(session: Session, name: str, app: str = APP_NAME) -> IndexRecord:
+    """The record of index ``name``: :class:`FrameworkError` if there is none,
+    :class:`~framework.records.CorruptRecord` (naming the znode) if it is not a record."""
+    path = KattaPaths(App(app)).index(name)
     try:
-        return IndexRecord.decode((await session.get(KattaPaths(App(app)).index(name)))[0])
+        data, _ = await session.get(path)
     except errors.NoNodeError:
         raise FrameworkError(f"no index named {name!r}") from None
+    return read_record(data, IndexRecord, path)
 
 
 async def set_alias(session: Session, alias: str, index: str, app: str = APP_NAME) -> None:
@@ -70,7 +83,7 @@ async def set_alias(session: Session, alias: str, index: str, app: str = APP_NAM
     validate_name("alias", alias)
     await read_index(session, index, app)
     path = KattaPaths(App(app)).alias(alias)
-    data = json.dumps({"index": index}).encode()
+    data = records.encode(AliasRecord(index))
     try:
         await session.create(path, data, makepath=True)
     except errors.NodeExistsError:
@@ -81,37 +94,40 @@ async def remove_index(session: Session, name: str, *, purge: bool = False,
                        app: str = APP_NAME) -> None:
     """Ask the master to undeploy and delete ``name`` (``purge``: its store files too)."""
     paths = KattaPaths(App(app))
-    for alias in await _children(session, paths.aliases):
-        try:
-            if json.loads((await session.get(paths.alias(alias)))[0]).get("index") == name:
-                raise FrameworkError(f"alias {alias!r} points at {name!r}: switch it first")
-        except errors.NoNodeError:
-            continue
+    for alias, target in (await _aliases(session, paths)).items():
+        if target == name:
+            raise FrameworkError(f"alias {alias!r} points at {name!r}: switch it first")
     while True:
         try:
             data, stat = await session.get(paths.index(name))
         except errors.NoNodeError:
             raise FrameworkError(f"no index named {name!r}") from None
-        record = IndexRecord.decode(data).evolve(state="removing", purge=purge)
+        record = read_record(data, IndexRecord, paths.index(name)).evolve(
+            state=IndexState.REMOVING, purge=purge)
         try:
-            await session.set(paths.index(name), record.encode(), version=stat.version)
+            await session.set(paths.index(name), records.encode(record), version=stat.version)
             return
         except errors.BadVersionError:
             continue
 
 
-async def wait_state(session: Session, name: str, states: Sequence[str],
-                     app: str = APP_NAME) -> IndexRecord | None:
-    """Wait (watch) until the index is in one of ``states``; ``None`` if it is gone."""
-    async for snap in watch_data(session, KattaPaths(App(app)).index(name)):
-        if snap.data is None:
-            if "gone" in states:
-                return None
-            continue
-        record = IndexRecord.decode(snap.data)
-        if record.state in states:
+async def wait_state(session: Session, name: str, states: Collection[IndexState],
+                     app: str = APP_NAME) -> IndexRecord:
+    """Wait (watch) until the index exists and is in one of ``states``; a record that is
+    not one is a ``katta.bad_record`` event and waited past."""
+    path = KattaPaths(App(app)).index(name)
+    async for snap in watch_data(session, path):
+        record = decode_logged(snap.data, IndexRecord, path) if snap.data else None
+        if record is not None and record.state in states:
             return record
     raise AssertionError("unreachable")
+
+
+async def wait_gone(session: Session, name: str, app: str = APP_NAME) -> None:
+    """Wait (watch) until the index record is deleted (removed by the master)."""
+    async for snap in watch_data(session, KattaPaths(App(app)).index(name)):
+        if snap.stat is None:
+            return
 
 
 async def wait_replicated(session: Session, name: str, replicas: int,
@@ -157,7 +173,7 @@ async def wait_balanced(session: Session, name: str, app: str = APP_NAME) -> dic
             sname = shard_name(n)
             try:
                 data, _ = await session.get(paths.plan(name, n), watch=waker)
-                plan[sname] = json.loads(data)
+                plan[sname] = list(_plan(data, paths.plan(name, n)).workers)
             except errors.NoNodeError:
                 await session.exists(paths.plan(name, n), watch=waker)
                 plan[sname] = []
@@ -186,79 +202,140 @@ async def _children(session: Session, path: str) -> list[str]:
         return []
 
 
-async def gather_status(session: Session, app: str = APP_NAME) -> dict[str, Any]:
-    """Indexes, shards, replicas (planned and serving), nodes, under-replicated shards."""
+def _plan(data: bytes, path: str) -> Plan:
+    """The runtime's plan read from ``path``; an unreadable one is empty after a
+    ``katta.bad_record`` event."""
+    try:
+        return Plan.decode(data)
+    except records.CorruptRecord as exc:
+        bad_record(path, exc)
+        return Plan()
+
+
+async def _read(session: Session, path: str, cls: type[R]) -> R | None:
+    """The ``cls`` record at ``path``; ``None`` if there is none, or (after a
+    ``katta.bad_record`` event) if it is not one."""
+    try:
+        data, _ = await session.get(path)
+    except errors.NoNodeError:
+        return None
+    return decode_logged(data, cls, path)
+
+
+async def _aliases(session: Session, paths: KattaPaths) -> dict[str, str]:
+    """Alias -> index, of every alias with a readable record."""
+    found = {}
+    for alias in await _children(session, paths.aliases):
+        record = await _read(session, paths.alias(alias), AliasRecord)
+        if record is not None:
+            found[alias] = record.index
+    return found
+
+
+@attrs.frozen
+class NodeView:
+    """A search node in ``katta status``."""
+
+    address: str | None
+    state: MemberState
+    serving: int
+
+
+@attrs.frozen
+class ShardView:
+    """One shard in ``katta status``: the nodes planned for it, the nodes serving it."""
+
+    planned: tuple[str, ...]
+    serving: tuple[str, ...]
+
+
+@attrs.frozen
+class IndexView:
+    """An index in ``katta status``; ``errors`` lists ``<shard>~<node>`` refusals."""
+
+    state: IndexState
+    error: str
+    shards: int
+    replication: int
+    errors: tuple[str, ...]
+    placement: dict[str, ShardView]
+
+
+@attrs.frozen
+class ClusterStatus:
+    """``katta status``: the leading master, the nodes, the indexes with their planned and
+    serving replicas, the aliases, and the under-replicated shards (``<index>/<shard>``)."""
+
+    app: str
+    leader: str | None
+    masters: int
+    nodes: dict[str, NodeView]
+    indexes: dict[str, IndexView]
+    aliases: dict[str, str]
+    under_replicated: tuple[str, ...]
+
+
+async def gather_status(session: Session, app: str = APP_NAME) -> ClusterStatus:
+    """Indexes, shards, replicas (planned and serving), nodes, under-replicated shards.
+    Records that cannot be read are left out (after a ``katta.bad_record`` event)."""
     the_app = App(app)
     paths = KattaPaths(the_app)
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, NodeView] = {}
     for name in await _children(session, the_app.workers):
-        try:
-            doc = json.loads((await session.get(f"{the_app.workers}/{name}"))[0])
-        except (errors.NoNodeError, ValueError):
-            continue
-        nodes[name] = {"address": doc.get("address"), "state": doc.get("state"),
-                       "serving": doc.get("health", {}).get("serving", 0)}
-    indexes: dict[str, Any] = {}
+        member = await _read(session, f"{the_app.workers}/{name}", MemberStatus)
+        if member is not None:
+            nodes[name] = NodeView(member.address, member.state, serving_of(member))
+    indexes: dict[str, IndexView] = {}
     under: list[str] = []
     for name in await _children(session, paths.indexes):
-        try:
-            record = IndexRecord.decode((await session.get(paths.index(name)))[0])
-        except (errors.NoNodeError, errors.ConfigurationError, ValueError, KeyError,
-                TypeError):
+        record = await _read(session, paths.index(name), IndexRecord)
+        if record is None:
             continue
         shards = {}
-        refused = []
+        refused: list[str] = []
         for n in range(record.shards):
             sname = shard_name(n)
             try:
-                planned = json.loads((await session.get(paths.plan(name, n)))[0])
+                planned = _plan((await session.get(paths.plan(name, n)))[0],
+                                paths.plan(name, n)).workers
             except errors.NoNodeError:
-                planned = []
-            serving = await _children(session, paths.deployed(name, n))
-            shards[sname] = {"planned": planned, "serving": serving}
+                planned = ()
+            serving = tuple(await _children(session, paths.deployed(name, n)))
+            shards[sname] = ShardView(planned, serving)
             refused += [f"{sname}~{node}" for node in
                         await _children(session, paths.refused(name, n))]
-            if record.state in ("deploying", "deployed") and len(serving) < record.replication:
+            if record.state in (IndexState.DEPLOYING, IndexState.DEPLOYED) and (
+                    len(serving) < record.replication):
                 under.append(f"{name}/{sname}")
-        indexes[name] = {"state": record.state, "error": record.error,
-                         "shards": record.shards, "replication": record.replication,
-                         "errors": refused,
-                         "placement": shards}
-    aliases = {}
-    for alias in await _children(session, paths.aliases):
-        try:
-            aliases[alias] = json.loads((await session.get(paths.alias(alias)))[0])["index"]
-        except (errors.NoNodeError, ValueError, KeyError):
-            continue
+        indexes[name] = IndexView(record.state, record.error, record.shards,
+                                  record.replication, tuple(refused), shards)
     leader = None
     masters = await _children(session, the_app.masters)
     if masters:
         first = min(masters, key=lambda m: m.rsplit("-", 1)[-1])
-        try:
-            leader = json.loads((await session.get(f"{the_app.masters}/{first}"))[0]).get("name")
-        except (errors.NoNodeError, ValueError):
-            leader = None
-    return {"app": app, "leader": leader, "masters": len(masters), "nodes": nodes,
-            "indexes": indexes, "aliases": aliases, "under_replicated": under}
+        identity = await _read(session, f"{the_app.masters}/{first}", MasterIdentity)
+        leader = identity.name if identity is not None else None
+    return ClusterStatus(app, leader, len(masters), nodes, indexes,
+                         await _aliases(session, paths), tuple(under))
 
 
-def render_status(status: dict[str, Any]) -> str:
-    lines = [f"leader: {status['leader'] or '(none)'}   masters: {status['masters']}",
-             f"nodes ({len(status['nodes'])}):"]
-    for name, node in sorted(status["nodes"].items()):
-        lines.append(f"  {name:24} {node['address'] or '-':22} {node['state']:9} "
-                     f"serving {node['serving']}")
-    for name, index in sorted(status["indexes"].items()):
-        lines.append(f"index {name}: {index['state']} {index['shards']} shards x "
-                     f"{index['replication']} {index['error']}".rstrip())
-        for sname, shard in index["placement"].items():
-            lines.append(f"  shard {sname}: serving {','.join(shard['serving']) or '-'}"
-                         f"   planned {','.join(shard['planned']) or '-'}")
-        if index["errors"]:
-            lines.append(f"  errors: {', '.join(index['errors'])}")
-    for alias, target in sorted(status["aliases"].items()):
+def render_status(status: ClusterStatus) -> str:
+    lines = [f"leader: {status.leader or '(none)'}   masters: {status.masters}",
+             f"nodes ({len(status.nodes)}):"]
+    for name, node in sorted(status.nodes.items()):
+        lines.append(f"  {name:24} {node.address or '-':22} {node.state.value:9} "
+                     f"serving {node.serving}")
+    for name, index in sorted(status.indexes.items()):
+        lines.append(f"index {name}: {index.state.value} {index.shards} shards x "
+                     f"{index.replication} {index.error}".rstrip())
+        for sname, shard in index.placement.items():
+            lines.append(f"  shard {sname}: serving {','.join(shard.serving) or '-'}"
+                         f"   planned {','.join(shard.planned) or '-'}")
+        if index.errors:
+            lines.append(f"  errors: {', '.join(index.errors)}")
+    for alias, target in sorted(status.aliases.items()):
         lines.append(f"alias {alias} -> {target}")
-    lines.append("under-replicated: " + (", ".join(status["under_replicated"]) or "none"))
+    lines.append("under-replicated: " + (", ".join(status.under_replicated) or "none"))
     return "\n".join(lines)
 
 
@@ -277,22 +354,23 @@ def _run(args: argparse.Namespace, work: Any) -> Any:
 
 def _cmd_index(args: argparse.Namespace) -> int:
     if args.warc:
-        corpus = CorpusSpec("warc", warc_dir=os.path.abspath(args.warc))
+        corpus = CorpusSpec(CorpusSource.WARC, warc_dir=os.path.abspath(args.warc))
     else:
-        corpus = CorpusSpec("generated", docs=args.docs, seed=args.seed)
+        corpus = CorpusSpec(CorpusSource.GENERATED, docs=args.docs, seed=args.seed)
     record = IndexRecord(validate_name("index name", args.name), args.shards, args.replication,
                          os.path.abspath(args.store), corpus)
 
     async def work(session: Session) -> IndexRecord | None:
         await add_index(session, record, args.app)
         if args.wait:
-            return await wait_state(session, record.name, ("deployed", "error"), args.app)
+            return await wait_state(session, record.name,
+                                    (IndexState.DEPLOYED, IndexState.ERROR), args.app)
         return None
 
     done = _run(args, work)
-    if done is not None and done.state == "error":
+    if done is not None and done.state is IndexState.ERROR:
         raise FrameworkError(f"index {record.name!r} failed: {done.error}")
-    print(f"index {record.name!r}: {done.state if done else 'submitted'}")
+    print(f"index {record.name!r}: {done.state.value if done else 'submitted'}")
     return 0
 
 
@@ -313,7 +391,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
         print(f"{result.count} hits in index {result.index}; shards answered "
               f"{len(result.answered)}/{len(result.answered) + len(result.missing)}")
     if result.partial:
-        note = "" if result.state == "deployed" else f" (index {result.index} is {result.state})"
+        note = "" if result.state is IndexState.DEPLOYED else (
+            f" (index {result.index} is {result.state.value})")
         print(f"PARTIAL RESULT: no live replica answered for shards "
               f"{', '.join(map(str, result.missing))}{note}", file=sys.stderr)
         return 1
@@ -322,7 +401,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     status = _run(args, lambda s: gather_status(s, args.app))
-    print(json.dumps(status, indent=2) if args.json else render_status(status))
+    print(json.dumps(records.unstructure(status), indent=2) if args.json
+          else render_status(status))
     return 0
 
 
@@ -336,7 +416,7 @@ def _cmd_remove(args: argparse.Namespace) -> int:
     async def work(session: Session) -> None:
         await remove_index(session, args.name, purge=args.purge, app=args.app)
         if args.wait:
-            await wait_state(session, args.name, ("gone",), args.app)
+            await wait_gone(session, args.name, args.app)
 
     _run(args, work)
     print(f"index {args.name!r}: {'removed' if args.wait else 'removing'}")

@@ -39,7 +39,7 @@ import trio
 
 from examples.katta_like.client import SearchClient
 from examples.katta_like.cluster import Cluster, active_master, wait_new_master, wait_serving
-from examples.katta_like.corpus import CorpusSpec, sample_queries
+from examples.katta_like.corpus import CorpusSource, CorpusSpec, sample_queries
 from examples.katta_like.ctl import (
     add_index,
     gather_status,
@@ -48,9 +48,9 @@ from examples.katta_like.ctl import (
     wait_replicated,
     wait_state,
 )
-from examples.katta_like.layout import IndexRecord
+from examples.katta_like.layout import IndexRecord, IndexState
 from examples.katta_like.load import LoadStats, reference, run_load
-from framework import FrameworkError, Session, ZooKeeperEnsemble, configure_logging
+from framework import FrameworkError, Session, ZooKeeperEnsemble, configure_logging, records
 from framework.cli import run_command
 
 #: The slowest query allowed while a node is killed or frozen (the client hedges).
@@ -101,11 +101,11 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     warc = Path("out/warc")
     if not args.generated and warc.is_dir() and any(warc.glob("*.warc*")):
-        corpus = CorpusSpec("warc", warc_dir=str(warc.resolve()))
+        corpus = CorpusSpec(CorpusSource.WARC, warc_dir=str(warc.resolve()))
     else:
-        corpus = CorpusSpec("generated", docs=args.docs, seed=11)
+        corpus = CorpusSpec(CorpusSource.GENERATED, docs=args.docs, seed=11)
     queries = sample_queries(corpus, args.queries)
-    summary: dict[str, Any] = {"corpus": corpus.to_json(), "shards": args.shards,
+    summary: dict[str, Any] = {"corpus": records.unstructure(corpus), "shards": args.shards,
                                "replication": 2}
     async with zookeeper() as (hosts, chroot):
         async with Cluster(hosts, chroot, out, session_timeout=args.session_timeout) as cluster:
@@ -117,7 +117,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
             say(t0, "started 2 masters and 4 search nodes")
             expected = await trio.to_thread.run_sync(
                 reference, corpus, out, list(dict.fromkeys(queries)), 10)
-            say(t0, f"reference: one tantivy index over the corpus ({corpus.source}), "
+            say(t0, f"reference: one tantivy index over the corpus ({corpus.source.value}), "
                     f"{len(set(queries))} distinct queries")
             async with Session(hosts, chroot=chroot) as session:
                 record = IndexRecord("docs-v1", args.shards, 2, str((out / "store").resolve()),
@@ -125,8 +125,8 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
                 built = time.monotonic()
                 await add_index(session, record)
                 state = await bounded("index build", 60, wait_state(
-                    session, "docs-v1", ("deployed", "error")))
-                if state.state == "error":
+                    session, "docs-v1", (IndexState.DEPLOYED, IndexState.ERROR)))
+                if state.state is IndexState.ERROR:
                     raise DemoFailed(f"index build failed: {state.error}")
                 await bounded("deployment", 30, wait_replicated(session, "docs-v1", 2))
                 summary["build_and_deploy_s"] = round(time.monotonic() - built, 2)
@@ -215,7 +215,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "worst_query_began_s_after_fault": {
             fault: round(stats.worst_at(start, end), 2)
             for fault, (start, end) in windows.items()},
-        "under_replicated_at_end": status["under_replicated"],
+        "under_replicated_at_end": list(status.under_replicated),
         "errors": stats.errors[:5],
         "seconds": round(time.monotonic() - t0, 1),
     }
@@ -226,7 +226,7 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
         "every query answered": stats.answered == stats.sent,
         "merged top 10 correct vs one index (global scoring)":
             args.scoring != "global" or stats.correct >= 0.999,
-        "fully replicated at the end": not status["under_replicated"],
+        "fully replicated at the end": not status.under_replicated,
         "the new node took a fair share": summary.get("replicas_on_new_node", 0) >= 3,
         f"slowest query under a node kill or freeze < {WORST_MS:g} ms": all(
             summary["worst_query_ms_per_fault"].get(f, math.inf) < WORST_MS

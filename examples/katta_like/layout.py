@@ -4,36 +4,54 @@ Under the runtime's application root ``/apps/<app>`` (masters/, workers/ = live 
 tasks/ = the index build queue, results/ = build results; the replicated placement of the
 runtime's push mode, see docs/architecture.md)::
 
-    katta/indexes/<index>                 IndexRecord (JSON): shards, replication, corpus,
-                                          state building|deploying|deployed|error|removing,
-                                          by ctl then the master (fenced)
-    katta/aliases/<alias>                 {"index": name}: switched with one set (atomic)
-    shards/<index>.<shard>                the runtime's shard: spec {"index", "shard", "store"}
-    plan/<index>.<shard>                  the master's plan: JSON list of nodes (fenced)
+    katta/indexes/<index>                 IndexRecord: shards, replication, store, corpus,
+                                          state (IndexState), by ctl then the master (fenced)
+    katta/aliases/<alias>                 AliasRecord: switched with one set (atomic)
+    shards/<index>.<shard>                the runtime's shard: ShardSpec (fenced)
+    plan/<index>.<shard>                  the master's plan: the runtime's Plan (fenced)
     assignments/<node>/<index>.<shard>    per-node plan (same fenced multi), watched by the node
     deployed/<index>.<shard>/<node>       EPHEMERAL, by the node once the shard is copied,
-                                          verified and open: {"address", "docs"}
+                                          verified and open: DeploymentInfo
     refused/<index>.<shard>/<node>        the node found the shard corrupt (persistent)
 
 Ideal state (plan, assignments) is written by the master; observed state (deployed/) by the
 nodes; clients route by deployed/ only.
+
+Every record is an attrs class encoded by :mod:`framework.records` (compact JSON).
+:func:`read_record` decodes one read from a znode and raises
+:class:`~framework.records.CorruptRecord` naming the znode when the bytes are not a record
+of that class; readers that follow a record with a watch log ``katta.bad_record`` and skip
+it instead (see :func:`decode_logged`).
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import math
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from examples.katta_like.corpus import CorpusSpec
+from framework import get_logger, records
 from framework.errors import ConfigurationError
-from framework.runtime import App
+from framework.runtime import App, MemberStatus
+
+log = get_logger("examples.katta_like.layout")
 
 APP_NAME = "katta"
-STATES = ("building", "deploying", "deployed", "error", "removing")
+R = TypeVar("R")
+
+
+class IndexState(enum.Enum):
+    """Where an index is in its life (``IndexRecord.state``)."""
+
+    BUILDING = "building"  # added; the master builds its shards as a job
+    DEPLOYING = "deploying"  # built; being placed
+    DEPLOYED = "deployed"  # every shard had min(R, live nodes) serving replicas once
+    ERROR = "error"  # a build failed, or every eligible node refused a shard
+    REMOVING = "removing"  # asked to go; deleted once no shard of it is served
 
 
 @attrs.frozen
@@ -107,14 +125,16 @@ def parse_replica(name: str) -> tuple[str, int]:
 
 @attrs.frozen
 class IndexRecord:
-    """An index: how many shards, how many replicas each, where its documents come from."""
+    """An index (``katta/indexes/<name>``): how many shards, how many replicas each, where
+    its documents come from, and its state.  Building one with a shard count outside
+    1..1000 or a replication outside 1..10 raises :class:`ConfigurationError`."""
 
     name: str
     shards: int
     replication: int
     store: str
     corpus: CorpusSpec
-    state: str = "building"
+    state: IndexState = IndexState.BUILDING
     error: str = ""
     purge: bool = False  # removing: delete the store files too
     built: bool = False  # every shard was built (its shards stay placed in state error)
@@ -124,19 +144,97 @@ class IndexRecord:
             raise ConfigurationError(f"shards must be 1..1000, not {self.shards}")
         if not 1 <= self.replication <= 10:
             raise ConfigurationError(f"replication must be 1..10, not {self.replication}")
-        if self.state not in STATES:
-            raise ConfigurationError(f"unknown index state {self.state!r}")
 
-    def encode(self) -> bytes:
-        doc = attrs.asdict(self)
-        doc["corpus"] = self.corpus.to_json()
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> IndexRecord:
-        doc: dict[str, Any] = json.loads(data)
-        doc["corpus"] = CorpusSpec.from_json(doc["corpus"])
-        return cls(**doc)
+    @property
+    def placed(self) -> bool:
+        """Whether its shards are wanted on nodes (deploying, deployed, or in error once
+        built)."""
+        return self.state in (IndexState.DEPLOYING, IndexState.DEPLOYED) or (
+            self.state is IndexState.ERROR and self.built)
 
     def evolve(self, **changes: Any) -> IndexRecord:
         return attrs.evolve(self, **changes)
+
+
+@attrs.frozen
+class AliasRecord:
+    """``katta/aliases/<alias>``: the index the alias names."""
+
+    index: str
+
+
+@attrs.frozen
+class ShardSpec:
+    """The runtime's ``shards/<index>.<shard>``: which shard of which index, in which
+    store (written by the master, read by the node that serves it)."""
+
+    index: str
+    shard: int
+    store: str
+
+
+@attrs.frozen
+class DeploymentInfo:
+    """A node's ``deployed/<index>.<shard>/<node>`` record: where it answers queries, and
+    how many documents its copy holds (the runtime adds an ``incarnation``, ignored here)."""
+
+    address: str
+    docs: int = 0
+
+
+@attrs.frozen
+class NodeHealth:
+    """The ``health`` of a search node's status (``workers/<node>``)."""
+
+    ok: bool = True
+    serving: int = 0
+    queries: int = 0
+
+
+def serving_of(member: MemberStatus) -> int:
+    """How many shards a search node says it serves (the health in its status)."""
+    try:
+        return records.structure(member.health, NodeHealth).serving
+    except records.CorruptRecord:
+        return 0
+
+
+@attrs.frozen
+class BuildTask:
+    """The payload of one build task: the index record and the shard to build."""
+
+    record: IndexRecord
+    shard: int
+
+
+@attrs.frozen
+class BuildResult:
+    """The result of one build task: the shard's documents and manifest checksum."""
+
+    docs: int
+    checksum: str
+
+
+def read_record(data: bytes, cls: type[R], path: str) -> R:
+    """``data`` read from the znode ``path`` as a ``cls`` record;
+    :class:`~framework.records.CorruptRecord` naming ``path`` if it is not one."""
+    try:
+        return records.decode(data, cls)
+    except records.CorruptRecord as exc:
+        raise records.CorruptRecord(f"{path}: {exc}") from None
+
+
+def decode_logged(data: bytes, cls: type[R], path: str) -> R | None:
+    """``data`` read from ``path`` as a ``cls`` record, or ``None`` after a
+    ``katta.bad_record`` event (for readers that follow the record and skip what is not
+    one until it is rewritten)."""
+    try:
+        return records.decode(data, cls)
+    except records.CorruptRecord as exc:
+        bad_record(path, exc)
+        return None
+
+
+def bad_record(path: str, exc: records.CorruptRecord) -> None:
+    """The ``katta.bad_record`` event: what was read from ``path`` is not a record."""
+    log.error("katta.bad_record", path=path, error=str(exc))

@@ -46,10 +46,10 @@ def reference(spec: CorpusSpec, workdir: Path, queries: list[str], top: int
     out = {}
     for q in queries:
         answer = searcher.search(q, top * 10)
-        hits = answer["hits"]
-        kth = hits[min(top, len(hits)) - 1][0] if hits else 0.0
-        out[q] = Expected(answer["count"], [u for _, u, _ in hits[:top]], kth,
-                          {u: score for score, u, _ in hits})
+        hits = answer.hits
+        kth = hits[min(top, len(hits)) - 1].score if hits else 0.0
+        out[q] = Expected(answer.count, [h.url for h in hits[:top]], kth,
+                          {h.url: h.score for h in hits})
     return out
 
 

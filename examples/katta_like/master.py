@@ -24,7 +24,6 @@ write fails on the server):
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -33,13 +32,17 @@ import trio
 
 from examples.katta_like.layout import (
     APP_NAME,
+    BuildTask,
     IndexRecord,
+    IndexState,
     KattaPaths,
+    ShardSpec,
+    decode_logged,
     env_seconds,
     replica_name,
 )
 from examples.katta_like.store import ShardStore
-from framework import Master, MasterContext, errors, get_logger
+from framework import Master, MasterContext, errors, get_logger, records
 from framework.runtime import ReplicatedPlacement, commit_fenced
 from framework.zk import watch_children, watch_data
 
@@ -89,17 +92,16 @@ class KattaMaster(Master):
         shards: dict[str, bytes] = {}
         replication: dict[str, int] = {}
         for name, record in leading.records.items():
-            if record.state == "building" and name not in leading.builders:
+            building = record.state is IndexState.BUILDING
+            if building and name not in leading.builders:
                 scope = leading.builders[name] = trio.CancelScope()
                 leading.nursery.start_soon(self._build, leading, record, scope)
-            elif record.state != "building" and name in leading.builders:
+            elif not building and name in leading.builders:
                 leading.builders.pop(name).cancel()
-            if record.state in ("deploying", "deployed") or (
-                    record.state == "error" and record.built):
+            if record.placed:
                 for shard in range(record.shards):
-                    spec = {"index": name, "shard": shard, "store": record.store}
                     key = replica_name(name, shard)
-                    shards[key] = json.dumps(spec, sort_keys=True).encode()
+                    shards[key] = records.encode(ShardSpec(name, shard, record.store))
                     replication[key] = record.replication
         leading.placement.set_shards(shards, replication)
 
@@ -120,14 +122,13 @@ class KattaMaster(Master):
                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:
             task_status.started(scope)
-            async for snap in watch_data(leading.ctx.session, leading.paths.index(name)):
+            path = leading.paths.index(name)
+            async for snap in watch_data(leading.ctx.session, path):
                 if snap.data is None:
                     continue
-                try:
-                    record = IndexRecord.decode(snap.data)
-                except (ValueError, KeyError, TypeError, errors.ConfigurationError) as exc:
-                    log.error("katta.bad_index_record", index=name, error=str(exc))
-                    continue
+                record = decode_logged(snap.data, IndexRecord, path)
+                if record is None:
+                    continue  # kept as it was until the record is rewritten
                 leading.records[name] = record
                 self._records_changed(leading)
 
@@ -138,11 +139,10 @@ class KattaMaster(Master):
         ctx = leading.ctx
         with scope:
             started = time.monotonic()
-            payload_record = json.loads(record.encode())
             missing = [s for s in range(record.shards)
                        if not _ok(await ctx.result(_build_key(record.name, s)))]
             for shard in missing:
-                await ctx.submit({"record": payload_record, "shard": shard},
+                await ctx.submit(records.unstructure(BuildTask(record, shard)),
                                  idempotency_key=_build_key(record.name, shard))
             log.info("katta.build_submitted", index=record.name, tasks=len(missing))
             await ctx.wait_idle()
@@ -151,15 +151,15 @@ class KattaMaster(Master):
                 result = await ctx.result(_build_key(record.name, shard))
                 if not _ok(result):
                     failed.append(f"{shard}: {getattr(result, 'error', 'no result')}")
-            state = "error" if failed else "deploying"
+            state = IndexState.ERROR if failed else IndexState.DEPLOYING
             await self._set_record(leading, record.evolve(
                 state=state, error="; ".join(failed)[:2000], built=not failed))
-            log.info("katta.build_done", index=record.name, state=state,
+            log.info("katta.build_done", index=record.name, state=state.value,
                      seconds=round(time.monotonic() - started, 3))
 
     async def _set_record(self, leading: _Leading, record: IndexRecord) -> None:
         txn = leading.ctx.term.fenced()
-        txn.set(leading.paths.index(record.name), record.encode())
+        txn.set(leading.paths.index(record.name), records.encode(record))
         await commit_fenced(txn)
 
     # ------------------------------------------------------------ placement (push mode)
@@ -171,24 +171,24 @@ class KattaMaster(Master):
         for name, record in list(leading.records.items()):
             keys = [replica_name(name, s) for s in range(record.shards)]
             try:
-                if record.state == "removing":
+                if record.state is IndexState.REMOVING:
                     if not any(k in placement.known for k in keys):
                         await self._remove(leading, record)
                     continue
-                if record.state not in ("deploying", "deployed"):
+                if record.state not in (IndexState.DEPLOYING, IndexState.DEPLOYED):
                     continue
                 hopeless = [k.rpartition(".")[2] for k in keys if k in placement.known
                             and not placement.plan.get(k) and placement.refused.get(k)]
                 if hopeless:
                     await self._set_record(leading, record.evolve(
-                        state="error", error=f"corrupt shards: {', '.join(hopeless)}"))
+                        state=IndexState.ERROR, error=f"corrupt shards: {', '.join(hopeless)}"))
                     log.error("katta.index_error", index=name, shards=hopeless)
                     continue
                 wanted = min(record.replication, len(placement.live))
-                if record.state == "deploying" and wanted and all(
+                if record.state is IndexState.DEPLOYING and wanted and all(
                         len(placement.serving.get(k, set()) & placement.live) >= wanted
                         for k in keys):
-                    await self._set_record(leading, record.evolve(state="deployed"))
+                    await self._set_record(leading, record.evolve(state=IndexState.DEPLOYED))
                     log.info("katta.index_deployed", index=name)
             except (errors.TransactionFailedError, errors.NoNodeError) as exc:
                 # the index changed under us (removed, say): its watch tells us the new

@@ -30,7 +30,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -45,17 +44,33 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from examples.katta_like.corpus import documents, shard_of
-from examples.katta_like.layout import APP_NAME, IndexRecord, KattaPaths, parse_replica
+from examples.katta_like.layout import (
+    APP_NAME,
+    BuildResult,
+    BuildTask,
+    DeploymentInfo,
+    KattaPaths,
+    NodeHealth,
+    ShardSpec,
+    parse_replica,
+    read_record,
+)
 from examples.katta_like.store import (
     CorruptShard,
-    GlobalStats,
     ShardSearcher,
     ShardStore,
     fetch_shard,
     reuse_local,
     shard_dir_name,
 )
-from framework import Worker, errors, get_logger, web
+from examples.katta_like.wire import (
+    Endpoint,
+    ErrorReply,
+    SearchReply,
+    ShardRequest,
+    StatsReply,
+)
+from framework import Worker, errors, get_logger, records, web
 from framework.runtime import Task
 from framework.zk import Session
 
@@ -86,24 +101,29 @@ class SearchNode(Worker):
     # ------------------------------------------------------------ index build (pull mode)
 
     async def handle(self, task: Task) -> Any:
-        """Build one shard: ``{"index", "shard", "shards", "store", "corpus"}``."""
-        payload = task.payload
-        record = IndexRecord.decode(json.dumps(payload["record"]).encode())
-        shard = int(payload["shard"])
+        """Build one shard (a :class:`BuildTask`) into the store and publish it; the result
+        is a :class:`BuildResult`.  A payload that is not a build task is a
+        :class:`PermanentFailure` (running it again would not help)."""
+        try:
+            build_task = records.structure(task.payload, BuildTask)
+        except records.CorruptRecord as exc:
+            raise errors.PermanentFailure(f"task {task.id}: {exc}") from None
+        record, shard = build_task.record, build_task.shard
         store = ShardStore(record.store)
 
-        def build() -> dict[str, Any]:
+        def build() -> BuildResult:
             docs = (d for d in documents(record.corpus)
                     if shard_of(d.url, record.shards) == shard)
             manifest = store.build_shard(record.name, shard, docs)
-            return {"docs": manifest.docs, "checksum": manifest.checksum}
+            return BuildResult(manifest.docs, manifest.checksum)
 
         result = await trio.to_thread.run_sync(build)
-        log.info("shard.built", index=record.name, shard=shard, **result)
-        return result
+        log.info("shard.built", index=record.name, shard=shard, docs=result.docs,
+                 checksum=result.checksum)
+        return records.unstructure(result)
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "serving": len(self.served), "queries": self.queries}
+        return records.unstructure(NodeHealth(True, len(self.served), self.queries))
 
     # ------------------------------------------------------------ runtime
 
@@ -137,10 +157,14 @@ class SearchNode(Worker):
         store's manifest), verify it, open it, then say it is ready (the runtime writes the
         serving record); unassigned, the record is withdrawn, the searcher closed, the
         local copy deleted.  Stopped for another reason (the session not trusted, the node
-        stopping) the local copy is kept, to be verified and reopened.  A corrupt shard is
-        refused (PermanentFailure): never served here."""
-        doc = json.loads(spec)
-        index, number, store = str(doc["index"]), int(doc["shard"]), ShardStore(doc["store"])
+        stopping) the local copy is kept, to be verified and reopened.  A corrupt shard, or
+        a ``spec`` that is not a :class:`ShardSpec`, is refused (PermanentFailure): never
+        served here."""
+        try:
+            parsed = read_record(spec, ShardSpec, f"{self.app.shards}/{shard}")
+        except records.CorruptRecord as exc:
+            raise errors.PermanentFailure(str(exc)) from None
+        index, number, store = parsed.index, parsed.shard, ShardStore(parsed.store)
         key = (index, number)
         local = self.data_dir / index / shard_dir_name(number)
         self._active.add(key)
@@ -161,8 +185,8 @@ class SearchNode(Worker):
             if reused:
                 log.info("shard.reopened", node=self.name, index=index, shard=number)
             self.served[key] = searcher
-            info = {"address": self.address, "docs": searcher.searcher.num_docs}
-            async with self.ready(shard, info) as listed:
+            info = DeploymentInfo(self.address, searcher.searcher.num_docs)
+            async with self.ready(shard, records.unstructure(info)) as listed:
                 if not listed:
                     log.info("shard.index_gone", node=self.name, index=index, shard=number)
                     return
@@ -207,23 +231,20 @@ class SearchNode(Worker):
     # ------------------------------------------------------------ HTTP/JSON
 
     def http_app(self) -> Starlette:
-        """``POST /stats`` ``{"index", "shards", "query"}`` -> each shard's term statistics;
-        ``POST /search`` ``{"index", "shards", "query", "top", "stats"?}`` -> each shard's
-        ``{"count", "hits"}`` (scored with the global ``stats`` when given), as
-        ``{"shards": {shard: answer}}``; a shard this node does not serve (now) answers
-        ``{"error": ...}``; 400: bad request or query syntax."""
+        """The search API (:mod:`examples.katta_like.wire`): ``POST /stats`` and
+        ``POST /search``; a shard this node does not serve (now) is answered in
+        ``refused``."""
 
         async def endpoint(request: Request) -> Response:
             status, answer = self._answer(request.url.path, await request.body())
-            return Response(json.dumps(answer).encode(), status_code=status,
+            return Response(records.encode(answer), status_code=status,
                             media_type="application/json")
 
         async def not_found(request: Request, exc: Exception) -> Response:
-            return Response(json.dumps({"error": f"no such endpoint {request.url.path}"}),
+            return Response(records.encode(ErrorReply(f"no such endpoint {request.url.path}")),
                             status_code=404, media_type="application/json")
 
-        return Starlette(routes=[Route("/search", endpoint, methods=["POST"]),
-                                 Route("/stats", endpoint, methods=["POST"])],
+        return Starlette(routes=[Route(e.value, endpoint, methods=["POST"]) for e in Endpoint],
                          exception_handlers={404: not_found})
 
     def _trusted(self, key: tuple[str, int]) -> bool:
@@ -242,32 +263,35 @@ class SearchNode(Worker):
             return False
         return True
 
-    def _answer(self, path: str, body: bytes) -> tuple[int, Any]:
+    def _answer(self, path: str, body: bytes
+                ) -> tuple[int, StatsReply | SearchReply | ErrorReply]:
+        """The status and reply to ``body`` at ``path`` (see :mod:`.wire`)."""
         try:
-            request = json.loads(body or b"{}")
-            index = str(request["index"])
-            shards = [int(s) for s in request.get("shards", [])]
-            query = str(request["query"])
-            stats = GlobalStats(**request["stats"]) if request.get("stats") else None
-            top = int(request.get("top", 10))
-        except (ValueError, KeyError, TypeError) as exc:
-            return 400, {"error": f"bad request: {exc}"}
-        if path not in ("/search", "/stats"):
-            return 404, {"error": f"no such endpoint {path}"}
-        answers: dict[str, Any] = {}
+            endpoint = Endpoint(path)
+        except ValueError:
+            return 404, ErrorReply(f"no such endpoint {path}")
         try:
-            for shard in shards:
-                searcher = self.served.get((index, shard))
-                if searcher is None:
-                    answers[str(shard)] = {"error": f"{self.name} does not serve {index}/{shard}"}
-                elif not self._trusted((index, shard)):
-                    answers[str(shard)] = {"error": f"{self.name} cannot vouch for its "
-                                                    f"session: not serving {index}/{shard}"}
-                elif path == "/search":
-                    self.queries += 1
-                    answers[str(shard)] = searcher.search(query, top, stats)
-                else:
-                    answers[str(shard)] = searcher.stats(query)
+            request = records.decode(body or b"{}", ShardRequest)
+        except records.CorruptRecord as exc:
+            return 400, ErrorReply(f"bad request: {exc}")
+        refused: dict[int, str] = {}
+        searchers = {}
+        for shard in request.shards:
+            searcher = self.served.get((request.index, shard))
+            if searcher is None:
+                refused[shard] = f"{self.name} does not serve {request.index}/{shard}"
+            elif not self._trusted((request.index, shard)):
+                refused[shard] = (f"{self.name} cannot vouch for its session: not serving "
+                                  f"{request.index}/{shard}")
+            else:
+                searchers[shard] = searcher
+        try:
+            if endpoint is Endpoint.STATS:
+                return 200, StatsReply({shard: searcher.stats(request.query)
+                                        for shard, searcher in searchers.items()}, refused)
+            self.queries += len(searchers)
+            return 200, SearchReply({shard: searcher.search(request.query, request.top,
+                                                            request.stats)
+                                     for shard, searcher in searchers.items()}, refused)
         except ValueError as exc:
-            return 400, {"error": f"bad query syntax: {exc}"}
-        return 200, {"shards": answers}
+            return 400, ErrorReply(f"bad query syntax: {exc}")

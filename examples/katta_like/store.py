@@ -3,7 +3,7 @@
 Layout::
 
     <store>/<index>/shard-00007/          one tantivy index directory per shard
-    <store>/<index>/shard-00007/MANIFEST.json   {"index", "shard", "docs", "files", "checksum"}
+    <store>/<index>/shard-00007/MANIFEST.json   Manifest: index, shard, docs, files, checksum
 
 Guarantees:
 
@@ -35,6 +35,7 @@ import attrs
 import tantivy
 
 from examples.katta_like.corpus import Doc
+from framework import records
 from framework.durable import fsync_dir
 from framework.errors import FrameworkError
 
@@ -84,33 +85,60 @@ def query_terms(query: str) -> list[tuple[str, str]]:
 
 
 @attrs.frozen
+class ShardStats:
+    """One shard's part of the global statistics of a query (the ``/stats`` answer):
+    its documents, tokens per field, and document frequency per ``"field:term"``."""
+
+    docs: int
+    tokens: dict[str, int]
+    df: dict[str, int]
+
+
+@attrs.frozen
 class GlobalStats:
-    """Term statistics of a whole index (summed over its shards), as Katta gathered them
-    before scoring: total documents, average field lengths, document frequencies."""
+    """Term statistics of a whole index (summed over its shards): total documents, average
+    field lengths, document frequencies per ``"field:term"``."""
 
     docs: int
     avgdl: dict[str, float]
-    df: dict[str, int]  # "field:term" -> documents containing it
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+    df: dict[str, int]
 
     @classmethod
-    def merge(cls, parts: list[dict[str, Any]]) -> GlobalStats:
-        """Sum the ``/stats`` answers of every shard."""
-        docs = sum(int(p["docs"]) for p in parts)
+    def merge(cls, parts: list[ShardStats]) -> GlobalStats:
+        """Sum the statistics of every shard."""
+        docs = sum(p.docs for p in parts)
         tokens: dict[str, int] = {}
         df: dict[str, int] = {}
         for p in parts:
-            for f, n in p["tokens"].items():
-                tokens[f] = tokens.get(f, 0) + int(n)
-            for k, n in p["df"].items():
-                df[k] = df.get(k, 0) + int(n)
+            for f, n in p.tokens.items():
+                tokens[f] = tokens.get(f, 0) + n
+            for k, n in p.df.items():
+                df[k] = df.get(k, 0) + n
         return cls(docs, {f: n / docs if docs else 0.0 for f, n in tokens.items()}, df)
 
 
 @attrs.frozen
+class ShardHit:
+    """One hit of a shard's answer."""
+
+    score: float
+    url: str
+    title: str
+
+
+@attrs.frozen
+class ShardResult:
+    """A shard's answer to a query (the ``/search`` answer): how many documents match,
+    and its best hits, best first."""
+
+    count: int
+    hits: tuple[ShardHit, ...] = ()
+
+
+@attrs.frozen
 class Manifest:
+    """``MANIFEST.json`` of a published shard (written last, see the module docstring)."""
+
     index: str
     shard: int
     docs: int
@@ -118,16 +146,13 @@ class Manifest:
     checksum: str  # sha256 over the sorted (name, sha256) pairs
     tokens: dict[str, int] = attrs.Factory(dict)  # field -> tokens in the shard (for avgdl)
 
-    def to_json(self) -> str:
-        return json.dumps(attrs.asdict(self), sort_keys=True)
-
     @classmethod
     def load(cls, directory: Path) -> Manifest:
+        """The manifest of ``directory``; :class:`CorruptShard` if it is missing or not a
+        manifest."""
         try:
-            doc = json.loads((directory / MANIFEST).read_text())
-            return cls(doc["index"], int(doc["shard"]), int(doc["docs"]), dict(doc["files"]),
-                       doc["checksum"], dict(doc.get("tokens", {})))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return records.decode((directory / MANIFEST).read_bytes(), cls)
+        except (OSError, records.CorruptRecord) as exc:
             raise CorruptShard(f"{directory}: unreadable manifest ({exc})") from None
 
 
@@ -192,7 +217,7 @@ class ShardStore:
             (temp / ".tantivy-meta.lock").unlink(missing_ok=True)
             files = _digest_files(temp)
             manifest = Manifest(index, shard, count, files, _checksum(files), tokens)
-            (temp / MANIFEST).write_text(manifest.to_json())
+            (temp / MANIFEST).write_bytes(records.encode(manifest))
             fsync_dir(temp)
             try:
                 os.rename(temp, final)
@@ -261,7 +286,9 @@ def fetch_shard(store: ShardStore, index: str, shard: int, local_root: Path) -> 
 
 
 class ShardSearcher:
-    """An opened shard: answers queries (sync; tantivy searches are sub-millisecond here)."""
+    """An opened shard: answers queries (blocking calls).  Opening raises
+    :class:`CorruptShard` if the manifest is unreadable, ``ValueError``/``OSError`` if
+    tantivy cannot open the directory."""
 
     #: With global statistics, this many local candidates per requested hit are re-scored.
     POOL = 3
@@ -272,9 +299,9 @@ class ShardSearcher:
         self.index = tantivy.Index.open(str(directory))
         self.searcher = self.index.searcher()
 
-    def search(self, query: str, top: int, stats: GlobalStats | None = None) -> dict[str, Any]:
-        """``{"count": total hits, "hits": [[score, url, title], ...]}``; ValueError on bad
-        syntax.
+    def search(self, query: str, top: int, stats: GlobalStats | None = None) -> ShardResult:
+        """The documents matching ``query`` and the best ``top`` of them; ``ValueError`` on
+        bad syntax.
 
         Without ``stats`` the scores are this shard's own BM25.  With ``stats`` (the whole
         index's, see :class:`GlobalStats`) the best ``POOL * top`` local candidates are
@@ -294,14 +321,16 @@ class ShardSearcher:
         scored.sort(key=lambda h: -h[0])
         hits = []
         for score, address in scored[:top]:
-            stored = self.searcher.doc(address).to_dict()
-            hits.append([score, stored["url"][0], (stored.get("title") or [""])[0]])
-        return {"count": result.count, "hits": hits}
+            stored = self.searcher.doc(address)
+            hits.append(ShardHit(score, stored.get_first("url"),
+                                 stored.get_first("title") or ""))
+        return ShardResult(result.count, tuple(hits))
 
-    def stats(self, query: str) -> dict[str, Any]:
+    def stats(self, query: str) -> ShardStats:
         """This shard's part of the global statistics for ``query`` (see GlobalStats)."""
-        return {"docs": self.searcher.num_docs, "tokens": self.manifest.tokens,
-                "df": {f"{f}:{t}": self.searcher.doc_freq(f, t) for f, t in query_terms(query)}}
+        return ShardStats(self.searcher.num_docs, self.manifest.tokens,
+                          {f"{f}:{t}": self.searcher.doc_freq(f, t)
+                           for f, t in query_terms(query)})
 
 
 def _rescore(node: dict[str, Any], stats: GlobalStats) -> float:
