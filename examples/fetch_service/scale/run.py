@@ -122,6 +122,7 @@ class RunResult:
     failover_s: float | None = None
     missing_sample: tuple[str, ...] = ()
     unexpected_sample: tuple[str, ...] = ()
+    quarantined: tuple[str, ...] = ()  # inbox files set aside as unreadable (the report's)
 
     @property
     def pages_per_s(self) -> float:
@@ -398,7 +399,19 @@ def _stored(warc_root: Path) -> Counter[tuple[str, str]]:
 
 
 async def run_crawl(options: RunOptions) -> RunResult:
-    """Run one whole crawl (see the module doc) and check its output."""
+    """Run one whole crawl (see the module doc) and check its output against the site.
+
+    Returns the :class:`RunResult` whether or not the checks pass (see :attr:`RunResult.ok`
+    and :func:`checks`).  Raises :class:`ConfigurationError` for bad ``options``, and
+    :class:`FrameworkError` with the reason (and the tail of the process's log) when the
+    site does not start, master-1 is not elected, or the crawl does not finish within
+    ``options.timeout``.  Its own ZooKeeper session writes the job and then only watches
+    (nothing of the crawl depends on it): SUSPENDED or LOST delays what it sees (progress,
+    the kills, the report), its watches are set again once connected, and a plain request
+    in flight then may raise :class:`~framework.errors.ConnectionLossError` or
+    :class:`~framework.errors.SessionExpiredError`.  Every process it started is gone when
+    it returns or raises.
+    """
     options.check()
     out = options.out.resolve()
     for sub in ("warc", "logs", "local", "shared"):
@@ -453,7 +466,8 @@ async def run_crawl(options: RunOptions) -> RunResult:
         killed=crawl.killed, replacement=crawl.replacement, killed_master=crawl.killed_master,
         report_master=report.master,
         failover_s=None if crawl.failover_s is None else round(crawl.failover_s, 2),
-        missing_sample=tuple(missing[:5]), unexpected_sample=tuple(unexpected[:5]))
+        missing_sample=tuple(missing[:5]), unexpected_sample=tuple(unexpected[:5]),
+        quarantined=report.quarantined)
     (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result
 
@@ -486,7 +500,6 @@ def build_parser(prog: str = "python -m examples.fetch_service.scale.run",
 
 def checks(result: RunResult, options: RunOptions) -> list[tuple[bool, str]]:
     """The end-of-crawl checks as ``(passed, line)``."""
-    doc = result.to_dict()
     lines = [
         (result.missing == 0, f"every expected URL stored: {result.stored}/{result.expected} "
                               f"(every page, and every /gone/ link as its 404)"),
@@ -507,9 +520,13 @@ def checks(result: RunResult, options: RunOptions) -> list[tuple[bool, str]]:
                             "record(s) from pages redone"))
     elif result.duplicates:
         lines.append((True, f"{result.duplicates} duplicate WARC record(s)"))
+    if result.quarantined:
+        lines.append((True, f"{len(result.quarantined)} unreadable inbox file(s) set aside "
+                            f"(their links count only if found elsewhere): "
+                            f"{', '.join(result.quarantined)}"))
     lines.append((result.app_znodes < 100,
                   f"ZooKeeper as control plane only: {result.app_znodes} znodes under the "
-                  f"crawl's chroot, {result.writes} writes ({doc['writes_per_s']}/s) for "
+                  f"crawl's chroot, {result.writes} writes ({result.writes_per_s:.1f}/s) for "
                   f"{result.stored} pages"))
     return lines
 
@@ -543,7 +560,7 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
         print(json.dumps(result.to_dict(), indent=2))
         return 0 if result.ok else 1
     print(f"{result.stored}/{result.expected} pages in {result.seconds:.1f}s "
-          f"({result.to_dict()['pages_per_s']} pages/s); checks against the site's ground "
+          f"({result.pages_per_s:.1f} pages/s); checks against the site's ground "
           f"truth ({options.out / 'site.json'}):")
     for passed, line in checks(result, options):
         print(f"  [{'ok' if passed else 'FAILED'}] {line}")
