@@ -1,37 +1,147 @@
-"""Per-process Prometheus metrics (``framework run --metrics-port``).
+"""Per-process metrics: Prometheus (``framework run --metrics-port``) and the task counts a
+worker publishes in its status record.
 
-Small functions that the runtime calls at the moments that matter; each one only updates an
-in-memory metric (no I/O, never raises), so calling them costs nothing measurable.  The
-names match those of the dashboard's ``/metrics`` (docs/dashboard.md), which derives the same
-quantities from ZooKeeper for every process at once.
+Small functions that the runtime calls at the moments that matter; each one only updates
+in-memory state (no I/O, never raises), so calling them costs nothing measurable.
 
-    framework_tasks_done_total{app}            task_finished(app, ok=True, seconds)
-    framework_tasks_failed_total{app}          task_finished(app, ok=False, seconds, final=...)
-    framework_tasks_retried_total{app}         ... a failed attempt that will be retried
-    framework_tasks_dead_lettered_total{app}   ... a failed attempt that was final
-    framework_task_duration_seconds{app}       every finished attempt
-    framework_tasks_in_flight{app}             task_started(app) / task_ended(app)
-    framework_queue_depth{app}                 queue_depth(app, items)
-    framework_leader_changes_total{app}        leadership_changed(app, leading)
-    framework_is_leader{app}                   1 while this process leads the app
-    framework_session_state_changes_total{state}  session_state_changed(state)
-    framework_session_connected                1 while this process's session is connected
+Two views of the same observations:
+
+* **this process's Prometheus endpoint** (``--metrics-port``), names ``framework_*``:
+
+      framework_tasks_done_total{app}            task_finished(app, ok=True, seconds)
+      framework_tasks_failed_total{app}          task_finished(app, ok=False, seconds, final=...)
+      framework_tasks_retried_total{app}         ... a failed attempt that will be retried
+      framework_tasks_dead_lettered_total{app}   ... a failed attempt that was final
+      framework_task_duration_seconds{app}       every finished attempt
+      framework_tasks_in_flight{app}             task_started(app) / task_ended(app)
+      framework_queue_depth{app}                 queue_depth(app, items)
+      framework_leader_changes_total{app}        leadership_changed(app, leading)
+      framework_is_leader{app}                   1 while this process leads the app
+      framework_session_state_changes_total{state}  session_state_changed(state)
+      framework_session_connected                1 while this process's session is connected
+
+* **the worker's status record**: ``task_finished(..., owner=consumer)`` also counts into
+  that owner's :class:`TaskStats` (:func:`task_stats`), which the owner publishes in its
+  ``workers/<name>`` record with the rest of its status (at most every ``status_interval``,
+  never one write per task).  The dashboard sums these across live workers and serves them
+  under its own names (``framework_app_*``), so a Prometheus that scrapes both never counts
+  a task twice.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from framework import records
 from framework.errors import FrameworkError
 
 #: The registry of this process's framework metrics (``serve`` exposes it).
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-#: Histogram bounds in seconds, the same as the dashboard's.
-DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: Upper bounds (seconds) of every task duration histogram: this process's, the one in its
+#: status record, and the dashboard's sum of those.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    60.0, 300.0)
+
+
+@attrs.define
+class Durations:
+    """A cumulative histogram, as Prometheus wants it: ``counts[i]`` is the number of
+    observations ``<= bounds[i]``, the last count (``+Inf``) all of them; ``sum`` their
+    total in seconds."""
+
+    bounds: tuple[float, ...] = DURATION_BUCKETS
+    counts: list[int] = attrs.Factory(lambda self: [0] * (len(self.bounds) + 1),
+                                      takes_self=True)
+    sum: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return self.counts[-1] if self.counts else 0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        for i, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[i] += 1
+        self.counts[-1] += 1
+        self.sum += seconds
+
+    def add(self, other: Durations, sign: int = 1) -> None:
+        """Add (``sign=-1``: subtract) ``other``.  With other bounds only its count and sum
+        are added (to ``+Inf``): the buckets of two layouts cannot be merged exactly."""
+        if tuple(other.bounds) == tuple(self.bounds) and len(other.counts) == len(self.counts):
+            for i, value in enumerate(other.counts):
+                self.counts[i] += sign * value
+        else:
+            self.counts[-1] += sign * other.count
+        self.sum += sign * other.sum
+
+    def copy(self) -> Durations:
+        return Durations(tuple(self.bounds), list(self.counts), self.sum)
+
+
+@attrs.define
+class TaskStats:
+    """Cumulative counts of one task consumer since it started: tasks done, failed attempts
+    (``retried`` ones and ``dead_lettered`` final ones) and the durations of every finished
+    attempt.  Only ever grows; a restarted process starts again from zero."""
+
+    done: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    durations: Durations = attrs.Factory(Durations)
+
+    def record(self, ok: bool, seconds: float, *, final: bool = False) -> None:
+        self.durations.observe(seconds)
+        if ok:
+            self.done += 1
+            return
+        self.failed += 1
+        if final:
+            self.dead_lettered += 1
+        else:
+            self.retried += 1
+
+    def published(self) -> dict[str, Any]:
+        """The keys it adds to a status record (``MemberStatus`` reads them back)."""
+        return {"retried": self.retried, "dead_lettered": self.dead_lettered,
+                "durations": records.unstructure(self.durations)}
+
+    def copy(self) -> TaskStats:
+        return TaskStats(self.done, self.failed, self.retried, self.dead_lettered,
+                         self.durations.copy())
+
+    def shrank_from(self, earlier: TaskStats) -> bool:
+        """Whether any count is below ``earlier``'s (the counting process restarted)."""
+        return (self.done < earlier.done or self.failed < earlier.failed
+                or self.retried < earlier.retried or self.dead_lettered < earlier.dead_lettered
+                or self.durations.count < earlier.durations.count)
+
+    def add(self, other: TaskStats, sign: int = 1) -> None:
+        self.done += sign * other.done
+        self.failed += sign * other.failed
+        self.retried += sign * other.retried
+        self.dead_lettered += sign * other.dead_lettered
+        self.durations.add(other.durations, sign)
+
+
+_stats: weakref.WeakKeyDictionary[object, TaskStats] = weakref.WeakKeyDictionary()
+
+
+def task_stats(owner: object) -> TaskStats:
+    """The :class:`TaskStats` that ``task_finished(..., owner=owner)`` counts into (new and
+    empty on first use; it goes with ``owner``)."""
+    stats = _stats.get(owner)
+    if stats is None:
+        stats = _stats[owner] = TaskStats()
+    return stats
 
 _done = Counter("framework_tasks_done", "Tasks finished successfully", ["app"],
                 registry=REGISTRY)
@@ -73,10 +183,15 @@ def task_ended(app: str) -> None:
     _in_flight.labels(app).dec()
 
 
-def task_finished(app: str, ok: bool, seconds: float, *, final: bool = False) -> None:
+def task_finished(app: str, ok: bool, seconds: float, *, final: bool = False,
+                  owner: object | None = None) -> None:
     """A task's outcome: succeeded (``ok``, its result recorded) or failed; ``final``: the
-    failure will not be retried (the item goes to the dead letters)."""
-    _duration.labels(app).observe(max(seconds, 0.0))
+    failure will not be retried (the item goes to the dead letters).  ``owner`` (the task
+    consumer): also count it into ``task_stats(owner)``, the same observation."""
+    seconds = max(seconds, 0.0)
+    if owner is not None:
+        task_stats(owner).record(ok, seconds, final=final)
+    _duration.labels(app).observe(seconds)
     if ok:
         _done.labels(app).inc()
         return

@@ -53,8 +53,8 @@ class Boss(Master):
         if await ctx.session.exists(SUBMITTED) is None:  # a new leader does not resubmit
             await ctx.publish_config({"greeting": "hello", "batch": 4})
             keys = [f"t{i:03d}" for i in range(12)]
-            await ctx.submit_many([{"n": i} for i in range(12)], keys=keys)
-            await ctx.submit({"poison": True}, task_id="poison", idempotency_key="poison")
+            await ctx.submit_many("handle", [{"n": i} for i in range(12)], keys=keys)
+            await ctx.submit("handle", {"poison": True}, task_id="poison", idempotency_key="poison")
             await ctx.term.commit(lambda txn: txn.create(SUBMITTED, b""))
         await trio.sleep_forever()
 
@@ -290,8 +290,8 @@ async def test_read_only_dashboard_refuses_actions_and_serves_metrics(
                     f"{url}/api/requeue", {"app": APP.name, "name": "whatever"}))
                 assert status == 403 and "--allow-actions" in doc["error"]
                 status, body = await trio.to_thread.run_sync(lambda: get(f"{url}/metrics"))
-                assert status == 200 and b"framework_tasks_done_total" in body
-                assert b"framework_session_state_changes_total" in body
+                assert status == 200 and b"framework_app_tasks_done_total" in body
+                assert b"framework_dashboard_session_state_changes_total" in body
                 status, body = await trio.to_thread.run_sync(
                     lambda: get(f"{url}/api/result?app={APP.name}&key=-bad"))
                 assert status == 400 and b"task key" in body

@@ -5,12 +5,20 @@ state at each new version, at most every :data:`PUSH_INTERVAL` per viewer), ``/a
 ``/api/result?app=&key=``, ``/metrics`` (Prometheus), and, only when actions are allowed,
 ``POST /api/requeue`` and ``POST /api/discard`` (JSON ``{"app": ..., "name": ...}``, with
 the ``X-Dashboard-Action`` header so that another site's form cannot post them).  Errors are
-JSON ``{"ok": false, "error": ...}``: 400 for a bad request, 403 for a refused action, 404
-for an unknown route, 503 when ZooKeeper cannot answer.
+JSON ``{"ok": false, "error": ...}``: 400 for a bad request, 401 without the token (when
+one is set), 403 for a refused action, 404 for an unknown route, 503 when ZooKeeper cannot
+answer.
+
+With a token every request (page, events, API, metrics) must carry it: ``Authorization:
+Bearer TOKEN``, or HTTP basic authentication with any user name and the token as password
+(a 401 asks a browser for it; it then sends it with the page's own requests too).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,9 +49,9 @@ MAX_BODY = 16 * 1024
 NO_STORE = {"cache-control": "no-store"}
 
 
-def dashboard_app(model: Model, session: Session) -> Starlette:
+def dashboard_app(model: Model, session: Session, *, token: str | None = None) -> Any:
     """The ASGI application serving ``model``; ``session`` is used only for lookups and
-    actions."""
+    actions; ``token``: required of every request (see the module doc)."""
     registry = prom.registry_for(model)
 
     async def page(request: Request) -> Response:
@@ -95,7 +103,7 @@ def dashboard_app(model: Model, session: Session) -> Starlette:
             return _error(404, f"no route {request.method} {request.url.path}")
         return _error(exc.status_code, str(exc.detail))
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", page),
             Mount("/static", StaticFiles(directory=STATIC)),
@@ -111,6 +119,46 @@ def dashboard_app(model: Model, session: Session) -> Starlette:
             HTTPException: http_error,
         },
     )
+    return app if token is None else _guarded(app, token)
+
+
+#: What a browser is told when it must authenticate.
+CHALLENGE = 'Basic realm="framework dashboard", charset="UTF-8"'
+
+
+def authorized(header: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token``: ``Bearer TOKEN``, or
+    ``Basic`` with any user name and the token as password (compared in constant time)."""
+    if not header:
+        return False
+    scheme, _, value = header.strip().partition(" ")
+    given = value.strip()
+    if scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(given, validate=True).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def _guarded(app: Any, token: str) -> Any:
+    """``app`` behind the token: any other request gets 401 and the basic challenge."""
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            header = next((v.decode("latin-1") for k, v in scope["headers"]
+                           if k == b"authorization"), None)
+            if not authorized(header, token):
+                response = _error(401, "this dashboard needs its token (HTTP basic "
+                                       "authentication: any user name, the token as password)")
+                response.headers["www-authenticate"] = CHALLENGE
+                await response(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 async def _pushes(model: Model) -> AsyncIterator[bytes]:

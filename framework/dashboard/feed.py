@@ -9,7 +9,8 @@ Per application (``/apps/<name>``) the feed holds:
   watch per member: status and progress updates);
 * children watches on the queue's ``items/``, each bucket and ``claims/`` (a bucket is listed
   again only after its own watch fired);
-* the ready-znode watch on ``config/`` and data watches on ``done`` and ``counters``.
+* the ready-znode watch on ``config/`` and data watches on ``done``, ``cancel`` and
+  ``counters``.
 
 A burst of changes collapses into one re-read: each watcher waits :data:`THROTTLE` seconds
 after an update before it reads again (a rate limit; the watch set by the last read catches
@@ -82,7 +83,8 @@ class AppFeed:
             "masters": self._masters, "workers": self._workers, "running": self._running,
             "failures": self._failures, "dead": self._dead, "queue": self._queue,
             "config": self._config, "shards": self._shards,
-            "assignments": self._assignments, "done": self._done, "counters": self._counters,
+            "assignments": self._assignments, "done": self._done, "cancel": self._cancel,
+            "counters": self._counters,
         }
         async with trio.open_nursery() as nursery:
             for what, body in watchers.items():
@@ -116,8 +118,7 @@ class AppFeed:
 
     async def _running(self) -> None:
         async for members in Group(self.session, self.app.running).watch():
-            self.view.set_running({name: json_doc(data) for name, data in members.items()},
-                                  time.time())
+            self.view.set_running({name: json_doc(data) for name, data in members.items()})
             self._changed()
             await trio.sleep(THROTTLE)
 
@@ -137,7 +138,6 @@ class AppFeed:
 
     async def _dead(self) -> None:
         cache: dict[str, dict[str, Any]] = {}
-        first = True
         async for snap in watch_children(self.session, self.app.dead):
             names = sorted(snap.children)
             shown = names[:DEAD_LETTERS_SHOWN]
@@ -148,8 +148,7 @@ class AppFeed:
                     if doc is not None:
                         cache[name] = doc
             dead = {n: cache.get(n, {"name": n}) for n in names}
-            self.view.set_dead(dead, first)
-            first = False
+            self.view.set_dead(dead)
             self._changed()
             await trio.sleep(THROTTLE)
 
@@ -287,6 +286,11 @@ class AppFeed:
     async def _done(self) -> None:
         async for snap in watch_data(self.session, self.app.done):
             self.view.done = json_doc(snap.data) if snap.exists else None
+            self._changed()
+
+    async def _cancel(self) -> None:
+        async for snap in watch_data(self.session, self.app.cancel):
+            self.view.cancelled = json_doc(snap.data) if snap.exists else None
             self._changed()
 
     async def _counters(self) -> None:

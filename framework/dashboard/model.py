@@ -16,8 +16,10 @@ from typing import Any
 import attrs
 import trio
 
-#: Upper bounds (seconds) of the task duration histogram's buckets.
-DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+from framework import records
+from framework.metrics import TaskStats
+from framework.runtime.records import MemberStatus
+from framework.runtime.status import AppState
 
 #: Samples kept for the charts (one per :data:`SAMPLE_INTERVAL`).
 HISTORY = 300
@@ -58,35 +60,22 @@ def worker_counters(status: dict[str, Any]) -> dict[str, float]:
     return numbers_of(explicit) if isinstance(explicit, dict) else numbers_of(health)
 
 
-@attrs.define
-class Histogram:
-    """Cumulative counts per upper bound, as Prometheus wants them."""
+#: Members whose last counts are remembered after they left (a member that joins again in a
+#: new session, same process, must not count its tasks twice); the oldest are forgotten.
+GONE_MEMBERS_KEPT = 10_000
 
-    counts: list[int] = attrs.field(factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
-    total: float = 0.0
-
-    def observe(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        for i, bound in enumerate(DURATION_BUCKETS):
-            if seconds <= bound:
-                self.counts[i] += 1
-        self.counts[-1] += 1
-        self.total += seconds
+#: Order of the applications: running ones first, those with no live process last.
+STATE_ORDER = {"active": 0, "no leader": 1, "cancelled": 2, "done": 3, "stale": 4}
 
 
-@attrs.define
-class Totals:
-    """Counters derived from what the watches saw (monotonic while the dashboard runs)."""
-
-    done: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-    leader_changes: int = 0
-
-    @property
-    def retried(self) -> int:
-        """Failed attempts that did not end in the dead-letter list."""
-        return max(self.failed - self.dead_lettered, 0)
+def member_stats(doc: dict[str, Any]) -> tuple[tuple[str, int], TaskStats]:
+    """A ``workers/`` member's process identity (host, pid) and its task counts; a record
+    that does not decode counts nothing."""
+    try:
+        status = records.structure(doc, MemberStatus)
+    except records.CorruptRecord:
+        return ("", 0), TaskStats()
+    return (status.host, status.pid), status.task_stats()
 
 
 @attrs.define
@@ -105,52 +94,61 @@ class AppModel:
     shards: list[str] = attrs.field(factory=list)
     assignments: dict[str, str] = attrs.field(factory=dict)
     done: dict[str, Any] | None = None
+    cancelled: dict[str, Any] | None = None
     counters: dict[str, Any] = attrs.field(factory=dict)
-    totals: Totals = attrs.field(factory=Totals)
-    durations: Histogram = attrs.field(factory=Histogram)
+    totals: TaskStats = attrs.field(factory=TaskStats)
+    leader_changes: int = 0
     history: deque[tuple[float, int, int, int]] = attrs.field(
         factory=lambda: deque(maxlen=HISTORY))
-    _seen_done: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    _seen: dict[str, tuple[tuple[str, int], TaskStats]] = attrs.field(factory=dict)
 
     # ---------------------------------------------------------------- updates
 
     def set_workers(self, workers: dict[str, dict[str, Any]]) -> None:
-        """New group state; ``done``/``failed`` growth of each worker adds to the totals
-        (a worker seen again with smaller numbers restarted: its numbers count afresh)."""
+        """New group state.  The task counts and durations each member publishes (its
+        :class:`~framework.metrics.TaskStats`) add their growth to :attr:`totals`, which
+        therefore only grow: a member seen for the first time adds all it has, one whose
+        process changed (host, pid) or whose counts went down (a restart) adds its new
+        counts whole, and one that left keeps what it had added."""
         for name, doc in workers.items():
-            done, failed = int(doc.get("done", 0) or 0), int(doc.get("failed", 0) or 0)
-            old_done, old_failed = self._seen_done.get(name, (0, 0))
-            self.totals.done += done - old_done if done >= old_done else done
-            self.totals.failed += failed - old_failed if failed >= old_failed else failed
-            self._seen_done[name] = (done, failed)
-        for gone in set(self._seen_done) - set(workers):
-            del self._seen_done[gone]
+            identity, stats = member_stats(doc)
+            seen = self._seen.pop(name, None)  # re-inserted: the dict stays in seen order
+            self.totals.add(stats)
+            if seen is not None and seen[0] == identity and not stats.shrank_from(seen[1]):
+                self.totals.add(seen[1], -1)
+            self._seen[name] = (identity, stats)
+        gone = len(self._seen) - len(workers) - GONE_MEMBERS_KEPT
+        for name in [n for n in self._seen if n not in workers][:max(gone, 0)]:
+            del self._seen[name]
         self.workers = workers
 
-    def set_running(self, running: dict[str, dict[str, Any]], now: float) -> None:
-        """New ``running/`` state; a task seen running and now gone adds its observed
-        duration (its marker's start to now) to the histogram."""
-        for task_id, doc in self.running.items():
-            if task_id not in running and isinstance(doc.get("started"), (int, float)):
-                self.durations.observe(now - doc["started"])
+    def set_running(self, running: dict[str, dict[str, Any]]) -> None:
         self.running = running
 
     def set_contenders(self, contenders: list[dict[str, Any]]) -> None:
         old = self.contenders[0]["node"] if self.contenders else None
         new = contenders[0]["node"] if contenders else None
         if old is not None and new is not None and old != new:
-            self.totals.leader_changes += 1
+            self.leader_changes += 1
         self.contenders = contenders
 
-    def set_dead(self, dead: dict[str, dict[str, Any]], first: bool) -> None:
-        if not first:
-            self.totals.dead_lettered += len(set(dead) - set(self.dead))
+    def set_dead(self, dead: dict[str, dict[str, Any]]) -> None:
         self.dead = dead
 
     def sample(self, now: float) -> None:
         self.history.append((now, self.depth, self.totals.done, self.totals.failed))
 
     # ---------------------------------------------------------------- views
+
+    @property
+    def state(self) -> str:
+        """:class:`~framework.runtime.status.AppState`'s value, or ``stale``: neither done
+        nor cancelled, and no live process (no master in the election, no member)."""
+        state = AppState.of(cancelled=self.cancelled is not None, done=self.done is not None,
+                            led=bool(self.contenders))
+        if state is AppState.NO_LEADER and not self.contenders and not self.workers:
+            return "stale"
+        return state.value
 
     def series(self) -> dict[str, list[float]]:
         """Chart data: queue depth and tasks/s (done, failed) per sample."""
@@ -177,8 +175,8 @@ class AppModel:
         for name, doc in sorted(self.workers.items()):
             running = [dict(task=t, **r) for t, r in sorted(self.running.items())
                        if r.get("worker") == name]
-            workers.append({**doc, "name": name, "counters": worker_counters(doc),
-                            "tasks": running})
+            workers.append({"kind": "worker", **doc, "name": name,
+                            "counters": worker_counters(doc), "tasks": running})
         app_counters: dict[str, float] = {}
         for worker in workers:
             for key, value in worker["counters"].items():
@@ -186,6 +184,8 @@ class AppModel:
         dead = [dict(name=n, **d) for n, d in sorted(self.dead.items())][:DEAD_LETTERS_SHOWN]
         return {
             "name": self.name,
+            "state": self.state,
+            "cancelled": self.cancelled,
             "leader": leader,
             "standbys": self.contenders[1:],
             "workers": workers,
@@ -203,7 +203,8 @@ class AppModel:
             "totals": {"done": self.totals.done, "failed": self.totals.failed,
                        "retried": self.totals.retried,
                        "dead_lettered": self.totals.dead_lettered,
-                       "leader_changes": self.totals.leader_changes},
+                       "leader_changes": self.leader_changes},
+            "durations": records.unstructure(self.totals.durations),
             "series": self.series(),
         }
 
@@ -238,6 +239,10 @@ class Model:
             self.apps[name] = AppModel(name)
         return self.apps[name]
 
+    def ordered(self) -> list[AppModel]:
+        """The applications, running ones first (:data:`STATE_ORDER`), then by name."""
+        return sorted(self.apps.values(), key=lambda a: (STATE_ORDER.get(a.state, 9), a.name))
+
     def session_changed(self, state: str) -> None:
         self.session_state = state
         self.session_changes[state] = self.session_changes.get(state, 0) + 1
@@ -250,7 +255,7 @@ class Model:
             "session": self.session_state,
             "allow_actions": self.allow_actions,
             "viewers": self.viewers,
-            "apps": [app.to_json() for _, app in sorted(self.apps.items())],
+            "apps": [app.to_json() for app in self.ordered()],
         }
 
     def snapshot_bytes(self) -> bytes:

@@ -1,12 +1,15 @@
-"""``/metrics`` of the dashboard: Prometheus metrics derived from the watched model.
+"""The dashboard's ``/metrics``: Prometheus families built from the model at scrape time.
 
-A scrape reads the model only (no ZooKeeper request).  Counters are what the dashboard saw
-since it started: ``done``/``failed`` are the growth of the workers' own counts (a worker's
-count at first sight included), ``dead_lettered`` new dead letters, ``retried`` failed
-attempts that did not end as dead letters, ``leader_changes`` changes of the first contender.
-The duration histogram is observed from ``running/`` markers (start in the marker to the
-moment its removal was seen), so a task shorter than the feed's refresh may be missed; each
-process's own ``--metrics-port`` has exact durations.
+Names: ``framework_app_*`` for an application's numbers (label ``app``), summed over its
+processes; ``framework_dashboard_*`` for the dashboard itself.  Each process's own
+``--metrics-port`` endpoint (:mod:`framework.metrics`) uses ``framework_*`` names without
+``app_``: a Prometheus that scrapes both and sums a name never counts a task twice.
+
+The task counters and the duration histogram are the sums of what each live worker
+publishes in its status record (:class:`~framework.metrics.TaskStats`: every task it ran,
+timed by the process that ran it); they only grow while the dashboard runs (see
+:meth:`~framework.dashboard.model.AppModel.set_workers`).  ``leader_changes`` counts changes
+of the first contender that the dashboard saw.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from framework.dashboard.model import DURATION_BUCKETS, Model
+from framework.dashboard.model import STATE_ORDER, Model
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -36,50 +40,61 @@ class ModelCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         apps = sorted(self.model.apps.items())
         counters = {
-            "done": "Tasks finished successfully",
-            "failed": "Task attempts that failed",
-            "retried": "Failed task attempts that were retried",
-            "dead_lettered": "Tasks moved to the dead-letter list",
+            "done": "Tasks finished successfully (sum over the app's workers)",
+            "failed": "Task attempts that failed (sum over the app's workers)",
+            "retried": "Failed task attempts that were retried (sum over the app's workers)",
+            "dead_lettered": "Task attempts that failed for good (sum over the app's workers)",
         }
         for key, text in counters.items():
-            family = CounterMetricFamily(f"framework_tasks_{key}", text, labels=["app"])
+            family = CounterMetricFamily(f"framework_app_tasks_{key}", text, labels=["app"])
             for name, app in apps:
                 family.add_metric([name], getattr(app.totals, key))
             yield family
-        leader = CounterMetricFamily("framework_leader_changes",
+        leader = CounterMetricFamily("framework_app_leader_changes",
                                      "Changes of an application's active master",
                                      labels=["app"])
         for name, app in apps:
-            leader.add_metric([name], app.totals.leader_changes)
+            leader.add_metric([name], app.leader_changes)
         yield leader
         gauges = {
-            "framework_queue_depth": ("Items in the task queue (claimed ones included)",
-                                      lambda a: a.depth),
-            "framework_tasks_in_flight": ("Tasks being handled (running/ markers)",
-                                          lambda a: len(a.running)),
-            "framework_dead_letters": ("Dead letters waiting", lambda a: len(a.dead)),
-            "framework_workers": ("Live workers", lambda a: len(a.workers)),
-            "framework_masters": ("Masters in the election (leader and standbys)",
-                                  lambda a: len(a.contenders)),
+            "framework_app_queue_depth": ("Items in the task queue (claimed ones included)",
+                                          lambda a: a.depth),
+            "framework_app_tasks_in_flight": ("Tasks being handled (running/ markers)",
+                                              lambda a: len(a.running)),
+            "framework_app_dead_letters": ("Dead letters waiting", lambda a: len(a.dead)),
+            "framework_app_members": ("Live members of workers/ (every kind)",
+                                      lambda a: len(a.workers)),
+            "framework_app_masters": ("Masters in the election (leader and standbys)",
+                                      lambda a: len(a.contenders)),
         }
         for metric, (text, value) in gauges.items():
             gauge = GaugeMetricFamily(metric, text, labels=["app"])
             for name, app in apps:
                 gauge.add_metric([name], value(app))
             yield gauge
-        histogram = HistogramMetricFamily("framework_task_duration_seconds",
-                                          "Task durations seen from running/ markers",
-                                          labels=["app"])
+        state = GaugeMetricFamily("framework_app_state", "1 for the application's state "
+                                  "(stale: no live process, neither done nor cancelled)",
+                                  labels=["app", "state"])
         for name, app in apps:
-            bounds = [*(f"{b:g}" for b in DURATION_BUCKETS), "+Inf"]
-            histogram.add_metric([name], list(zip(bounds, app.durations.counts, strict=True)),
-                                 app.durations.total)
+            current = app.state
+            for known in STATE_ORDER:
+                state.add_metric([name, known], 1 if known == current else 0)
+        yield state
+        histogram = HistogramMetricFamily(
+            "framework_app_task_duration_seconds",
+            "Task attempt durations, timed by the processes that ran them (sum over the "
+            "app's workers)", labels=["app"])
+        for name, app in apps:
+            durations = app.totals.durations
+            bounds = [*(floatToGoString(b) for b in durations.bounds), "+Inf"]
+            histogram.add_metric([name], list(zip(bounds, durations.counts, strict=True)),
+                                 durations.sum)
         yield histogram
-        states = CounterMetricFamily("framework_session_state_changes",
+        states = CounterMetricFamily("framework_dashboard_session_state_changes",
                                      "State changes of the dashboard's ZooKeeper session",
                                      labels=["state"])
-        for state, count in sorted(self.model.session_changes.items()):
-            states.add_metric([state], count)
+        for session_state, count in sorted(self.model.session_changes.items()):
+            states.add_metric([session_state], count)
         yield states
         yield GaugeMetricFamily("framework_dashboard_viewers", "Pages open on the dashboard",
                                 value=self.model.viewers)

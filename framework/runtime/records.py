@@ -6,7 +6,8 @@ Where each lives (see :mod:`framework.runtime.app` for the layout):
 * :class:`JobDone`: ``done``, written once in the term that finished the job (fenced);
 * :class:`CancelRecord`: ``cancel``, written by ``framework cancel``;
 * :class:`RunningRecord`: ``running/<task id>``, the ephemeral marker of a delivery;
-* :class:`MemberStatus`: ``workers/<name>``, a service's status, as readers see it;
+* :class:`MemberStatus`: ``workers/<name>``, a service's status, as readers see it (with
+  its task consumer's :class:`~framework.metrics.TaskStats`);
 * :class:`Plan`: ``plan/<shard>``, the workers a replicated shard is placed on;
 * :class:`Refusal`: ``refused/<shard>/<worker>``, why a worker cannot serve a shard.
 
@@ -25,6 +26,7 @@ import attrs
 
 from framework import records
 from framework.logs import get_logger
+from framework.metrics import Durations, TaskStats
 
 log = get_logger("framework.runtime.records")
 
@@ -115,11 +117,20 @@ class MemberStatus:
     in_flight: int = 0
     done: int = 0
     failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    durations: Durations | None = None
     shards: tuple[str, ...] = ()
     stuck_threads: int = 0
     health: dict[str, Any] = attrs.Factory(lambda: {"ok": True})
     counters: dict[str, float] = attrs.Factory(dict)
     at: float | None = None
+
+    def task_stats(self) -> TaskStats:
+        """The task counts and durations of the member's consumer since it started (a
+        member that takes no tasks, or an older writer: no durations, zero counts)."""
+        return TaskStats(self.done, self.failed, self.retried, self.dead_lettered,
+                         self.durations.copy() if self.durations else Durations())
 
 
 def _state(value: Any) -> MemberState:

@@ -117,9 +117,12 @@ class TaskConsumer:
             scope.cancel()
 
     def status(self) -> dict[str, Any]:
+        """The consumer's counts, and its :class:`~framework.metrics.TaskStats` (retried,
+        dead-lettered, the duration histogram) for the dashboard to sum."""
         return {"load": self._in_flight / max(self.worker.concurrency, 1),
                 "in_flight": self._in_flight, "done": self.tasks_done,
-                "failed": self.tasks_failed, "stuck_threads": self._stuck_threads}
+                "failed": self.tasks_failed, "stuck_threads": self._stuck_threads,
+                **metrics.task_stats(self).published()}
 
     async def _slot(self, session: Session, queue: WorkQueue) -> None:
         trouble = 0  # consecutive failures of the slot itself (not of handlers)
@@ -326,7 +329,7 @@ class TaskConsumer:
         queue.finish_with(item, finisher)
         mine.finisher = finisher
         self.tasks_done += 1
-        metrics.task_finished(self.worker.app.name, True, time.time() - started)
+        metrics.task_finished(self.worker.app.name, True, time.time() - started, owner=self)
         log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
 
@@ -414,7 +417,8 @@ class TaskConsumer:
             error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
         final = (task.attempts >= self.worker.max_attempts
                  or isinstance(exc, errors.PermanentFailure))
-        metrics.task_finished(self.worker.app.name, False, time.time() - started, final=final)
+        metrics.task_finished(self.worker.app.name, False, time.time() - started, final=final,
+                              owner=self)
         trace = "".join(traceback.format_exception(exc))
         if len(trace) > MAX_TRACEBACK_CHARS:
             trace = f"... ({len(trace):,} characters)\n" + trace[-MAX_TRACEBACK_CHARS:]

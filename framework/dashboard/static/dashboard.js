@@ -5,6 +5,13 @@
 let state = null;        // the latest pushed state
 let clockSkew = 0;       // server time minus browser time (seconds)
 const cards = {};        // app name -> its card's elements
+let selected = null;     // the app shown (from the address: #app=NAME), else the first
+
+// an application's state (model.py AppModel.state) as its badge says it
+const STATES = {
+  active: ["running", "ok"], "no leader": ["no master elected", "warn"],
+  stale: ["stale: no live process", "bad"], cancelled: ["cancelled", "warn"], done: ["done", "ok"],
+};
 
 const esc = (v) => String(v ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -48,10 +55,29 @@ function render() {
   for (const name of Object.keys(cards)) {
     if (!names.has(name)) { cards[name].root.remove(); delete cards[name]; }
   }
+  const wanted = decodeURIComponent((location.hash.match(/^#app=(.*)$/) || [])[1] ?? "");
+  // the apps come running first: without a choice in the address, the first is shown
+  selected = names.has(wanted) ? wanted : (state.apps[0] ?? {}).name ?? null;
+  renderSelector();
   for (const app of state.apps) {
     if (!cards[app.name]) { cards[app.name] = makeCard(app.name); main.appendChild(cards[app.name].root); }
-    fillCard(cards[app.name], app);
+    const shown = app.name === selected;
+    cards[app.name].root.hidden = !shown;
+    if (shown) fillCard(cards[app.name], app);
   }
+}
+
+function renderSelector() {
+  setHTML(document.getElementById("selector"), state.apps.map((app) => {
+    const [label] = STATES[app.state] ?? [app.state];
+    const members = app.workers.length;
+    return `<a href="#app=${encodeURIComponent(app.name)}" class="app-link ${esc(app.state)}` +
+      `${app.name === selected ? " selected" : ""}" data-app="${esc(app.name)}" ` +
+      `data-state="${esc(app.state)}"><b>${esc(app.name)}</b>` +
+      `<span class="badge ${esc((STATES[app.state] ?? [])[1] ?? "")}">${esc(label)}</span>` +
+      `<span class="count">${fmt(members)} member${members === 1 ? "" : "s"}, ` +
+      `${fmt(app.queue.depth)} queued</span></a>`;
+  }).join(""));
 }
 
 function makeCard(name) {
@@ -66,8 +92,9 @@ function makeCard(name) {
       <section><h3>Masters</h3><div class="masters"></div></section>
       <section><h3>Queue depth</h3><div class="chart-depth"></div></section>
       <section><h3>Throughput (tasks/s)</h3><div class="chart-rate"></div></section>
+      <section><h3>Task durations (timed by the workers)</h3><div class="durations"></div></section>
     </div>
-    <section><h3>Workers</h3><div class="workers"></div></section>
+    <section><h3>Members (workers/)</h3><div class="workers"></div></section>
     <div class="grid">
       <section><h3>Dead letters</h3><div class="dead"></div></section>
       <section><h3>Recent failures</h3><div class="failures"></div></section>
@@ -82,7 +109,7 @@ function makeCard(name) {
       <section><h3>Application counters</h3><div class="app-counters"></div></section>
     </div>`;
   const card = { root, name };
-  for (const cls of ["job", "stats", "masters", "chart-depth", "chart-rate", "workers", "dead",
+  for (const cls of ["job", "stats", "masters", "chart-depth", "chart-rate", "durations", "workers", "dead",
                      "failures", "lookup-result", "config", "shards", "app-counters"]) {
     card[cls] = root.querySelector("." + cls);
   }
@@ -102,13 +129,15 @@ function setHTML(element, html) {
 }
 
 function fillCard(card, app) {
-  card.job.textContent = app.done ? `job finished by ${app.done.master ?? "?"}` : "job running";
-  card.job.className = "badge job " + (app.done ? "ok" : "");
+  const [label, tone] = STATES[app.state] ?? [app.state, ""];
+  card.job.textContent = app.done ? `job finished by ${app.done.master ?? "?"}` : label;
+  card.job.className = `badge job ${tone}`;
+  card.job.dataset.state = app.state;
   const stat = (label, value, cls = "") =>
     `<div class="stat ${cls}" data-stat="${label}"><b>${fmt(value)}</b><span>${label}</span></div>`;
   setHTML(card.stats, [
     stat("queue depth", app.queue.depth), stat("claimed", app.queue.claimed),
-    stat("running", app.running), stat("workers", app.workers.length),
+    stat("running", app.running), stat("members", app.workers.length),
     stat("done", app.totals.done), stat("failed", app.totals.failed),
     stat("retried", app.totals.retried), stat("dead letters", app.dead_total),
     stat("leader changes", app.totals.leader_changes)].join(""));
@@ -127,6 +156,7 @@ function fillCard(card, app) {
   setHTML(card["chart-rate"], chart(s.t, [
     { values: s.done_rate, color: "#1f9d55", label: "done/s" },
     { values: s.failed_rate, color: "#d64545", label: "failed/s" }]));
+  setHTML(card.durations, histogram(app.durations));
   setHTML(card.workers, workersTable(app.workers));
   setHTML(card.dead, deadTable(app, state.allow_actions));
   setHTML(card.failures, app.failures.length ? `<table><tr><th>task</th><th>worker</th>` +
@@ -150,7 +180,7 @@ function fillCard(card, app) {
 }
 
 function workersTable(workers) {
-  if (!workers.length) return `<div class="muted">no live worker</div>`;
+  if (!workers.length) return `<div class="muted">no live member</div>`;
   const rows = workers.map((w) => {
     const ok = (w.health ?? {}).ok !== false;
     const load = Math.min(1, Math.max(0, w.load ?? 0));
@@ -163,8 +193,9 @@ function workersTable(workers) {
     }).join("");
     const counters = Object.entries(w.counters ?? {}).map(([k, v]) =>
       `<span>${esc(k)} <b>${fmt(v)}</b></span>`).join("");
-    return `<tr class="worker" data-worker="${esc(w.name)}">` +
-      `<td><span class="dot ${ok ? "ok" : "bad"}"></span><b>${esc(w.name)}</b>` +
+    return `<tr class="worker" data-worker="${esc(w.name)}" data-kind="${esc(w.kind)}">` +
+      `<td><span class="dot ${ok ? "ok" : "bad"}"></span><b>${esc(w.name)}</b> ` +
+      `<span class="kind">${esc(w.kind)}</span>` +
       `<div class="muted">${esc(w.host ?? "")}${w.pid ? ":" + esc(w.pid) : ""}</div></td>` +
       `<td>${esc(w.state)}</td>` +
       `<td><span class="bar"><i style="width:${(load * 100).toFixed(0)}%"></i></span> ${(load * 100).toFixed(0)}%</td>` +
@@ -173,8 +204,27 @@ function workersTable(workers) {
       `<td><div class="counters">${counters}</div></td>` +
       `<td class="heartbeat" data-at="${esc(w.at)}">${ago(w.at)}</td></tr>`;
   }).join("");
-  return `<table><tr><th>worker</th><th>state</th><th>load</th><th>in flight</th><th>done</th>` +
+  return `<table><tr><th>member</th><th>state</th><th>load</th><th>in flight</th><th>done</th>` +
     `<th>failed</th><th>progress</th><th>counters</th><th>last status</th></tr>${rows}</table>`;
+}
+
+// the durations histogram: tasks per bucket (the cumulative counts, differenced)
+function histogram(h) {
+  const total = h.counts[h.counts.length - 1] ?? 0;
+  if (!total) return `<div class="muted">no task finished yet</div>`;
+  const per = h.counts.map((c, i) => c - (i ? h.counts[i - 1] : 0));
+  const labels = h.bounds.map((b) => `≤${b < 1 ? (b * 1000).toFixed(0) + "ms" : b + "s"}`).concat(["more"]);
+  const W = 320, H = 110, B = 16, n = per.length, bw = (W - 8) / n, max = Math.max(...per);
+  const bars = per.map((c, i) => {
+    const h2 = c ? Math.max(1, (H - B - 14) * c / max) : 0;
+    return `<rect x="${(4 + i * bw).toFixed(1)}" y="${(H - B - h2).toFixed(1)}" width="${(bw - 2).toFixed(1)}" ` +
+      `height="${h2.toFixed(1)}" fill="#2f6fde"><title>${labels[i]}: ${c}</title></rect>` +
+      (c ? `<text x="${(4 + i * bw + bw / 2).toFixed(1)}" y="${(H - B - h2 - 2).toFixed(1)}" text-anchor="middle">${fmt(c)}</text>` : "") +
+      (i % 2 === 0 ? `<text x="${(4 + i * bw + bw / 2).toFixed(1)}" y="${H - 3}" text-anchor="middle">${labels[i]}</text>` : "");
+  }).join("");
+  return `<svg class="chart" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none">${bars}</svg>` +
+    `<div class="legend" data-durations="${total}">${fmt(total)} attempts, mean ` +
+    `${(h.sum / total * 1000).toFixed(1)} ms</div>`;
 }
 
 function traceback(text) {
@@ -250,5 +300,7 @@ setInterval(() => {
     cell.textContent = ago(parseFloat(cell.dataset.at));
   }
 }, 1000);
+
+window.addEventListener("hashchange", () => { if (state) render(); });
 
 connect();
