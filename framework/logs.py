@@ -2,8 +2,10 @@
 
 Console output for humans by default; one JSON object per line when ``FRAMEWORK_LOG_JSON=1``.
 ``FRAMEWORK_LOG_LEVEL`` (``debug``, ``info``, ``warning``...) sets the threshold (default
-``info``).  Event names are stable and dotted (``zk.session.connected``, ``election.elected``)
-so they can be searched and alerted on.
+``info``).  A logged exception's traceback never shows the local variables of its frames (a
+failing handler's locals may hold secrets) unless asked for: ``FRAMEWORK_LOG_LOCALS=1`` or
+``configure_logging(show_locals=True)``.  Event names are stable and dotted
+(``zk.session.connected``, ``election.elected``) so they can be searched and alerted on.
 """
 
 from __future__ import annotations
@@ -29,14 +31,24 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure_logging(*, json: bool | None = None, level: str | None = None) -> None:
-    """Configure structlog (idempotent; later calls with arguments reconfigure)."""
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def configure_logging(*, json: bool | None = None, level: str | None = None,
+                      show_locals: bool | None = None) -> None:
+    """Configure structlog (idempotent; later calls with arguments reconfigure).
+
+    ``None`` takes the environment's setting (see the module doc); ``show_locals``: print
+    the local variables of each frame of a logged traceback (off by default)."""
     global _configured
-    if _configured and json is None and level is None:
+    if _configured and json is None and level is None and show_locals is None:
         return
     _configured = True
     if json is None:
-        json = os.environ.get("FRAMEWORK_LOG_JSON", "") not in ("", "0", "false", "no")
+        json = _flag("FRAMEWORK_LOG_JSON")
+    if show_locals is None:
+        show_locals = _flag("FRAMEWORK_LOG_LOCALS")
     level_name = (level or os.environ.get("FRAMEWORK_LOG_LEVEL") or "info").upper()
     threshold = logging.getLevelName(level_name)
     if not isinstance(threshold, int):
@@ -44,15 +56,24 @@ def configure_logging(*, json: bool | None = None, level: str | None = None) -> 
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(),
+            exception_formatter=structlog.dev.RichTracebackFormatter(
+                color_system="auto", show_locals=show_locals))
     )
+    # JSON lines carry the traceback as text, or as a structure with the locals if asked for
+    # (the console renderer prints it itself)
+    exceptions: list[structlog.typing.Processor] = []
+    if json:
+        exceptions = [structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=True))
+            if show_locals else structlog.processors.format_exc_info]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            # JSON lines carry the traceback as text (the console renderer prints it itself)
-            *([structlog.processors.format_exc_info] if json else []),
+            *exceptions,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
