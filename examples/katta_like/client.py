@@ -2,30 +2,29 @@
 
 Guarantees:
 
-* The deployment (which node serves which shard, at which address) is read from ZooKeeper
-  through watches and cached: a query costs no ZooKeeper round trip.
-* Every shard's query goes to one serving replica (random, healthy first); when that
-  replica fails or answers that it does not serve the shard, the next replica is tried at
-  once; when it is slower than recent requests allow (:meth:`SearchClient.hedge_delay`: a
-  multiple of the recent 95th percentile, between ``hedge_floor`` and ``hedge_max``) the
-  shard is *also* sent to the next replica (a hedge; the first answer wins; at most
-  ``hedge_ratio`` of the requests, with ``hedge_burst`` saved, so hedges cannot snowball
-  when everything is slow), so a frozen node costs a query about ``hedge_max``, not
-  ``shard_timeout`` (after which a request is abandoned).  A shard is reported *missing*
-  only when no replica answered.
-* With global scoring a shard counts as answered only if it answered the statistics round
-  and the search: one missing from the statistics is not searched and is reported missing
-  (the result is partial, never silently mis-scored).
+* The deployment (which node serves which shard, at which address: the nodes'
+  ``deployed/`` records), the index records and the aliases are read through watches and
+  cached: a query costs no ZooKeeper round trip.
+* **SUSPENDED** or **LOST** (the client's own session): the cache is kept as it was and
+  queries go on; the nodes' answers decide (a node that stopped serving answers the shard
+  in ``refused``, a dead one does not answer) and the next replica is asked.  Connected
+  again (the same session or a new one) every watch reads again and the cache catches up.
+* Every shard's query goes to one serving replica; a shard whose replica failed, refused
+  it, or is slower than :meth:`SearchClient.hedge_delay` is sent to its next replica (see
+  :meth:`SearchClient.search`).  A shard is *missing* only when no replica answered it.
 * A result is never silently partial: :attr:`SearchResult.partial` is true and
-  :attr:`SearchResult.missing` names the shards when any shard could not be answered.
-* An alias is resolved once per query, so a query sees one index version, never a mix, even
+  :attr:`SearchResult.missing` names the shards when any shard could not be answered.  With
+  global scoring a shard that did not answer the statistics round is not searched and is
+  missing (never scored with statistics that leave it out).
+* An alias is resolved once per query: a query sees one index version, never a mix, even
   while the alias is switched.
-* Scores are comparable across shards (``scoring="global"``, the default), the way Katta
-  did it: a first round asks every shard for its term statistics (documents, field lengths,
-  document frequencies of the query's terms), the sums go with the query, and each shard
-  re-scores its best candidates with them (:class:`GlobalStats`).  The statistics of a
-  query are cached per index version (versions never change), so a repeated query costs
-  one round.  ``scoring="local"`` keeps each shard's own BM25 (one round, scores drift).
+* ``scoring="global"`` (the default): scores are comparable across shards - every shard
+  re-scores its best candidates with the whole index's term statistics
+  (:class:`GlobalStats`, gathered in a first round and cached per index and query, as an
+  index version never changes).  ``scoring="local"``: each shard's own BM25, one round.
+
+Raises: :class:`UnknownIndex` (no such index or alias), :class:`FrameworkError` (bad query
+syntax, ``top`` out of range, an index record that cannot be read, a node's 400 answer).
 """
 
 from __future__ import annotations
@@ -238,12 +237,17 @@ class SearchClient:
     # ------------------------------------------------------------ search
 
     async def search(self, query: str, *, index: str = "docs", top: int = 10) -> SearchResult:
-        """Search every shard of ``index`` (or the index an alias names) and merge the top K.
+        """Search every shard of ``index`` (or the index an alias names) and merge the best
+        ``top`` hits.
 
-        With global scoring a shard counts as answered only if it answered both the
-        statistics round and the search: a shard missing from the statistics is not
-        searched (its score would be off, and the others' too, by its statistics) and is
-        reported missing; the result is then partial."""
+        Each shard is asked of one serving replica, healthy ones first.  A replica that
+        fails (connection, status, unreadable answer) or refuses the shard: the next
+        replica at once.  A request running longer than :meth:`hedge_delay`: its shards are
+        *also* sent to the next replica (the first answer wins), within a budget of
+        ``hedge_ratio`` hedges per request (``hedge_burst`` saved); a request whose node
+        answered nothing at all for ``hedge_max`` is hedged even over budget and the node
+        is tried last for a while.  A request is abandoned after ``shard_timeout``.
+        With global scoring a shard counts as answered only if it answered both rounds."""
         check_query(query)
         if not 1 <= top <= 10_000:
             raise FrameworkError(f"--top must be 1..10000, not {top}")
@@ -310,17 +314,10 @@ class SearchClient:
     async def _scatter(self, view: _IndexView, endpoint: Endpoint, request: ShardRequest,
                        shards: list[int], counts: _Counts,
                        errors_seen: list[str]) -> dict[int, Any]:
-        """Send ``request`` for ``shards`` to one serving replica each, one request per node
-        (Katta's way: a node gets the list of its shards).  A shard whose replica failed or
-        does not serve it (any more) is sent to its next replica at once; a shard whose
-        request runs longer than :meth:`hedge_delay` is *also* sent to its next replica
-        (a hedge: the first answer wins), within the hedge budget (``hedge_ratio`` of the
-        requests, ``hedge_burst`` saved); a request whose node answered nothing for
-        ``hedge_max`` since it was sent is hedged even over budget, and that node is tried
-        last for a while (frozen or dead, not only busy); a request gives up after
-        ``shard_timeout``.
-        Returns when every shard answered, or no replica is left to try for the others
-        (they are missing from the answers)."""
+        """Ask one serving replica for each of ``shards`` (one HTTP request per node, with
+        the list of its shards), trying the next replica as :meth:`search` says.  Returns
+        shard -> answer when every shard answered, or no replica is left to try for the
+        others (missing from the answers); a node's 400 is appended to ``errors_seen``."""
         assert view.record is not None
         answers: dict[int, Any] = {}
         reply_class = REPLIES[endpoint]

@@ -61,10 +61,9 @@ class CorpusSpec:
     reduced to text).  Building a spec with a generated size outside 1..1000000, or a WARC
     source without a directory, raises :class:`ConfigurationError`.
 
-    Building the spec checks only what it says; whether ``warc_dir`` exists is checked by
-    :meth:`check_available` (when an index is added) and by :func:`documents` (when a shard
-    is built): an index record names its corpus for ever, and the files are needed only
-    while the index is being built, so a record must stay readable once they are gone.
+    Building (or decoding) a spec never looks at the files: whether ``warc_dir`` exists is
+    checked by :meth:`check_available` and by :func:`documents`, so a record naming the
+    corpus stays readable once the files are gone.
     """
 
     source: CorpusSource = CorpusSource.GENERATED

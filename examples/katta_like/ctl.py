@@ -1,8 +1,17 @@
 """``katta``: operate a Katta-like deployment (``python -m examples.katta_like.ctl``).
 
 Commands: ``index`` (add an index, built as a job), ``search``, ``status [--json]``,
-``alias`` (point an alias at an index: one atomic set), ``remove``.  Every user mistake ends
-in one line on stderr and exit status 2.
+``alias`` (point an alias at an index: one atomic set), ``remove``.  Every user mistake, and
+a record that cannot be read, ends in one line on stderr and exit status 2; a partial search
+result in exit status 1; every command ends within its ``--timeout``.
+
+The library functions work through the session they are given: on SUSPENDED their reads
+wait for the connection (a request in flight fails with ``ConnectionLossError``); on LOST
+a request in flight fails with ``SessionExpiredError`` and the ``wait_*`` functions go on
+in the new session (their watches read again).  They raise :class:`FrameworkError` for a
+user mistake and :class:`~framework.records.CorruptRecord` (naming the znode) for a record
+they must read that is not one; :func:`gather_status` and the ``wait_*`` functions skip
+such a record after a ``katta.bad_record`` event.
 """
 
 from __future__ import annotations
@@ -49,9 +58,9 @@ R = TypeVar("R")
 
 
 async def add_index(session: Session, record: IndexRecord, app: str = APP_NAME) -> None:
-    """Create the index record (state ``building``): the master builds it, then gives its
-    shards to the runtime's replicated placement (which creates their directories: nodes
-    never create parents, so nothing of a removed index can come back)."""
+    """Create the index record (state ``building``); the master builds it and then places
+    its shards.  :class:`FrameworkError` for a bad or taken name, a name longer than
+    :data:`MAX_INDEX_NAME`, or a corpus that cannot be read now."""
     validate_name("index name", record.name)
     if len(record.name) > MAX_INDEX_NAME:
         raise FrameworkError(f"index name {record.name[:20]!r}... is longer than "
@@ -79,7 +88,8 @@ async def read_index(session: Session, name: str, app: str = APP_NAME) -> IndexR
 
 
 async def set_alias(session: Session, alias: str, index: str, app: str = APP_NAME) -> None:
-    """Point ``alias`` at ``index`` with one write (clients switch atomically per query)."""
+    """Point ``alias`` at ``index`` with one write (clients switch atomically per query);
+    :class:`FrameworkError` if there is no such index."""
     validate_name("alias", alias)
     await read_index(session, index, app)
     path = KattaPaths(App(app)).alias(alias)
@@ -92,7 +102,9 @@ async def set_alias(session: Session, alias: str, index: str, app: str = APP_NAM
 
 async def remove_index(session: Session, name: str, *, purge: bool = False,
                        app: str = APP_NAME) -> None:
-    """Ask the master to undeploy and delete ``name`` (``purge``: its store files too)."""
+    """Ask the master to undeploy and delete ``name`` (``purge``: its store files too):
+    one version-checked set of its state.  :class:`FrameworkError` if there is no such
+    index or an alias points at it."""
     paths = KattaPaths(App(app))
     for alias, target in (await _aliases(session, paths)).items():
         if target == name:

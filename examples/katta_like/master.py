@@ -1,25 +1,30 @@
 """``KattaMaster``: builds indexes as jobs and keeps every shard on R live nodes.
 
 Run it with ``python -m framework run examples.katta_like.master:KattaMaster --app katta``
-(several of them: one leads, the others stand by).
+(several of them: one leads, the others stand by).  ``KATTA_SAFE_MODE`` and
+``KATTA_NODE_GRACE`` (seconds, see :func:`env_seconds`) are read when it is built: a bad
+value is a :class:`ConfigurationError`.
 
-What the leader does (every write fenced by its election node, so a deposed master's late
-write fails on the server):
+What the leader guarantees (every write fenced by its election node, so a deposed master's
+late write fails on the server):
 
 * **build**: an index in state ``building`` gets one task per shard that has no successful
-  result yet (idempotency key ``build-<index>-<shard>``, so a resubmission by a new master
-  never builds a shard twice into view); once the queue is idle it checks the results and
-  moves the index to ``deploying`` (or ``error``).
-* **place**: the shards of ``deploying``/``deployed`` indexes (and of an index in ``error``
-  whose shards were built) are the runtime's replicated shards
-  (:meth:`MasterContext.replicated`: plan, per-node assignments, serving records, node
-  grace, gradual moves, resumption from ZooKeeper), named ``<index>.<shard>``.  After each
-  placement step the leader moves ``deploying`` to ``deployed`` once every shard has
-  ``min(R, live nodes)`` serving replicas, and to ``error`` when every eligible node
-  refused a shard as corrupt.
-* **remove**: an index in state ``removing`` is left out of the wanted shards; once the
-  runtime has deleted the last of its shards (nobody serves them any more) its record (and,
-  if asked, its store files) is deleted.
+  result yet (idempotency key ``build-<index>-<shard>``: a new master never builds a shard
+  twice into view); once the queue is idle the index moves to ``deploying``, or to
+  ``error`` naming the failed shards.
+* **place**: the shards of a placed index (:attr:`IndexRecord.placed`) are the runtime's
+  replicated shards ``<index>.<shard>`` (:meth:`MasterContext.replicated`); ``deploying``
+  moves to ``deployed`` once every shard has ``min(R, live nodes)`` serving replicas, and
+  to ``error`` when every eligible node refused a shard as corrupt.
+* **remove**: an index in state ``removing`` is no longer placed; once the runtime deleted
+  its last shard its store files (if ``purge``) and then its record are deleted.
+* An index record that is not an :class:`IndexRecord` is a ``katta.bad_record`` event; the
+  leader keeps what it last read of that index until the record is rewritten.
+
+**SUSPENDED** past the trust deadline, or **LOST**: the runtime ends the term
+(``lead`` is cancelled, the builds it waits for stay queued) and the master campaigns
+again; a write that raced the end is refused by the fence.  A new leader resumes from
+ZooKeeper: the index records, the build results, the plan.
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ class KattaMaster(Master):
             missing = [s for s in range(record.shards)
                        if not _ok(await ctx.result(_build_key(record.name, s)))]
             for shard in missing:
-                await ctx.submit(records.unstructure(BuildTask(record, shard)),
+                await ctx.submit("handle", records.unstructure(BuildTask(record, shard)),
                                  idempotency_key=_build_key(record.name, shard))
             log.info("katta.build_submitted", index=record.name, tasks=len(missing))
             await ctx.wait_idle()

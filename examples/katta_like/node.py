@@ -3,29 +3,30 @@
 Run it with ``python -m framework run examples.katta_like.node:SearchNode --app katta``.
 Settings come from the environment: ``KATTA_STORE`` (the shard store, default
 ``out/katta/store``) and ``KATTA_DATA`` (this node's local disk, default
-``out/katta/nodes/<name>``).
+``out/katta/nodes/<name>``; one that cannot be created or written is a
+:class:`ConfigurationError` when the node starts).
 
 Guarantees:
 
-* It serves exactly the shards the master assigned to it (the runtime's
-  ``assignments/<me>/<index>.<shard>``, followed by :class:`Worker`), and only while its
-  ZooKeeper session is trusted: when the session is SUSPENDED past its trust deadline or
-  LOST, the runtime cancels every shard at once - the HTTP endpoint answers "not serving"
-  for it and the deployment record goes with the session - so clients use another replica.
-  Once reconnected it follows its assignments again.
-* A shard is announced as serving (the runtime's ephemeral ``deployed/<index>.<shard>/<me>``,
-  through :meth:`Worker.ready`) only after it was copied to local disk, verified against its
-  manifest checksum and opened.  A corrupt shard is refused (the runtime's ``refused/``) and
-  never served.
-* Dropping a shard (unassigned, index removed) withdraws the record first, then closes the
-  searcher, then deletes the local files.  A shard stopped for another reason (the session
-  could not be trusted for a while, the node stops) keeps its local copy: served again, it
-  is verified against the store's manifest and reopened, not copied again.
-* Before answering for a shard it owns, the node checks that the session it announced the
-  shard in is still provably alive (``Session.ensure_trusted``): after a pause past the
-  trust deadline it answers "not serving" and the client asks another replica.  The answer
-  itself could not be wrong (an index version never changes); the check keeps the promise
-  that a node answers as a replica only while its deployment record is provably its own.
+* It serves exactly the shards assigned to it (the runtime's
+  ``assignments/<me>/<index>.<shard>``), and only while its ZooKeeper session is trusted.
+* **SUSPENDED** past the trust deadline, or **LOST**: the runtime cancels every shard at
+  once; from then on the HTTP API answers each of them in ``refused``, although the
+  deployment records stay on the server until it expires the session.  Even before that
+  cancellation runs, an answer for a shard is given only if the session that announced it
+  is still trusted (:meth:`Session.ensure_trusted`).  Connected again (the same session or
+  a new one), it follows its assignments again.
+* A shard is announced (the runtime's ephemeral ``deployed/<index>.<shard>/<me>``, a
+  :class:`DeploymentInfo`, through :meth:`Worker.ready`) only after it was copied to local
+  disk, verified against its manifest and opened.  A corrupt shard, or a shard spec that
+  is not a :class:`ShardSpec`, is refused (:class:`PermanentFailure`: the runtime's
+  ``refused/``) and never served.
+* Unassigned (or its index removed), a shard's record is withdrawn first, then its searcher
+  closed, then its local copy deleted.  Stopped for another reason (the session not
+  trusted, the node stopping) the local copy is kept; served again, it is verified against
+  the store's manifest and reopened, not copied again.
+* A build task whose payload is not a :class:`BuildTask` fails permanently; a shard is
+  published in the store atomically or not at all (:meth:`ShardStore.build_shard`).
 """
 
 from __future__ import annotations

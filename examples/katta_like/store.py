@@ -334,7 +334,9 @@ class ShardSearcher:
 
 
 def _rescore(node: dict[str, Any], stats: GlobalStats) -> float:
-    """Recompute a tantivy BM25 explanation with global statistics."""
+    """Recompute a tantivy BM25 explanation with global statistics.  ``node`` is
+    tantivy's explanation JSON (its format, read where it is parsed, not a record of
+    ours: see docs/architecture.md, "Katta-like search")."""
     description = node.get("description", "")
     details = node.get("details") or []
     if description.startswith("TermQuery") and node.get("context"):
