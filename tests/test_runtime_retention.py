@@ -117,10 +117,12 @@ async def test_retention_keeps_the_record_of_a_queued_task_and_drops_superseded_
     assert RUNS == {"k0": 1, "k1": 1, "k2": 1, "k3": 1, "k4": 1, "bad": 2, "bad2": 1}
     cold, warm = calls
     print(f"retention pass: {cold} requests cold, {warm} with nothing new")
-    # warm: 256 bucket stats (none listed again: the only changes were the pass's own),
-    # failures/ and dead/ listed, the two dead letters' records stat'ed, the queue listed
-    # (its bucket too: protected records are still over the limit); no record read again
-    assert warm == 256 + 2 + 2 + 2
+    # warm: 256 bucket stats (the count of records), failures/ and dead/ listed, the two
+    # dead letters' records stat'ed, the time index walked (its root, the day, the slot:
+    # the three records left are still over the limit), each of them stat'ed with its
+    # key's marker read, and k0's marker's two items looked for (bad's and bad2's are not:
+    # a dead letter keeps those); the queue is never listed
+    assert warm == 256 + 2 + 2 + 3 + 3 * 2 + 2
 
 
 def test_limits_by_count_and_age_pick_the_oldest() -> None:

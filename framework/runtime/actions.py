@@ -16,7 +16,8 @@ from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.primitives.queue.view import parse_item
 from framework.runtime.app import App
-from framework.runtime.tasks import TaskResult
+from framework.runtime.result_index import mark_queued
+from framework.runtime.tasks import Task, TaskResult
 from framework.zk import Session, validate_name
 
 log = get_logger("framework.runtime.actions")
@@ -76,6 +77,12 @@ async def requeue(session: Session, app: str, name: str) -> str:
     except errors.NoNodeError:
         raise ActionError(f"no dead letter {name!r} in {app!r} (already requeued?)") from None
     item = await WorkQueue(session, application.tasks).put(data, priority=parsed.priority)
+    try:
+        key = Task.decode(data).key
+    except (ValueError, TypeError):
+        key = None  # not a task: nothing of it to keep
+    if key is not None:  # its key's record (a success skips it) stays while it is queued
+        await mark_queued(session, application, [(key, item)])
     try:
         await session.delete(path, version=stat.version)
     except (errors.NoNodeError, errors.BadVersionError):

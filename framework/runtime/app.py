@@ -9,7 +9,11 @@ from ZooKeeper, never from memory::
     tasks/          the work queue (pull mode)
     dead/           tasks whose handler kept failing (dead letters)
     running/        one ephemeral node per task being handled (progress in its data)
-    results/hh/     one record per finished task, bucketed by hash
+    results/hh/     one record per finished task, bucketed by hash of its key
+    results-log/d/s/  the records' time index: an empty node per record created, in
+                    10-second slots ``s`` of days ``d`` (retention deletes oldest first)
+    pending/hh/     one node per task key submitted explicitly, naming its queued items
+                    (a record is kept while one is still queued)
     failures/       recent task failures (a bounded ring of sequential nodes)
     shards/         desired long-lived shards (push mode), data = shard spec
     assignments/w/  shards assigned to worker ``w`` by the master (fenced writes)
@@ -55,6 +59,11 @@ def process_name(kind: str, name: str | None) -> str:
     return check_name(f"{kind} name", name or f"{socket.gethostname()}-{os.getpid()}")
 
 
+def key_bucket(key: str) -> str:
+    """The bucket (``00`` .. ``ff``) of a task key under ``results/`` and ``pending/``."""
+    return hashlib.blake2s(key.encode(), digest_size=1).hexdigest()
+
+
 @attrs.frozen
 class App:
     """The paths of application ``name`` under ``root``."""
@@ -74,6 +83,8 @@ class App:
     running = property(lambda self: f"{self.base}/running")
     results = property(lambda self: f"{self.base}/results")
     failures = property(lambda self: f"{self.base}/failures")
+    results_log = property(lambda self: f"{self.base}/results-log")
+    pending = property(lambda self: f"{self.base}/pending")
     shards = property(lambda self: f"{self.base}/shards")
     assignments = property(lambda self: f"{self.base}/assignments")
     plan = property(lambda self: f"{self.base}/plan")
@@ -85,8 +96,12 @@ class App:
 
     def result_path(self, key: str) -> str:
         """Where the result record of task (or idempotency) ``key`` lives."""
-        bucket = hashlib.blake2s(key.encode(), digest_size=1).hexdigest()
-        return f"{self.results}/{bucket}/{key}"
+        return f"{self.results}/{key_bucket(key)}/{key}"
+
+    def pending_path(self, key: str) -> str:
+        """The node naming the queued items of task key ``key`` (see
+        :mod:`framework.runtime.result_index`)."""
+        return f"{self.pending}/{key_bucket(key)}/{key}"
 
     @property
     def result_buckets(self) -> list[str]:

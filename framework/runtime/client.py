@@ -28,6 +28,7 @@ from framework.records import CorruptRecord
 from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
 from framework.runtime.records import CancelRecord
+from framework.runtime.result_index import mark_queued
 from framework.runtime.tasks import Task, TaskResult, new_task, read_result
 from framework.zk import Session, validate_name
 
@@ -81,7 +82,9 @@ class Client:
                 f"(delete {self.app.cancel} or purge the app to start again)"
             )
         queue = await self._work_queue()
-        await queue.put(task.encode(), priority=priority)
+        name = await queue.put(task.encode(), priority=priority)
+        if key is not None:  # another task of this key may come: its record must wait
+            await mark_queued(self.session, self.app, [(task.key, name)])
         return task
 
     async def result(self, key: str, *, wait: bool = False,

@@ -40,6 +40,7 @@ from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
 from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
+from framework.runtime.result_index import mark_queued
 from framework.runtime.retention import Retention, limits_of
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task, read_result
 from framework.zk import Session, cleanup_scope, gather
@@ -73,7 +74,9 @@ class MasterContext:
         """Queue one task (JSON payload) for the workers; returns it with its id."""
         task = new_task(payload, task_id=task_id, idempotency_key=idempotency_key,
                         time_limit=time_limit)
-        await self.queue.put(task.encode(), priority=priority)
+        name = await self.queue.put(task.encode(), priority=priority)
+        if task_id is not None or idempotency_key is not None:  # see mark_queued
+            await mark_queued(self.session, self.app, [(task.key, name)])
         return task
 
     async def submit_many(self, payloads: list[Any], *, priority: int = 0,
@@ -89,7 +92,10 @@ class MasterContext:
             new_task(p, task_id=k, idempotency_key=k) for p, k in zip(payloads, keys,
                                                                         strict=True)
         ]
-        await self.queue.put_many([t.encode() for t in tasks], priority=priority)
+        names = await self.queue.put_many([t.encode() for t in tasks], priority=priority)
+        if keys is not None:  # see mark_queued
+            await mark_queued(self.session, self.app,
+                              [(t.key, n) for t, n in zip(tasks, names, strict=True)])
         return tasks
 
     async def result(self, key: str, *, wait: bool = False) -> TaskResult | None:

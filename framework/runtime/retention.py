@@ -9,11 +9,14 @@ pass, in fenced multis (a deposed master deletes nothing).  The rules:
   idempotency check reads it; and while a dead letter of its key exists (it explains it);
 * a dead letter whose task has a successful result (it was requeued, or resubmitted, and
   succeeded) is deleted whatever its age;
-* ages are the znodes' ``mtime`` (the server's clock) against this process's clock.
+* ages are the znodes' ``mtime`` (the server's clock) against this process's clock (result
+  records: the 10-second slot of the time index they were written in).
 
-What a pass knows survives between passes of one term (the master's memory), so each record
-is stat'ed once, not once per pass; a bucket of ``results/`` is listed again only when its
-``cversion`` changed.
+Result records are walked through their time index and checked one by one against the
+queued markers (:mod:`framework.runtime.retention_results`): the master keeps nothing per
+record or per queued task, and never lists the queue.  What a pass knows of ``dead/`` and
+``failures/`` (each bounded by its own limits) survives between passes of one term, so each
+of those is read once, not once per pass.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from framework.logs import get_logger
 from framework.primitives import Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
+from framework.runtime.retention_results import ResultTrimmer, bounded, commit_fenced_delete
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, Stat, gather
 
@@ -39,9 +43,6 @@ log = get_logger("framework.runtime.retention")
 
 #: Deletions per fenced multi (well under a request's size limit: ~200 bytes each).
 DELETES_PER_MULTI = 100
-
-#: Reads in flight at once while a pass looks at new records.
-READS_AT_ONCE = 256
 
 #: Dead letters whose result record a pass looks at (in turn, when there are more).
 DEAD_CHECKS_PER_PASS = 100
@@ -99,7 +100,8 @@ class _Listing:
 
 
 class Retention:
-    """One term's retention passes over ``app`` (writes fenced by ``term``)."""
+    """One term's retention passes over ``app`` (writes fenced by ``term``).  ``queue``: the
+    app's task queue (kept for callers; the queue is never listed)."""
 
     def __init__(self, session: Session, app: App, term: Term, queue: WorkQueue, *,
                  results: Limit, dead: Limit, failures: Limit, batch: int = 1000) -> None:
@@ -108,13 +110,13 @@ class Retention:
         self.session = session
         self.app = app
         self.term = term
-        self.queue = queue  # the app's task queue: what is still queued keeps its record
+        self.queue = queue
         self.limits = {"results": results, "dead": dead, "failures": failures}
         self.batch = batch
-        self._results = {b: _Listing(f"{app.results}/{b}") for b in app.result_buckets}
+        self.results = ResultTrimmer(session, app, term, count=results.count,
+                                     seconds=results.seconds)
         self._dead = _Listing(app.dead)
         self._failures = _Listing(app.failures)
-        self._items: dict[str, str] = {}  # queue item path -> its task's key
         self._dead_cursor = 0  # where the next pass's superseded check starts
 
     async def run(self, interval: float) -> None:
@@ -134,54 +136,28 @@ class Retention:
                 log.info("retention.deleted", app=self.app.name, **deleted)
 
     async def apply(self) -> dict[str, int]:
-        """One pass; returns how many records of each kind it deleted."""
+        """One pass; returns how many records of each kind it deleted.  At most ``batch``
+        dead letters and failure records are deleted, then up to ``batch`` minus those
+        result records are looked at (see :mod:`framework.runtime.retention_results`)."""
         now = time.time()
-        await gather(self._scan_results, self._scan_dead, self._scan_failures)
+        await gather(self._scan_dead, self._scan_failures)
         budget = self.batch
         dead = await self._superseded_dead()
         dead += [n for n in self.limits["dead"].over(self._dead.records, now) if n not in dead]
-        doomed = set(dead[:budget])
         victims = [(self._dead, name) for name in dead[:budget]]
         failures = self.limits["failures"].over(self._failures.records, now)
         victims += [(self._failures, name) for name in failures[:budget - len(victims)]]
-        flat = {f"{bucket}/{key}": known for bucket, listing in self._results.items()
-                for key, known in listing.records.items()}
-        over = self.limits["results"].over(flat, now)
-        if over and len(victims) < budget:
-            kept = await self._queued_keys() | {  # the dead letters that stay
-                known.key for name, known in self._dead.records.items() if name not in doomed}
-            for name in over:
-                bucket, _, key = name.partition("/")
-                if key not in kept and len(victims) < budget:
-                    victims.append((self._results[bucket], key))
         gone = await self._delete(victims)
+        # the dead letters that stay keep their keys' records
+        kept = {known.key for known in self._dead.records.values()}
+        results = await self.results.trim(now, budget - len(victims), kept)
         return {
             "dead": sum(1 for listing, _ in gone if listing is self._dead),
             "failures": sum(1 for listing, _ in gone if listing is self._failures),
-            "results": sum(1 for listing, _ in gone if listing.path.startswith(
-                self.app.results + "/")),
+            "results": results,
         }
 
     # ------------------------------------------------------------ what there is
-
-    async def _scan_results(self) -> None:
-        stats: dict[str, Stat | None] = {}
-
-        async def look(bucket: str) -> None:
-            stats[bucket] = await self.session.exists(self._results[bucket].path)
-
-        await gather(*[functools.partial(look, b) for b in self.app.result_buckets])
-        changed = []
-        for bucket, stat in stats.items():
-            listing = self._results[bucket]
-            if stat is None or listing.cversion == stat.cversion:
-                continue
-            if stat.numChildren == 0:  # nothing to list
-                listing.records.clear()
-                listing.cversion = stat.cversion
-            else:
-                changed.append(listing)
-        await _bounded(functools.partial(self._relist, listing) for listing in changed)
 
     async def _scan_failures(self) -> None:
         await self._relist(self._failures)
@@ -236,9 +212,6 @@ class Retention:
             stat = await self.session.exists(path)
             if stat is None or stat.version == known.checked:
                 return
-            records = self._results[path.split("/")[-2]].records
-            if known.key in records:
-                records[known.key] = _Known.of(stat, known.key)  # rewritten in place
             try:
                 data, stat = await self.session.get(path)
             except errors.NoNodeError:
@@ -250,23 +223,8 @@ class Retention:
             except (ValueError, TypeError):
                 pass
 
-        await _bounded(functools.partial(check, n, dead[n]) for n in names)
+        await bounded(functools.partial(check, n, dead[n]) for n in names)
         return superseded
-
-    async def _queued_keys(self) -> set[str]:
-        """The keys of every task in the queue (queued, claimed or running).  An item's data
-        never changes, so each item is read once per term."""
-        paths = set(await self.queue.item_names())
-        for gone in set(self._items) - paths:
-            del self._items[gone]
-
-        async def read(path: str) -> None:
-            data = await self.queue.item_data(path)
-            if data is not None:
-                self._items[path] = _task_key(data) or ""
-
-        await _bounded(functools.partial(read, p) for p in paths - set(self._items))
-        return set(self._items.values())
 
     # ------------------------------------------------------------ deleting
 
@@ -289,11 +247,7 @@ class Retention:
         txn = self.term.fenced()
         for listing, name in victims:
             txn.delete(f"{listing.path}/{name}", version=listing.records[name].version)
-        try:
-            await txn.commit()
-        except errors.TransactionFailedError as exc:
-            if exc.failed_index == 0:
-                raise errors.LeadershipLost("fenced delete refused: not the leader") from exc
+        if not await commit_fenced_delete(txn):
             return False
         for listing, name in victims:
             del listing.records[name]
@@ -317,7 +271,7 @@ class Retention:
             else:
                 same.append((listing, name))
 
-        await _bounded(functools.partial(restat, *victim) for victim in victims)
+        await bounded(functools.partial(restat, *victim) for victim in victims)
         return same
 
 
@@ -333,14 +287,7 @@ async def _refresh(records: dict[str, _Known], names: Iterable[str],
         if known is not None:
             records[name] = known
 
-    await _bounded(functools.partial(add, n) for n in present - set(records))
-
-
-async def _bounded(calls: Iterable[Callable[[], Awaitable[None]]]) -> None:
-    """Run ``calls`` concurrently, ``READS_AT_ONCE`` at a time."""
-    pending = list(calls)
-    for start in range(0, len(pending), READS_AT_ONCE):
-        await gather(*pending[start:start + READS_AT_ONCE])
+    await bounded(functools.partial(add, n) for n in present - set(records))
 
 
 def _task_key(data: bytes) -> str | None:

@@ -37,6 +37,7 @@ from framework.runtime.app import ensure_result_buckets
 from framework.runtime.handlers import ThreadCall, handle_in_process, returned
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
+from framework.runtime.result_index import SlotKeeper, entry_path, write_record
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone
 
@@ -80,6 +81,7 @@ class TaskConsumer:
         self._threads_lock = threading.Lock()
         self._pool_limiter = trio.CapacityLimiter(math.inf)
         self._processes: Any = None  # the trio-parallel context of a process pool
+        self._slots: SlotKeeper | None = None  # the result index's slots written into
 
     @property
     def in_flight(self) -> int:
@@ -100,6 +102,7 @@ class TaskConsumer:
         if not worker.takes_tasks:
             await worker.stop_requested.wait()
             return
+        self._slots = SlotKeeper(session, worker.app)
         queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.max_attempts,
                           dead_letter=worker.app.dead, lease=worker.lease,
                           claim_with=self._claim_extras)
@@ -311,19 +314,23 @@ class TaskConsumer:
             await self._failed(session, task, exc, started)
             raise _GivenUp() from None
         # the result is written in the transaction that acknowledges the item (and deletes
-        # our marker), combined with the other slots' acks; if the server refuses the
-        # record's part (a record written meanwhile), it is written alone before the ack
+        # our marker), combined with the other slots' acks, with its entry in the time
+        # index when it is created; if the server refuses the record's part (a record
+        # written meanwhile, a slot deleted), it is written alone before the ack
         mine = marker[0]
+        assert self._slots is not None
+        slot = await self._slots.current(time.time())
 
         def build(txn: Any) -> None:
             if previous_version is None:
                 txn.create(record, encoded)
+                txn.create(entry_path(self.worker.app, slot, task.key))
             else:
                 txn.set(record, encoded, version=previous_version)
             txn.delete(mine.path, version=mine.version)
 
         async def fallback() -> None:
-            await _put(session, record, encoded)
+            await write_record(session, self.worker.app, task.key, encoded, slot)
 
         finisher = Finisher(build, fallback)
         queue.finish_with(item, finisher)
@@ -436,7 +443,10 @@ class TaskConsumer:
                     await session.delete(f"{self.worker.app.failures}/f-{old:010d}",
                                          missing_ok=True)
                 if final:
-                    await _put(session, self.worker.app.result_path(task.key), result.encode())
+                    assert self._slots is not None
+                    slot = await self._slots.current(ended)
+                    await write_record(session, self.worker.app, task.key, result.encode(),
+                                       slot)
             except errors.ZooKeeperError:
                 pass
         if not final:
@@ -483,10 +493,3 @@ class TaskConsumer:
             return  # the marker is no longer ours: this delivery lost its claim
         marker.version = stat.version
 
-
-async def _put(session: Session, path: str, data: bytes) -> None:
-    """Create or overwrite a persistent record."""
-    try:
-        await session.create(path, data, makepath=True)
-    except errors.NodeExistsError:
-        await session.set(path, data)

@@ -1,0 +1,216 @@
+"""What retention needs per result record, kept beside the records in ZooKeeper.
+
+Result records stay where their key names them (``results/<hh>/<key>``): a lookup, the
+idempotency probe of a claim and the read of a redelivery are one request, whatever the
+backlog.  Two structures let the active master apply the retention rules record by record,
+with no memory of its own and without listing the queue (see ``docs/architecture.md``,
+"Retention"):
+
+* **The time index** ``results-log/<day>/<slot>/<key>``: an empty node created in the same
+  transaction as each result record (when the record is *created*; a record rewritten in
+  place keeps its entry).  ``slot`` is the writer's 10-second slot (``time // 10``) and
+  ``day`` the 8,640 slots of one day, so no listing is larger than one day's slots or one
+  slot's records (about 10 s of finished tasks).  Retention walks it oldest first and stops
+  at the first slot under every limit.  A writer creates each slot node once, the first time
+  it needs it (:class:`SlotKeeper`); an ack whose slot node is missing (deleted meanwhile)
+  is refused and written by the slower path (:func:`write_record`, which makes the path).
+* **The queued markers** ``pending/<hh>/<key>``: a submitter of an explicitly keyed task
+  (its id or idempotency key given, so another task of the same key can exist) records the
+  queue item's name there right after its put (:func:`mark_queued`).  Retention deletes a
+  record only with the marker of its key: gone, or naming only items that have left the
+  queue (deleted at the version read, in the same fenced multi as the record).  A task with
+  a generated id needs no marker: its record is written only by its own acknowledgement.
+
+Lost replies: every write here is idempotent by name (a retried create finds the node, a
+retried append finds its item name), so no GUID is needed.  SUSPENDED/LOST: a call waits for
+the connection (retries after ``ConnectionLossError``) or raises on an expired session; it
+holds no scope.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from framework import errors, records
+from framework.runtime.app import App
+from framework.runtime.records import decode_or_none
+from framework.zk import Session, gather
+
+#: Seconds of one slot of the time index.
+SLOT_SECONDS = 10
+
+#: Slots per ``results-log/<day>`` node (one day).
+SLOTS_PER_DAY = 86_400 // SLOT_SECONDS
+
+#: Markers created per multi by :func:`mark_queued` (each about 150 bytes on the wire).
+MARKS_PER_MULTI = 200
+
+#: A marker naming more items than this drops those that left the queue when appended to.
+MARKER_PRUNE_AT = 16
+
+
+def slot_of(when: float) -> int:
+    """The index slot of time ``when`` (seconds since the epoch)."""
+    return int(when // SLOT_SECONDS)
+
+
+def slot_end(slot: int) -> float:
+    """When ``slot`` ends (seconds since the epoch)."""
+    return (slot + 1) * SLOT_SECONDS
+
+
+def day_path(app: App, day: int) -> str:
+    return f"{app.results_log}/{day:06d}"
+
+
+def slot_path(app: App, slot: int) -> str:
+    return f"{day_path(app, slot // SLOTS_PER_DAY)}/{slot:011d}"
+
+
+def entry_path(app: App, slot: int, key: str) -> str:
+    """The index entry of the record of ``key`` created in ``slot``."""
+    return f"{slot_path(app, slot)}/{key}"
+
+
+class SlotKeeper:
+    """The index slots one process writes into, each created once: :meth:`current` makes
+    the slot of now exist (one ``ensure_path`` the first time; callers arriving meanwhile
+    wait for the same one) and returns it."""
+
+    def __init__(self, session: Session, app: App) -> None:
+        self.session = session
+        self.app = app
+        self._ready: int | None = None
+        self._making: dict[int, trio.Event] = {}
+
+    async def current(self, now: float) -> int:
+        slot = slot_of(now)
+        if slot == self._ready:
+            return slot
+        making = self._making.get(slot)
+        if making is not None:
+            await making.wait()
+            return slot
+        self._making[slot] = done = trio.Event()
+        try:
+            await self.session.ensure_path(slot_path(self.app, slot))
+            if self._ready is None or slot > self._ready:
+                self._ready = slot
+        finally:
+            del self._making[slot]
+            done.set()
+        return slot
+
+
+async def write_record(session: Session, app: App, key: str, data: bytes, slot: int) -> None:
+    """Create the result record of ``key`` with its index entry in ``slot`` (one multi), or
+    overwrite the record in place if it exists (its entry stays).  Used outside an
+    acknowledgement: a final failure, or a record the ack's multi could not write."""
+    record, entry = app.result_path(key), entry_path(app, slot, key)
+    while True:
+        try:
+            await session.transaction().create(record, data).create(entry).commit()
+            return
+        except errors.TransactionFailedError as exc:
+            if exc.failed_index == 0 and isinstance(exc.cause, errors.NodeExistsError):
+                try:
+                    await session.set(record, data)
+                    return
+                except errors.NoNodeError:
+                    continue  # deleted meanwhile: create it again
+            elif isinstance(exc.cause, errors.NodeExistsError):  # the entry is there
+                try:
+                    await session.create(record, data, makepath=True)
+                    return
+                except errors.NodeExistsError:
+                    continue
+            else:  # a parent is missing: the record's bucket or the entry's slot
+                await session.ensure_path(record.rsplit("/", 1)[0])
+                await session.ensure_path(entry.rsplit("/", 1)[0])
+        except errors.ConnectionLossError:
+            await session.wait_connected()  # applied or not: the next try tells
+
+
+@attrs.frozen
+class QueuedMark:
+    """A ``pending/<hh>/<key>`` marker: the names of queue items of the key (relative to the
+    queue's ``items`` node) that were queued when written; some may have left since."""
+
+    items: tuple[str, ...] = ()
+
+
+async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str]]) -> None:
+    """Record, for each ``(key, item name)``, that the item of task key ``key`` is queued.
+    Called right after the put, for tasks with an explicit key only.  Fresh keys go in
+    multis of creates (``MARKS_PER_MULTI`` at a time); a key that has a marker already (or
+    a multi refused, or a lost reply) is appended to one by one."""
+    fresh: dict[str, str] = {}
+    single: list[tuple[str, str]] = []
+    for key, name in marks:
+        if key in fresh:
+            single.append((key, name))  # a second item of the key in this call
+        else:
+            fresh[key] = name
+    pairs = list(fresh.items())
+    for start in range(0, len(pairs), MARKS_PER_MULTI):
+        chunk = pairs[start:start + MARKS_PER_MULTI]
+        txn = session.transaction()
+        for key, name in chunk:
+            txn.create(app.pending_path(key), records.encode(QueuedMark((name,))))
+        try:
+            await txn.commit()
+        except (errors.TransactionFailedError, errors.ConnectionLossError):
+            single.extend(chunk)
+    for key, name in single:
+        await _append(session, app, key, name)
+
+
+async def _append(session: Session, app: App, key: str, name: str) -> None:
+    path = app.pending_path(key)
+    while True:
+        try:
+            await session.create(path, records.encode(QueuedMark((name,))), makepath=True)
+            return
+        except errors.NodeExistsError:
+            pass
+        except errors.ConnectionLossError:
+            await session.wait_connected()
+            continue
+        try:
+            data, stat = await session.get(path)
+        except errors.NoNodeError:
+            continue
+        items = read_mark(data, path).items
+        if name in items:
+            return  # ours, from a try whose reply was lost
+        if len(items) >= MARKER_PRUNE_AT:
+            items = tuple(await still_queued(session, app, items))
+        try:
+            await session.set(path, records.encode(QueuedMark((*items, name))),
+                              version=stat.version)
+            return
+        except (errors.BadVersionError, errors.NoNodeError):
+            continue
+        except errors.ConnectionLossError:
+            await session.wait_connected()
+
+
+def read_mark(data: bytes, path: str) -> QueuedMark:
+    """A marker's record; one that does not decode names nothing (logged)."""
+    return decode_or_none(data, QueuedMark, path=path) or QueuedMark()
+
+
+async def still_queued(session: Session, app: App, items: Sequence[str]) -> list[str]:
+    """Those of ``items`` (queue item names) still in the queue (queued, claimed or
+    running): one ``exists`` each, sent together."""
+    present: dict[str, bool] = {}
+
+    async def look(name: str) -> None:
+        present[name] = await session.exists(f"{app.tasks}/items/{name}") is not None
+
+    await gather(*[functools.partial(look, name) for name in items])
+    return [name for name in items if present[name]]
