@@ -2,7 +2,9 @@
 
 Real ZooKeeper, real master and worker processes (``framework run``), the dashboard served
 by hypercorn in the test's trio run.  The page must show a worker appear and vanish after
-kill -9, a master failover, and a dead letter requeued from its button that then succeeds.
+kill -9, a master failover, a dead letter requeued from its button that then succeeds, and
+in its application selector the running app first (shown) and an app with no live process
+marked stale.
 
 The application under test is defined here too (``framework run test_dashboard:Boss``).
 """
@@ -30,6 +32,7 @@ from framework.runtime import App, Master, MasterContext, Task, TaskResult, Work
 from framework.zk import wait_exists, watch_data
 
 APP = App("dash")
+OLD = App("old")  # an application with no live process: stale
 CURE = f"{APP.base}/cure"  # the poison task succeeds once this node exists
 SUBMITTED = f"{APP.base}/submitted"
 TESTS = Path(__file__).parent
@@ -209,10 +212,16 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             await wait_exists(session, APP.rendezvous)  # boss-a leads: the line is fixed
             procs.append(_spawn("Boss", zk_hosts, chroot, "boss-b", tmp_path))
             procs.append(_spawn("Busy", zk_hosts, chroot, "w1", tmp_path))
+            await session.ensure_path(OLD.workers)
             await page.open(dashboard)
+            # the running app comes first in the selector and is the one shown
+            await page.shown(f"#selector a.app-link.selected[data-app='{APP.name}']",
+                             "running")
+            await page.shown(f"#selector a.app-link[data-app='{OLD.name}'][data-state='stale']",
+                             "stale")
             await page.shown(f"{app} .leader[data-leader='boss-a']")
             await page.shown(f"{app} .standby[data-standby='boss-b']")
-            await page.shown(f"{app} tr.worker[data-worker='w1']")
+            await page.shown(f"{app} tr.worker[data-worker='w1'][data-kind='worker']")
 
             # the poison task dies twice and shows up as a dead letter with its error
             await page.shown(f"{app} tr.dead-letter[data-task='poison']",
@@ -226,6 +235,8 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
                              "in handle")
             await page.shown(f"{app} .config", '"greeting": "hello"')
             await page.shown(f"{app} [data-counter='pages']")
+            # durations as the worker timed them (published in its status record)
+            await page.shown(f"{app} .durations .legend", "attempts")
 
             # a second worker appears, then vanishes after kill -9
             w2 = _spawn("Busy", zk_hosts, chroot, "w2", tmp_path)
@@ -256,6 +267,13 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             await page.shown(f"{app} .lookup-status[data-status='ok']", "succeeded")
             if (path := shot_path("dashboard-after-failover.png")) is not None:
                 await page.screenshot(path)
+
+            # the stale app, chosen in the selector, says so
+            link = await page.shown(f"#selector a.app-link[data-app='{OLD.name}']")
+            await page.run(link.click)
+            await page.shown(f"#app-{OLD.name} .job[data-state='stale']",
+                             "stale: no live process")
+            await page.gone(f"{app}:not([hidden])")
 
 
 async def test_read_only_dashboard_refuses_actions_and_serves_metrics(

@@ -220,7 +220,7 @@ function histogram(h) {
     return `<rect x="${(4 + i * bw).toFixed(1)}" y="${(H - B - h2).toFixed(1)}" width="${(bw - 2).toFixed(1)}" ` +
       `height="${h2.toFixed(1)}" fill="#2f6fde"><title>${labels[i]}: ${c}</title></rect>` +
       (c ? `<text x="${(4 + i * bw + bw / 2).toFixed(1)}" y="${(H - B - h2 - 2).toFixed(1)}" text-anchor="middle">${fmt(c)}</text>` : "") +
-      (i % 2 === 0 ? `<text x="${(4 + i * bw + bw / 2).toFixed(1)}" y="${H - 3}" text-anchor="middle">${labels[i]}</text>` : "");
+      (i % 3 === 0 ? `<text x="${(4 + i * bw + bw / 2).toFixed(1)}" y="${H - 3}" text-anchor="middle">${labels[i]}</text>` : "");
   }).join("");
   return `<svg class="chart" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none">${bars}</svg>` +
     `<div class="legend" data-durations="${total}">${fmt(total)} attempts, mean ` +
