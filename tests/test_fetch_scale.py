@@ -271,6 +271,23 @@ async def test_a_corrupt_partition_record_is_waited_out_never_overwritten(
     assert (owner.epoch, owner.record.checkpoint) == (5, "ckpt-e000004-000002.sqlite")
 
 
+async def test_a_job_record_that_does_not_decode_is_waited_out(session: Session) -> None:
+    job = layout.Job("j1", ("http://a.example/",), 2, "/shared")
+    await session.create(PATHS.job, b'{"id":"j1","partitions":"two"}', makepath=True)
+    read: list[layout.Job] = []
+
+    async def reader() -> None:
+        read.append(await layout.wait_job(session, PATHS))
+
+    with logged("crawl.job_corrupt") as seen, trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await seen.wait()
+            assert not read
+            await session.set(PATHS.job, records.encode(job))
+    assert read == [job]
+
+
 # ---------------------------------------------------------------- a small crawl, in process
 
 
