@@ -19,12 +19,12 @@ from examples.fetch_service.fetch import Fetcher
 from examples.fetch_service.lazysite import LazySite, LazySpec, serve_lazy_site
 from examples.fetch_service.links import InvalidUrlError, canonicalize
 from examples.fetch_service.scale import layout
-from examples.fetch_service.scale.layout import CrawlReport, PartitionRecord, Progress, ScalePaths
+from examples.fetch_service.scale.layout import CrawlReport, PartitionRecord, ScalePaths
 from examples.fetch_service.scale.master import PartitionMaster
 from examples.fetch_service.scale.ownership import Ownership, PartitionLost
 from examples.fetch_service.scale.partition import PartitionContext, PartitionServer, PartitionStats
 from examples.fetch_service.scale.robots import RobotsRules
-from examples.fetch_service.scale.store import CorruptCheckpoint, PartitionStore, UrlState
+from examples.fetch_service.scale.store import CorruptCheckpoint, PartitionStore, Progress, UrlState
 from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.scale.worker import FetcherStatus, PartitionFetcher, config_digest
 from examples.fetch_service.site import SiteSpec, Target, serve_site
@@ -104,7 +104,7 @@ def test_store_checkpoint_restores_frontier_outbox_and_consumed(tmp_path: Path) 
     assert [row[1:] for row in restored.outbox(10)] == [(3, "http://g/b", 1)]
     assert restored.consumed() == {"seeds.json"}
     assert restored.robots() == {"h": (404, "")}
-    counts = restored.counts()
+    counts = restored.progress()
     assert (counts.pending, counts.done, counts.outbox) == (1, 1, 1)
     restored.close()
 

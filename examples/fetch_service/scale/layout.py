@@ -8,7 +8,7 @@ is an attrs class through :mod:`framework.records`::
     crawl/desired           the wanted :class:`CrawlConfig` (written at the start, may be
                             rewritten); the master publishes it to the fetchers
     crawl/partitions/pNNN   :class:`PartitionRecord`: epoch, owner, latest checkpoint file,
-                            its :class:`Progress`, :class:`PartitionState`
+                            its :class:`.store.Progress`, :class:`PartitionState`
     crawl/report            :class:`CrawlReport`; it exists once the crawl is finished
 
 The shared directory (``job.shared``; stands for a distributed file system that every
@@ -37,14 +37,15 @@ import attrs
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.links import InvalidUrlError, canonicalize, host_key
 from examples.fetch_service.scale.inbox import InboxBatch, write_inbox_file
+from examples.fetch_service.scale.store import Progress
 from examples.fetch_service.scale.urls import partition_name, partition_of
 from framework import errors, records
 from framework.logs import get_logger
 from framework.runtime import App
 from framework.zk import Session, watch_data
 
-__all__ = ["APP_NAME", "CrawlReport", "Job", "PartitionRecord", "PartitionState", "Progress",
-           "ScalePaths", "SharedDir", "start_job", "wait_job"]
+__all__ = ["APP_NAME", "CrawlReport", "Job", "PartitionRecord", "PartitionState", "ScalePaths",
+           "SharedDir", "start_job", "wait_job"]
 
 log = get_logger("examples.fetch_service.scale.layout")
 
@@ -117,30 +118,13 @@ class PartitionState(enum.Enum):
 
 
 @attrs.frozen
-class Progress:
-    """What a published checkpoint holds: URLs ``pending``, ``done`` (fetched, whatever the
-    HTTP outcome) and ``blocked`` (robots.txt), links in the ``outbox`` (found for other
-    partitions, not shipped yet); ``at``: when it was taken (wall clock)."""
-
-    pending: int = 0
-    done: int = 0
-    blocked: int = 0
-    outbox: int = 0
-    at: float = 0.0
-
-    @property
-    def idle(self) -> bool:
-        """Nothing pending and nothing unshipped."""
-        return self.pending == 0 and self.outbox == 0
-
-
-@attrs.frozen
 class PartitionRecord:
     """The ``crawl/partitions/pNNN`` record of one partition.
 
     ``epoch`` grows by one at every takeover (a version-checked set: two would-be owners
     cannot both win); ``checkpoint`` names the newest published checkpoint file (``None``:
-    start empty) and ``progress`` is what it holds; ``state`` says whether the current
+    start empty), ``progress`` is what it holds and ``at`` when it was published (wall
+    clock); ``state`` says whether the current
     ``owner`` has published its own checkpoint yet and whether it has released the
     partition (see :mod:`.ownership`).  Every write after the takeover is a set at the
     version the owner last wrote, so a deposed owner's publish fails on the server.
@@ -150,7 +134,8 @@ class PartitionRecord:
     owner: str | None = None
     checkpoint: str | None = None
     state: PartitionState = PartitionState.NEW
-    progress: Progress = Progress()
+    progress: Progress = attrs.Factory(Progress)
+    at: float = 0.0
 
     @property
     def released(self) -> bool:

@@ -36,12 +36,14 @@ change seen while waiting for the hand-over); a publish is one set.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import attrs
 import trio
 
-from examples.fetch_service.scale.layout import PartitionRecord, PartitionState, Progress
+from examples.fetch_service.scale.layout import PartitionRecord, PartitionState
+from examples.fetch_service.scale.store import Progress
 from framework import errors, records
 from framework.logs import get_logger
 from framework.zk import Session, wait_exists
@@ -131,7 +133,7 @@ class Ownership:
         hand the partition over); :class:`PartitionLost` if we were deposed."""
         state = PartitionState.RELEASED if released else PartitionState.SERVING
         wanted = attrs.evolve(self.record, checkpoint=checkpoint, progress=progress,
-                              state=state)
+                              state=state, at=time.time())
         if not await self._set(wanted, self.version):
             raise PartitionLost(f"{self.path} was taken over (our epoch {self.epoch})")
 

@@ -35,7 +35,6 @@ as ``partition.inbox_corrupt`` and counted; the partition goes on.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,7 +53,7 @@ from examples.fetch_service.scale.inbox import (
     read_inbox_file,
     write_inbox_file,
 )
-from examples.fetch_service.scale.layout import Job, Progress, ScalePaths
+from examples.fetch_service.scale.layout import Job, ScalePaths
 from examples.fetch_service.scale.ownership import Ownership, PartitionLost
 from examples.fetch_service.scale.robots import RobotsRules, robots_url
 from examples.fetch_service.scale.store import CorruptCheckpoint, Link, PartitionStore, UrlState
@@ -154,10 +153,10 @@ class PartitionServer:
             self._rules = {host: RobotsRules.from_answer(status, body)
                            for host, (status, body) in store.robots().items()}
             self.queues = HostQueues(store.pending())
-            counts = store.counts()
+            progress = store.progress()
             log.info("partition.serving", partition=self.name, epoch=epoch,
-                     checkpoint=record.checkpoint, pending=counts.pending, done=counts.done,
-                     outbox=counts.outbox)
+                     checkpoint=record.checkpoint, pending=progress.pending, done=progress.done,
+                     outbox=progress.outbox)
             lost = False
             try:
                 with single_body_error():  # PartitionLost raised as itself
@@ -336,14 +335,12 @@ class PartitionServer:
         name = f"ckpt-e{epoch:06d}-{self._ckpt_seq:06d}.sqlite"
         parts = self.shared.parts(self.name)
         tmp = parts / f".{name}.tmp"
-        counts = store.counts()
+        progress = store.progress()
         merged = set(self._consumed)
         self.ctx.session.ensure_trusted()
         store.checkpoint(tmp)  # synchronous: no step of this partition runs meanwhile
         self._dirty = False
         await trio.to_thread.run_sync(_make_durable, tmp, parts / name)
-        progress = Progress(counts.pending, counts.done, counts.blocked, counts.outbox,
-                            time.time())
         await self.ownership.publish(name, progress, released=released)
         self.ctx.stats.checkpoints += 1
         self.ctx.on_checkpoint()

@@ -37,7 +37,7 @@ import attrs
 
 from framework.records import CorruptRecord
 
-__all__ = ["CorruptCheckpoint", "Counts", "Link", "OutboxRow", "PartitionStore", "UrlState"]
+__all__ = ["CorruptCheckpoint", "Link", "OutboxRow", "PartitionStore", "Progress", "UrlState"]
 
 
 class UrlState(enum.IntEnum):
@@ -77,11 +77,20 @@ CREATE TABLE IF NOT EXISTS robots (host TEXT PRIMARY KEY, status INTEGER NOT NUL
 
 
 @attrs.frozen
-class Counts:
-    pending: int
-    done: int
-    blocked: int
-    outbox: int
+class Progress:
+    """How far a partition is: URLs ``pending``, ``done`` (fetched, whatever the HTTP
+    outcome) and ``blocked`` (robots.txt); links in the ``outbox`` (found for other
+    partitions, not shipped yet)."""
+
+    pending: int = 0
+    done: int = 0
+    blocked: int = 0
+    outbox: int = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending and nothing unshipped."""
+        return self.pending == 0 and self.outbox == 0
 
 
 class PartitionStore:
@@ -121,11 +130,11 @@ class PartitionStore:
     def pending(self) -> list[Link]:
         return list(self._db.execute("SELECT url, host, depth FROM urls WHERE state = 0"))
 
-    def counts(self) -> Counts:
+    def progress(self) -> Progress:
         by_state = dict(self._db.execute("SELECT state, COUNT(*) FROM urls GROUP BY state"))
         (outbox,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-        return Counts(by_state.get(UrlState.PENDING, 0), by_state.get(UrlState.DONE, 0),
-                      by_state.get(UrlState.BLOCKED, 0), outbox)
+        return Progress(by_state.get(UrlState.PENDING, 0), by_state.get(UrlState.DONE, 0),
+                        by_state.get(UrlState.BLOCKED, 0), outbox)
 
     def depth(self, url: str) -> int | None:
         row = self._db.execute("SELECT depth FROM urls WHERE url = ?", (url,)).fetchone()
