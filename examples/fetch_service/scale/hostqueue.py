@@ -18,6 +18,9 @@ __all__ = ["HostQueues"]
 
 
 class HostQueues:
+    """Pending ``(url, host, depth)`` links by host (see the module doc).  Not thread-safe:
+    use it from the trio thread."""
+
     def __init__(self, links: Iterable[Link] = ()) -> None:
         self._urls: dict[str, deque[tuple[str, int]]] = {}
         self._ready: deque[str] = deque()
@@ -26,16 +29,9 @@ class HostQueues:
         self.queued = 0
         self.add(links)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._busy)
-
-    @property
-    def empty(self) -> bool:
-        """Nothing queued and nothing being fetched."""
-        return self.queued == 0 and not self._busy
-
     def add(self, links: Iterable[Link]) -> None:
+        """Queue ``links`` behind their hosts' earlier ones (no de-duplication: the store
+        hands over only new links)."""
         for url, host, depth in links:
             queue = self._urls.get(host)
             if queue is None:
@@ -58,13 +54,11 @@ class HostQueues:
         return url, host, depth
 
     def release(self, host: str) -> None:
+        """The fetch of ``host``'s URL taken last is over: the host may be taken again."""
         self._busy.discard(host)
         if self._urls.get(host):
             self._ready.append(host)
         self._wake()
-
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
 
     def _wake(self) -> None:
         self._changed.set()
