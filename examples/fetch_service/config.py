@@ -181,6 +181,9 @@ class CrawlConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CrawlConfig:
+        """The config in plain values (missing keys take their defaults);
+        :class:`ConfigurationError` naming the field, the rule and the value for a bad one,
+        or the unknown keys."""
         if not isinstance(data, Mapping):
             raise ConfigurationError(
                 f"crawl config must be a JSON object, got {type(data).__name__}"
@@ -205,6 +208,7 @@ class CrawlConfig:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> CrawlConfig:
+        """:meth:`from_dict` of JSON text (:class:`ConfigurationError` if it is not JSON)."""
         try:
             decoded = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
