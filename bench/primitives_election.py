@@ -18,12 +18,12 @@ kazoo's recipes block, so they run in threads (never on the trio thread).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -39,6 +39,7 @@ from bench.common import Result, median, print_results, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives.election import Election  # noqa: E402
 from framework.primitives.membership import Group  # noqa: E402
+from framework.testing import Child, python_argv, spawn  # noqa: E402
 
 HELPER = ROOT / "tests" / "helpers" / "p1_election_holder.py"
 SESSION_TIMEOUT = 4.0
@@ -133,20 +134,19 @@ def kazoo_resign(hosts: str, chroot: str, rounds: int) -> list[float]:
 # ------------------------------------------------------------------ hand-over: kill -9
 
 
-async def _start_holder(hosts: str, chroot: str, path: str, impl: str) -> trio.Process:
-    env = dict(os.environ, FRAMEWORK_LOG_LEVEL="error")
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, str(HELPER), hosts, chroot, path, "holder", "--impl", impl,
-         "--timeout", str(SESSION_TIMEOUT)],
-        stdout=subprocess.PIPE, env=env,
-    )
-    buffer = b""
-    while b"\n" not in buffer:
-        chunk = await proc.stdout.receive_some(1024)
-        if not chunk:
-            raise RuntimeError("election holder exited before leading")
-        buffer += chunk
-    return proc
+@asynccontextmanager
+async def _holder(hosts: str, chroot: str, path: str, impl: str) -> AsyncIterator[Child]:
+    """A process leading the election at ``path`` (yielded once it leads), killed with
+    kill -9 and reaped at the end of the block."""
+    async with spawn(python_argv(HELPER, hosts, chroot, path, "holder", "--impl", impl,
+                                 "--timeout", SESSION_TIMEOUT), name=f"holder-{impl}",
+                     pipe_stdout=True, env={"FRAMEWORK_LOG_LEVEL": "error"}) as proc:
+        assert proc.lines is not None
+        try:
+            await proc.lines.next()
+        except EOFError:
+            raise RuntimeError("election holder exited before leading") from None
+        yield proc
 
 
 async def ours_kill(hosts: str, chroot: str, rounds: int) -> list[float]:
@@ -154,8 +154,7 @@ async def ours_kill(hosts: str, chroot: str, rounds: int) -> list[float]:
     async with Session(hosts, chroot=chroot, session_timeout=SESSION_TIMEOUT) as session:
         for i in range(rounds):
             path = f"/kill-{i}"
-            proc = await _start_holder(hosts, chroot, path, "ours")
-            try:
+            async with _holder(hosts, chroot, path, "ours") as proc:
                 follower = Election(session, path, b"B")
                 started: list[float] = []
 
@@ -169,14 +168,11 @@ async def ours_kill(hosts: str, chroot: str, rounds: int) -> list[float]:
                     await follower.wait_in_line()
                     killed = time.perf_counter()
                     proc.kill()
-            finally:
-                proc.kill()
-                await proc.wait()
             samples.append(started[0] - killed)
     return samples
 
 
-def kazoo_follow_after_kill(hosts: str, path: str, proc: trio.Process) -> float:
+def kazoo_follow_after_kill(hosts: str, path: str, proc: Child) -> float:
     client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT)
     client.start()
     try:
@@ -199,13 +195,9 @@ async def kazoo_kill(hosts: str, chroot: str, rounds: int) -> list[float]:
     samples = []
     for i in range(rounds):
         path = f"{chroot}/kazoo-kill-{i}"
-        proc = await _start_holder(hosts, "", path, "kazoo")
-        try:
+        async with _holder(hosts, "", path, "kazoo") as proc:
             samples.append(await trio.to_thread.run_sync(
                 kazoo_follow_after_kill, hosts, path, proc))
-        finally:
-            proc.kill()
-            await proc.wait()
     return samples
 
 

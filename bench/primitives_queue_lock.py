@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -48,6 +47,7 @@ from framework import Session, configure_logging  # noqa: E402
 from framework.primitives.double_barrier import DoubleBarrier  # noqa: E402
 from framework.primitives.lock import Lock  # noqa: E402
 from framework.primitives.queue import WorkQueue  # noqa: E402
+from framework.testing import Child, python_argv, spawn  # noqa: E402
 from framework.zk import wait_exists  # noqa: E402
 
 QUEUE_ITEMS = 600
@@ -338,38 +338,32 @@ async def barrier_run(hosts: str, impl: str, processes: int) -> tuple[float | No
     chroot = _chroot(f"db-{impl}")
     await _prepare(hosts, chroot)
     per_process = BARRIER_CLIENTS // processes
-    outputs: list[bytearray] = [bytearray() for _ in range(processes)]
-    procs = []
-    for p in range(processes):
-        procs.append(await trio.lowlevel.open_process(
-            [sys.executable, __file__, "--barrier-worker", impl, hosts, chroot,
-             str(per_process), f"w{p}"],
-            stdout=subprocess.PIPE, cwd=str(ROOT),
-        ))
-
-    async def drain(i: int) -> None:
-        stream = procs[i].stdout
-        assert stream is not None
-        while chunk := await stream.receive_some():
-            outputs[i].extend(chunk)
-
     finished = False
-    async with Session(hosts, chroot=chroot) as s, trio.open_nursery() as nursery:
-        for i in range(processes):
-            nursery.start_soon(drain, i)
-        with trio.fail_after(60):
-            await _wait_ready(s, processes)
-        start = time.time()
-        await s.create("/go")
-        with trio.move_on_after(BARRIER_TIMEOUT):
+
+    async def drain(proc: Child) -> None:
+        assert proc.lines is not None
+        await proc.lines.rest()  # kept in proc.lines.seen
+
+    async with AsyncExitStack() as stack:
+        procs = [await stack.enter_async_context(spawn(
+            python_argv(__file__, "--barrier-worker", impl, hosts, chroot, per_process, f"w{p}"),
+            name=f"barrier-{impl}-w{p}", pipe_stdout=True, cwd=ROOT)) for p in range(processes)]
+        async with Session(hosts, chroot=chroot) as s, trio.open_nursery() as nursery:
             for proc in procs:
-                await proc.wait()
-            finished = True
-        for proc in procs:
-            proc.kill()
+                nursery.start_soon(drain, proc)
+            with trio.fail_after(60):
+                await _wait_ready(s, processes)
+            start = time.time()
+            await s.create("/go")
+            with trio.move_on_after(BARRIER_TIMEOUT):
+                for proc in procs:
+                    await proc.wait()
+                finished = True
+            for proc in procs:
+                proc.kill()
     done_times, reached = [], []
-    for out in outputs:
-        lines = out.decode().split("\n")
+    for proc in procs:
+        lines = proc.lines.seen if proc.lines is not None else []
         done_times += [float(line.split()[1]) for line in lines if line.startswith("done ")]
         progress = [int(line.split()[1]) for line in lines if line.startswith("progress ")]
         reached.append(progress[-1] if progress else 0)

@@ -23,17 +23,18 @@ objects with keys workload, unit, kazoo, ours, ratio).
    multi, ack multi) made one after the other by plain kazoo, put -> result record visible.
 6. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
+
+Every process is started with :func:`framework.testing.spawn`; what a child writes to stderr
+(and to stdout, unless the benchmark reads it) goes to ``out/bench-runtime/<name>.log``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import Result, print_results, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Rendezvous  # noqa: E402
+from framework.testing import Child, Lines, spawn  # noqa: E402
 from framework.zk import watch_children  # noqa: E402
 from framework.zkserver import four_letter  # noqa: E402
 
@@ -58,7 +60,8 @@ KAZOO_LARGE_EACH = 25
 LATENCY_ROUNDS = 50
 SESSION_TIMEOUT = 2.0
 FAILOVER_ROUNDS = 3
-ENV = os.environ | {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "warning"}
+ENV = {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "warning"}
+LOGS = ROOT / "out" / "bench-runtime"
 
 KAZOO_CONSUMER = """
 import sys, time
@@ -187,23 +190,34 @@ c.Election(path, name).run(lead)
 """
 
 
-def run_cmd(*args: str, env: dict[str, str] | None = None,
-            stdout: int | None = subprocess.DEVNULL) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], env=env or ENV, stdout=stdout,
-                            stderr=subprocess.DEVNULL, text=True)
+async def spawn_python(stack: AsyncExitStack, name: str, *args: str, read: bool = False,
+                write: bool = False, **env: str) -> Child:
+    """``python *args`` as child ``name`` (ENV and ``env`` added to the environment), killed
+    when ``stack`` closes; ``read``/``write``: its stdout/stdin piped."""
+    return await stack.enter_async_context(spawn(
+        [sys.executable, *args], name=name, log_dir=LOGS, pipe_stdout=read, pipe_stdin=write,
+        env=ENV | env))
 
 
-def framework_run(hosts: str, chroot: str, cls: str, name: str, **env: str) -> subprocess.Popen:
-    return run_cmd("-m", "framework", "run", f"bench.runtime_app:{cls}", "--zk", hosts,
-                   "--chroot", chroot, "--name", name, "--session-timeout", str(SESSION_TIMEOUT),
-                   env=ENV | env, stdout=subprocess.PIPE)
+async def framework_run(stack: AsyncExitStack, hosts: str, chroot: str, cls: str, name: str,
+                        **env: str) -> Child:
+    """``python -m framework run bench.runtime_app:<cls>`` as ``name``, its stdout read."""
+    return await spawn_python(stack, name, "-m", "framework", "run",
+                              f"bench.runtime_app:{cls}", "--zk", hosts, "--chroot", chroot,
+                              "--name", name, "--session-timeout", str(SESSION_TIMEOUT),
+                              read=True, **env)
 
 
-def kill_all(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+def lines(child: Child) -> Lines:
+    assert child.lines is not None, f"{child.name}: its stdout is not read"
+    return child.lines
+
+
+async def output(child: Child) -> str:
+    """Everything the child writes to stdout, once it has exited."""
+    text = "\n".join(await lines(child).rest())
+    await child.wait()
+    return text
 
 
 async def wait_count(session: Session, path: str, count: int) -> None:
@@ -236,10 +250,10 @@ def cost(hosts: str, before: tuple[int, int], tasks: int) -> tuple[float, float]
     return (after[0] - before[0]) / tasks, (after[1] - before[1]) / tasks
 
 
-async def start_workers(hosts: str, chroot: str, concurrency: int,
-                        **env: str) -> list[subprocess.Popen]:
-    procs = [framework_run(hosts, chroot, "BenchWorker", f"w{i}",
-                           BENCH_CONCURRENCY=str(concurrency), **env) for i in range(WORKERS)]
+async def start_workers(stack: AsyncExitStack, hosts: str, chroot: str,
+                        concurrency: int) -> list[Child]:
+    procs = [await framework_run(stack, hosts, chroot, "BenchWorker", f"w{i}",
+                                 BENCH_CONCURRENCY=str(concurrency)) for i in range(WORKERS)]
     async with Session(hosts, chroot=chroot) as s:
         await wait_count(s, "/apps/bench/workers", WORKERS)
     return procs
@@ -247,26 +261,21 @@ async def start_workers(hosts: str, chroot: str, concurrency: int,
 
 async def ours_throughput(hosts: str, concurrency: int) -> Run:
     chroot = f"/bench-rt-{time.time_ns()}"
-    procs: list[subprocess.Popen] = []
-    try:
-        procs += await start_workers(hosts, chroot, concurrency)
+    async with AsyncExitStack() as stack:
+        await start_workers(stack, hosts, chroot, concurrency)
         before = server_counters(hosts)
-        master = framework_run(hosts, chroot, "BenchMaster", "m", BENCH_TASKS=str(TASKS))
-        procs.append(master)
-        out, _ = await trio.to_thread.run_sync(master.communicate)
-        elapsed = float(out.split("ELAPSED")[1].split()[0])
+        master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
+                                     BENCH_TASKS=str(TASKS))
+        elapsed = float((await output(master)).split("ELAPSED")[1].split()[0])
         return Run(TASKS / elapsed, *cost(hosts, before, TASKS))
-    finally:
-        kill_all(procs)
 
 
-async def drained_rate(procs: list[subprocess.Popen], each: int = 0) -> float:
+async def drained_rate(procs: list[Child], each: int = 0) -> float:
     """Tasks/s over the processes' ``DRAINED <first> <last>`` lines (each drained ``each``
     tasks, default DRAIN_EACH): from the first task of any to the last task of all."""
     spans = []
     for proc in procs:
-        line = await trio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
-        _, first, last = line.split()
+        _, first, last = (await lines(proc).next()).split()
         spans.append((float(first), float(last)))
     return len(procs) * (each or DRAIN_EACH) / (max(b for _, b in spans) - min(a for a, _ in spans))
 
@@ -275,90 +284,88 @@ async def ours_backlog(hosts: str, backlog: int) -> tuple[float, float]:
     """(submit_many tasks/s, drain tasks/s) for DRAIN_EACH tasks per worker (4 slots each)
     taken from a queue of ``backlog`` tasks submitted before any worker started."""
     chroot = f"/bench-bl-{time.time_ns()}"
-    procs: list[subprocess.Popen] = []
-    try:
-        master = framework_run(hosts, chroot, "BenchMaster", "m", BENCH_TASKS=str(backlog),
-                               BENCH_MODE="backlog")
-        procs.append(master)
-        line = await trio.to_thread.run_sync(master.stdout.readline)  # type: ignore[union-attr]
-        submitted = backlog / float(line.split()[1])
-        workers = [framework_run(hosts, chroot, "BenchWorker", f"w{i}", BENCH_CONCURRENCY="4",
-                                 BENCH_STOP_AFTER=str(DRAIN_EACH)) for i in range(WORKERS)]
-        procs += workers
+    async with AsyncExitStack() as stack:
+        master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
+                                     BENCH_TASKS=str(backlog), BENCH_MODE="backlog")
+        submitted = backlog / float((await lines(master).next()).split()[1])
+        workers = [await framework_run(stack, hosts, chroot, "BenchWorker", f"w{i}",
+                                       BENCH_CONCURRENCY="4", BENCH_STOP_AFTER=str(DRAIN_EACH))
+                   for i in range(WORKERS)]
         return submitted, await drained_rate(workers)
-    finally:
-        kill_all(procs)
 
 
 async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, float]:
     """The same with kazoo's LockingQueue: ``put_all`` in batches of 1,000 (one multi each),
     then 4 consumer processes each draining ``each`` (fewer than ours from a large backlog:
     every get lists the whole queue, so the rate is known well before 500)."""
-    from kazoo.client import KazooClient
-    from kazoo.recipe.queue import LockingQueue
-
-    path = f"/kbl-{time.time_ns()}"
-    client = KazooClient(hosts=hosts, timeout=30.0)
-    await trio.to_thread.run_sync(client.start)
-    procs: list[subprocess.Popen] = []
-    try:
-        queue = LockingQueue(client, path)
+    async with kazoo_queue(hosts, "kbl", timeout=30.0) as (_client, queue, path):
         start = time.perf_counter()
         for offset in range(0, backlog, 1000):
             batch = [json.dumps({"n": i}).encode()
                      for i in range(offset, min(offset + 1000, backlog))]
             await trio.to_thread.run_sync(queue.put_all, batch)
         submitted = backlog / (time.perf_counter() - start)
-        procs = [run_cmd("-c", KAZOO_DRAINER, hosts, path, str(each),
-                         stdout=subprocess.PIPE) for _ in range(WORKERS)]
-        return submitted, await drained_rate(procs, each)
+        async with AsyncExitStack() as stack:
+            procs = [await spawn_python(stack, f"kazoo-drainer-{i}", "-c", KAZOO_DRAINER, hosts,
+                                        path, str(each), read=True) for i in range(WORKERS)]
+            return submitted, await drained_rate(procs, each)
+
+
+@asynccontextmanager
+async def kazoo_client(hosts: str, timeout: float = 10.0) -> AsyncIterator[Any]:
+    """A started kazoo client (session ``timeout``, kazoo's default 10 s), stopped and
+    closed on exit."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=timeout)
+    await trio.to_thread.run_sync(client.start)
+    try:
+        yield client
     finally:
-        kill_all(procs)
         client.stop()
         client.close()
+
+
+@asynccontextmanager
+async def kazoo_queue(hosts: str, prefix: str, timeout: float = 10.0
+                      ) -> AsyncIterator[tuple[Any, Any, str]]:
+    """(client, kazoo's ``LockingQueue``, its path): a fresh ``/<prefix>-<ns>``."""
+    from kazoo.recipe.queue import LockingQueue
+
+    path = f"/{prefix}-{time.time_ns()}"
+    async with kazoo_client(hosts, timeout) as client:
+        yield client, LockingQueue(client, path), path
 
 
 @asynccontextmanager
 async def kazoo_task_layout(hosts: str, prefix: str) -> AsyncIterator[tuple[Any, str]]:
     """A started kazoo client and a fresh ``/<prefix>-<ns>`` with the folders of the
     task protocol (items, claims, running, results); the client is closed on exit."""
-    from kazoo.client import KazooClient
-
     base = f"/{prefix}-{time.time_ns()}"
-    client = KazooClient(hosts=hosts)
-    await trio.to_thread.run_sync(client.start)
-    try:
+    async with kazoo_client(hosts) as client:
         for folder in ("items", "claims", "running", "results"):
             await trio.to_thread.run_sync(client.ensure_path, f"{base}/{folder}")
         yield client, base
-    finally:
-        client.stop()
-        client.close()
 
 
 async def kazoo_ceiling(hosts: str) -> float:
     """Tasks/s of KAZOO_CEILING over CEILING_TASKS items (put beforehand, not timed)."""
-    procs: list[subprocess.Popen] = []
-    async with kazoo_task_layout(hosts, "kceil") as (client, base):
-        try:
-            for offset in range(0, CEILING_TASKS, 500):
-                put = client.transaction()
-                for n in range(offset, min(offset + 500, CEILING_TASKS)):
-                    task = json.dumps({"id": f"t{n}", "key": f"k{n}"}).encode()
-                    put.create(f"{base}/items/i-", task, sequence=True)
-                await trio.to_thread.run_sync(put.commit)
-            procs = [subprocess.Popen([sys.executable, "-c", KAZOO_CEILING, hosts, base, str(i),
-                                       str(WORKERS)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      text=True) for i in range(WORKERS)]
-            for proc in procs:  # every process connected and listed before any starts
-                await trio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
-            for proc in procs:
-                proc.stdin.write("go\n")  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
-            return await drained_rate(procs, CEILING_TASKS // WORKERS)
-        finally:
-            kill_all(procs)
+    async with kazoo_task_layout(hosts, "kceil") as (client, base), AsyncExitStack() as stack:
+        for offset in range(0, CEILING_TASKS, 500):
+            put = client.transaction()
+            for n in range(offset, min(offset + 500, CEILING_TASKS)):
+                task = json.dumps({"id": f"t{n}", "key": f"k{n}"}).encode()
+                put.create(f"{base}/items/i-", task, sequence=True)
+            await trio.to_thread.run_sync(put.commit)
+        procs = [await spawn_python(stack, f"kazoo-ceiling-{i}", "-c", KAZOO_CEILING, hosts,
+                                    base, str(i), str(WORKERS), read=True, write=True)
+                 for i in range(WORKERS)]
+        for proc in procs:  # every process connected and listed before any starts
+            await lines(proc).next()
+        for proc in procs:
+            assert proc.stdin is not None
+            await proc.stdin.send_all(b"go\n")
+        return await drained_rate(procs, CEILING_TASKS // WORKERS)
 
 
 async def server_write_rate(hosts: str) -> float:
@@ -375,33 +382,24 @@ async def server_write_rate(hosts: str) -> float:
 async def ours_latency(hosts: str) -> tuple[float, float]:
     """Medians of (submit -> result visible, submit -> ``wait_idle`` returned)."""
     chroot = f"/bench-lat-{time.time_ns()}"
-    procs: list[subprocess.Popen] = []
-    try:
-        procs += await start_workers(hosts, chroot, 4)
-        master = framework_run(hosts, chroot, "BenchMaster", "m",
-                               BENCH_TASKS=str(LATENCY_ROUNDS), BENCH_MODE="latency")
-        procs.append(master)
-        out, _ = await trio.to_thread.run_sync(master.communicate)
+    async with AsyncExitStack() as stack:
+        await start_workers(stack, hosts, chroot, 4)
+        master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
+                                     BENCH_TASKS=str(LATENCY_ROUNDS), BENCH_MODE="latency")
+        out = await output(master)
         rows = [line.split()[1:] for line in out.splitlines() if line.startswith("LATENCY")]
         return (statistics.median(float(visible) for visible, _ in rows),
                 statistics.median(float(idle) for _, idle in rows))
-    finally:
-        kill_all(procs)
 
 
 async def kazoo_latency(hosts: str) -> float:
-    from kazoo.client import KazooClient
-    from kazoo.recipe.queue import LockingQueue
-
-    path = f"/klat-{time.time_ns()}"
-    client = KazooClient(hosts=hosts)
-    await trio.to_thread.run_sync(client.start)
-    queue = LockingQueue(client, path)
-    await trio.to_thread.run_sync(queue.put, b"warm-up")
-    procs = [run_cmd("-c", KAZOO_CONSUMER, hosts, path) for _ in range(WORKERS)]
-    samples = []
-    try:
-        async with Session(hosts) as s:
+    async with kazoo_queue(hosts, "klat") as (_client, queue, path):
+        await trio.to_thread.run_sync(queue.put, b"warm-up")
+        samples = []
+        async with AsyncExitStack() as stack, Session(hosts) as s:
+            for i in range(WORKERS):
+                await spawn_python(stack, f"kazoo-consumer-{i}", "-c", KAZOO_CONSUMER, hosts,
+                                   path)
             for n in range(LATENCY_ROUNDS):
                 async for snap in watch_children(s, f"{path}/entries"):
                     if not snap.children:
@@ -413,10 +411,6 @@ async def kazoo_latency(hosts: str) -> float:
                         break
                 samples.append(time.perf_counter() - start)
         return statistics.median(samples)
-    finally:
-        kill_all(procs)
-        client.stop()
-        client.close()
 
 
 async def kazoo_floor_latency(hosts: str) -> float:
@@ -425,92 +419,73 @@ async def kazoo_floor_latency(hosts: str) -> float:
     after the other by plain kazoo, no framework; the lowest latency this path can have."""
     from framework.zk import wait_exists
 
-    procs: list[subprocess.Popen] = []
-    async with kazoo_task_layout(hosts, "kfloor") as (_client, base):
-        try:
-            procs = [run_cmd("-c", KAZOO_FLOOR, hosts, base, stdout=subprocess.PIPE)]
-            await trio.to_thread.run_sync(procs[0].stdout.readline)  # type: ignore[union-attr]
-            samples = []
-            async with Session(hosts) as s:
-                for n in range(LATENCY_ROUNDS + 1):  # the first one warms up
-                    start = time.perf_counter()
-                    name = await s.create(f"{base}/items/i-", json.dumps({"n": n}).encode(),
-                                          sequence=True)
-                    await wait_exists(s, f"{base}/results/{name.rsplit('/', 1)[1]}")
-                    samples.append(time.perf_counter() - start)
-            return statistics.median(samples[1:])
-        finally:
-            kill_all(procs)
+    async with kazoo_task_layout(hosts, "kfloor") as (_client, base), AsyncExitStack() as stack:
+        floor = await spawn_python(stack, "kazoo-floor", "-c", KAZOO_FLOOR, hosts, base,
+                                   read=True)
+        await lines(floor).next()
+        samples = []
+        async with Session(hosts) as s:
+            for n in range(LATENCY_ROUNDS + 1):  # the first one warms up
+                start = time.perf_counter()
+                name = await s.create(f"{base}/items/i-", json.dumps({"n": n}).encode(),
+                                      sequence=True)
+                await wait_exists(s, f"{base}/results/{name.rsplit('/', 1)[1]}")
+                samples.append(time.perf_counter() - start)
+        return statistics.median(samples[1:])
 
 
 async def kazoo_throughput(hosts: str) -> Run:
-    from kazoo.client import KazooClient
-    from kazoo.recipe.queue import LockingQueue
-
-    path = f"/kbench-{time.time_ns()}"
-    client = KazooClient(hosts=hosts)
-    await trio.to_thread.run_sync(client.start)
-    queue = LockingQueue(client, path)
-    procs: list[subprocess.Popen] = []
-    try:
+    async with kazoo_queue(hosts, "kbench") as (client, queue, path):
         before = server_counters(hosts)
         start = time.time()
         for offset in range(0, TASKS, 500):
             batch = [json.dumps({"n": i}).encode() for i in range(offset, min(offset + 500, TASKS))]
             await trio.to_thread.run_sync(queue.put_all, batch)
-        procs = [run_cmd("-c", KAZOO_CONSUMER, hosts, path) for _ in range(WORKERS)]
-        for p in procs:
-            await trio.to_thread.run_sync(p.wait)
+        async with AsyncExitStack() as stack:
+            procs = [await spawn_python(stack, f"kazoo-consumer-{i}", "-c", KAZOO_CONSUMER,
+                                        hosts, path) for i in range(WORKERS)]
+            for proc in procs:
+                await proc.wait()
         done_dir = f"{path}-done"
         done = [float(client.get(f"{done_dir}/{n}")[0]) for n in client.get_children(done_dir)]
         return Run(TASKS / (max(done) - start), *cost(hosts, before, TASKS))
-    finally:
-        kill_all(procs)
-        client.stop()
-        client.close()
 
 
 async def ours_failover(hosts: str) -> float:
     chroot = f"/bench-fo-{time.time_ns()}"
-    procs: list[subprocess.Popen] = []
-    try:
-        async with Session(hosts, chroot=chroot) as s:
-            procs.append(framework_run(hosts, chroot, "BenchMaster", "a"))
-            await wait_count(s, "/apps/bench/masters", 1)
-            rendezvous = Rendezvous(s, "/apps/bench/rendezvous")
-            async for data in rendezvous.watch():
-                if data:
-                    break
-            procs.append(framework_run(hosts, chroot, "BenchMaster", "b"))
-            await wait_count(s, "/apps/bench/masters", 2)
-            procs[0].kill()
-            killed = time.perf_counter()
-            async for data in rendezvous.watch():
-                if data and json.loads(data)["name"] == "b":
-                    return time.perf_counter() - killed
-    finally:
-        kill_all(procs)
+    async with AsyncExitStack() as stack, Session(hosts, chroot=chroot) as s:
+        first = await framework_run(stack, hosts, chroot, "BenchMaster", "a")
+        await wait_count(s, "/apps/bench/masters", 1)
+        rendezvous = Rendezvous(s, "/apps/bench/rendezvous")
+        async for data in rendezvous.watch():
+            if data:
+                break
+        await framework_run(stack, hosts, chroot, "BenchMaster", "b")
+        await wait_count(s, "/apps/bench/masters", 2)
+        first.kill()
+        killed = time.perf_counter()
+        async for data in rendezvous.watch():
+            if data and json.loads(data)["name"] == "b":
+                return time.perf_counter() - killed
     raise AssertionError("unreachable")
 
 
 async def kazoo_failover(hosts: str) -> float:
-    path = f"/kfo-{time.time_ns()}"
-    procs: list[subprocess.Popen] = []
-    try:
-        async with Session(hosts) as s:
-            from framework.zk import wait_exists
+    from framework.zk import wait_exists
 
-            procs.append(run_cmd("-c", KAZOO_LEADER, hosts, path, "a", str(SESSION_TIMEOUT)))
-            await wait_exists(s, f"{path}-leader")
-            procs.append(run_cmd("-c", KAZOO_LEADER, hosts, path, "b", str(SESSION_TIMEOUT)))
-            await wait_count(s, path, 2)
-            procs[0].kill()
-            killed = time.perf_counter()
-            async for snap in _watch_data(s, f"{path}-leader"):
-                if snap == b"b":
-                    return time.perf_counter() - killed
-    finally:
-        kill_all(procs)
+    path = f"/kfo-{time.time_ns()}"
+    async with AsyncExitStack() as stack, Session(hosts) as s:
+        first = await spawn_python(stack, "kazoo-leader-a", "-c", KAZOO_LEADER, hosts, path,
+                                   "a", str(SESSION_TIMEOUT))
+        await wait_exists(s, f"{path}-leader")
+        await spawn_python(stack, "kazoo-leader-b", "-c", KAZOO_LEADER, hosts, path, "b",
+                           str(SESSION_TIMEOUT))
+        await wait_count(s, path, 2)
+        first.kill()
+        killed = time.perf_counter()
+        async for snap in _watch_data(s, f"{path}-leader"):
+            if snap == b"b":
+                return time.perf_counter() - killed
     raise AssertionError("unreachable")
 
 
@@ -583,6 +558,8 @@ async def measure(hosts: str) -> list[Result]:
 def main() -> None:
     as_json = "--json" in sys.argv[1:]
     configure_logging(level="warning")
+    for old in LOGS.glob("*.log"):  # the children's logs of this run only
+        old.unlink()
     with zookeeper() as hosts:
         results = trio.run(measure, hosts)
     if as_json:  # one object per row: workload, unit, kazoo, ours, ratio
