@@ -42,7 +42,7 @@ from bench.common import zookeeper
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ProcessCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr
+from examples.message_broker.layout import BrokerPaths, Isr, decode
 from framework import Session, WorkQueue, configure_logging
 from framework.zk import watch_data
 from framework.zkserver.launcher import four_letter
@@ -81,7 +81,7 @@ def zxid(hosts: str) -> int:
 async def wait_isr(session: Session, topics: list[str]) -> None:
     async def one(topic: str) -> None:
         async for snap in watch_data(session, PATHS.isr(topic)):
-            if len(Isr.decode(snap.data).in_sync) == 2:
+            if len(decode(snap.data, Isr).in_sync) == 2:
                 return
 
     async with trio.open_nursery() as nursery:

@@ -13,9 +13,16 @@ from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber, UnknownTopicError
 from examples.message_broker.cluster import LocalCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, dumps, loads
+from examples.message_broker.layout import (
+    BrokerPaths,
+    NodeRecord,
+    PrimaryRecord,
+    decode,
+    decode_replicas,
+)
+from examples.message_broker.protocol import ErrorCode, ErrorReply, Produce
 from examples.message_broker.server import BrokerServer
-from framework import Session
+from framework import Session, records
 from framework.zk import watch_children, watch_data
 from framework.zkserver.launcher import four_letter
 from tests.test_broker_failover import wait_full_isr
@@ -216,12 +223,12 @@ async def test_a_route_to_a_server_not_serving_the_topic_is_retried(
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
             s1 = await cluster.start_server("s1", session)
             await create_topics(session, ["late"])  # no controller yet: nobody serves it
-            await session.create(PATHS.primary("late"), dumps(
-                {"server": "s1", "address": s1.address}), ephemeral=True)
+            await session.create(PATHS.primary("late"),
+                                 records.encode(PrimaryRecord("s1", s1.address)), ephemeral=True)
             conn = await protocol.connect(s1.address)
-            await conn.send({"op": "produce", "id": 1, "topic": "late", "producer": "p",
-                             "seq": 0, "msgs": [b"x"]})
-            assert (await conn.read())["error"] == "unknown_topic"
+            await conn.send(Produce(1, "late", "p", 0, [b"x"]))
+            assert await conn.read() == ErrorReply(1, ErrorCode.UNKNOWN_TOPIC,
+                                                   "s1 does not serve topic 'late'")
             await conn.aclose()
             async with Producer(session) as producer, trio.open_nursery() as sends:
                 refused = trio.Event()
@@ -243,7 +250,7 @@ async def test_a_route_to_a_server_not_serving_the_topic_is_retried(
 
 async def _wait_status(session: Session, server: str, prohibited: bool) -> None:
     async for snap in watch_data(session, f"{PATHS.nodes}/{server}"):
-        if loads(snap.data).get("migration_prohibited") is prohibited:
+        if decode(snap.data, NodeRecord).migration_prohibited is prohibited:
             return
 
 
@@ -259,7 +266,8 @@ async def test_migration_prohibited_is_watched_by_every_server_and_obeyed_by_the
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
             await cluster.start_with_topics(session, topics)
             await wait_full_isr(session, topics, {"s1", "s2"})
-            before = {t: loads((await session.get(PATHS.placement(t)))[0]) for t in topics}
+            before = {t: decode_replicas((await session.get(PATHS.placement(t)))[0])
+                      for t in topics}
             await session.create(PATHS.migration_prohibited)
             for name in ("s1", "s2"):
                 await _wait_status(session, name, True)
@@ -271,7 +279,8 @@ async def test_migration_prohibited_is_watched_by_every_server_and_obeyed_by_the
             await wait_placed(session, ["fresh"])
             assert await session.children(PATHS.assign_dir("s3")) == ["fresh"]
             for topic in topics:
-                assert loads((await session.get(PATHS.placement(topic)))[0]) == before[topic]
+                assert decode_replicas((await session.get(PATHS.placement(topic)))[0]) == \
+                    before[topic]
             await session.delete(PATHS.migration_prohibited)
             async for snap in watch_children(session, PATHS.assign_dir("s3")):
                 if len(snap.children) > 1:
@@ -295,7 +304,7 @@ async def test_the_isr_names_the_backups_copy_so_it_may_take_over_unannounced(
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
             await cluster.start_with_topics(session, ["y0"])
             await wait_full_isr(session, ["y0"], {"s1", "s2"})
-            isr = Isr.decode((await session.get(BrokerPaths().isr("y0")))[0])
+            isr = decode((await session.get(BrokerPaths().isr("y0")))[0], Isr)
             backup = next(s for s in isr.in_sync if s != isr.leader)
             server = cluster.servers[backup]
             assert isr.copies[backup] == server.copies["y0"]

@@ -17,8 +17,15 @@ from examples.message_broker import ctl
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ROOT, LocalCluster
 from examples.message_broker.ctl import create_topics, force_leader
-from examples.message_broker.layout import BrokerPaths, Isr, dumps, loads
-from framework import Session
+from examples.message_broker.layout import (
+    BrokerPaths,
+    Isr,
+    NodeRecord,
+    Position,
+    PrimaryRecord,
+    decode,
+)
+from framework import Session, records
 from framework.runtime import App, gather_status, render_status
 from framework.runtime.records import MemberState
 from framework.zk import watch_data
@@ -57,8 +64,8 @@ async def test_produce_consume_and_list_from_the_command_line(
             # a named reader moves its position; the next run starts there
             assert (await run_ctl(zk_hosts, chroot, "consume", "cli", "--from", "3",
                                   "--name", "tail"))[:2] == (0, "c\n")
-            assert loads((await session.get(PATHS.subscriber("cli", "tail")))[0]) == \
-                {"offset": 4}
+            assert decode((await session.get(PATHS.subscriber("cli", "tail")))[0],
+                          Position) == Position(4)
             # `consume --follow | head -1`: the reader goes away, the command ends quietly
             env = os.environ | {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"}
             follow = subprocess.Popen(
@@ -106,23 +113,24 @@ async def test_force_leader_says_what_it_may_lose(session: Session) -> None:
     """The command refuses while the known loss exceeds ``--may-lose``, else rewrites the
     in-sync record naming the server (conditionally)."""
     await create_topics(session, ["f"])
-    await session.create(PATHS.isr("f"), Isr(("gone",), "gone", 3, hw=60).encode(),
+    await session.create(PATHS.isr("f"), records.encode(Isr(("gone",), "gone", 3, hw=60)),
                          makepath=True)
     await session.ensure_path(PATHS.nodes)
-    await session.create(f"{PATHS.nodes}/s9", dumps({"stranded": {"f": 40}}), ephemeral=True)
+    await session.create(f"{PATHS.nodes}/s9", records.encode(NodeRecord("s9", stranded={"f": 40})),
+                         ephemeral=True)
     with pytest.raises(Exception, match="at least 20 acknowledged messages would be lost"):
         await force_leader(session, "f", "s9", 5)
     with pytest.raises(Exception, match="server gone is not live"):
         await force_leader(session, "f", "gone", 100)
     said = await force_leader(session, "f", "s9", 20)
     assert "at least 20 acknowledged messages lost" in said
-    record = Isr.decode((await session.get(PATHS.isr("f")))[0])
+    record = decode((await session.get(PATHS.isr("f")))[0], Isr)
     assert (record.in_sync, record.forced, record.term) == (("s9",), "s9", 4)
 
 
 async def wait_isr(session: Session, topic: str, in_sync: set[str]) -> None:
     async for snap in watch_data(session, PATHS.isr(topic)):
-        if set(Isr.decode(snap.data).in_sync) == in_sync:
+        if set(decode(snap.data, Isr).in_sync) == in_sync:
             return
 
 
@@ -136,7 +144,7 @@ async def test_force_leader_brings_a_stranded_topic_back(
             cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery, session_timeout=2.0)
             await cluster.start_with_topics(session, ["g"])
             await wait_isr(session, "g", {"s1", "s2"})
-            primary = loads((await session.get(PATHS.primary("g")))[0])["server"]
+            primary = decode((await session.get(PATHS.primary("g")))[0], PrimaryRecord).server
             backup = ({"s1", "s2"} - {primary}).pop()
             sent = [f"m{i}".encode() for i in range(50)]
             async with Producer(session) as producer:
@@ -146,7 +154,7 @@ async def test_force_leader_brings_a_stranded_topic_back(
             cluster.crash(primary)  # and is gone for good
             await cluster.start_server(backup, session)  # back, outside the in-sync set
             async for snap in watch_data(session, f"{PATHS.nodes}/{backup}"):
-                if "g" in (loads(snap.data).get("stranded") or {}):
+                if "g" in decode(snap.data, NodeRecord).stranded:
                     break
             said = await force_leader(session, "g", backup, 0)
             assert "at least 0 acknowledged messages lost" in said

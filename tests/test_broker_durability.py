@@ -13,8 +13,14 @@ import trio
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
-from examples.message_broker.log import TopicLog, encode_records
+from examples.message_broker.layout import (
+    BrokerPaths,
+    Isr,
+    PrimaryRecord,
+    decode,
+    decode_replicas,
+)
+from examples.message_broker.log import Record, TopicLog, encode_records
 from framework import Session
 from framework.zk import watch_data
 
@@ -24,8 +30,8 @@ TIMEOUT = 2.0  # broker processes' session timeout
 # ---------------------------------------------------------------- the log on its own
 
 
-def _records(n: int, start: int = 0) -> list[tuple[str, int, bytes]]:
-    return [("p", i, f"m{i}".encode() * 10) for i in range(start, start + n)]
+def _records(n: int, start: int = 0) -> list[Record]:
+    return [Record("p", i, f"m{i}".encode() * 10) for i in range(start, start + n)]
 
 
 def test_log_recovers_its_records_and_copy(tmp_path: Path) -> None:
@@ -76,6 +82,21 @@ def test_reset_starts_a_new_copy_and_keeps_the_directory(tmp_path: Path) -> None
     log.close()
     again = TopicLog(tmp_path / "t")
     assert again.end == 0 and again.copy == log.copy
+
+
+def test_a_corrupt_meta_file_makes_a_copy_of_its_own(
+    tmp_path: Path, captured_logs: list[dict[str, object]]
+) -> None:
+    """``meta.json`` that is not a record: logged, and the log gets a new token (it can never
+    pass for the copy ZooKeeper counted in sync); its records stay."""
+    log = TopicLog(tmp_path / "t")
+    log.append(_records(3))
+    old = log.copy
+    log.close()
+    (tmp_path / "t" / "meta.json").write_bytes(b'{"copy": 17')
+    again = TopicLog(tmp_path / "t")
+    assert again.copy not in ("", old) and again.records == _records(3)
+    assert "broker.log_meta_corrupt" in [e["event"] for e in captured_logs]
 
 
 def test_log_of_another_topic_incarnation_is_not_taken(tmp_path: Path) -> None:
@@ -138,13 +159,13 @@ async def read_back(session: Session, topic: str, want: set[bytes]) -> list[byte
 
 async def wait_isr(session: Session, topic: str, in_sync: set[str]) -> None:
     async for snap in watch_data(session, BrokerPaths().isr(topic)):
-        if set(Isr.decode(snap.data).in_sync) == in_sync:
+        if set(decode(snap.data, Isr).in_sync) == in_sync:
             return
 
 
 async def wait_primary(session: Session, topic: str, server: str) -> None:
     async for snap in watch_data(session, BrokerPaths().primary(topic)):
-        if snap.exists and loads(snap.data).get("server") == server:
+        if snap.exists and decode(snap.data, PrimaryRecord).server == server:
             return
 
 

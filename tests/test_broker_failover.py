@@ -11,8 +11,9 @@ import trio
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
+from examples.message_broker.layout import BrokerPaths, Isr, decode, decode_replicas
 from framework import Session
+from framework.runtime import MasterIdentity
 from framework.zk import wait_exists, watch_data
 
 TIMEOUT = 2.0  # broker processes' session timeout (failover waits for the expiry)
@@ -55,7 +56,7 @@ async def wait_full_isr(session: Session, topics: list[str], live: set[str]) -> 
 
     async def one(topic: str) -> None:
         async for snap in watch_data(session, paths.isr(topic)):
-            in_sync = set(Isr.decode(snap.data).in_sync)
+            in_sync = set(decode(snap.data, Isr).in_sync)
             if len(in_sync) == 2 and in_sync <= live:
                 return
 
@@ -163,7 +164,7 @@ async def kill_primary_then_controller(session: Session, cluster: ProcessCluster
     # the controller placed new backups on the last live server; they caught up
     await wait_full_isr(session, topics, live)
     # kill -9 the active controller; the standby must repair the next failure
-    leader = loads((await session.get(paths.app.rendezvous))[0])["name"]
+    leader = decode((await session.get(paths.app.rendezvous))[0], MasterIdentity).name
     await cluster.kill9(leader)
     await cluster.spawn("server", "s4")
     await cluster.wait_joined(session, "s4")

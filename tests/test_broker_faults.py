@@ -14,7 +14,24 @@ from examples.message_broker import protocol
 from examples.message_broker.client import BrokerError, Producer
 from examples.message_broker.cluster import LocalCluster, wait_server_gone
 from examples.message_broker.ctl import create_topics, request_shutdown, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
+from examples.message_broker.layout import (
+    BrokerPaths,
+    Isr,
+    PrimaryRecord,
+    decode,
+    decode_replicas,
+)
+from examples.message_broker.protocol import (
+    ErrorCode,
+    ErrorReply,
+    Fetch,
+    Fetched,
+    Msgs,
+    Produce,
+    Produced,
+    Subscribe,
+    Subscribed,
+)
 from framework import Session
 from framework.testing import TcpProxy
 from framework.zk import watch_data
@@ -24,15 +41,19 @@ from tests.test_broker_failover import Load, check_delivery, wait_full_isr
 PATHS = BrokerPaths()
 
 
-async def primary_of(session: Session, topic: str) -> dict[str, str]:
-    return loads((await session.get(PATHS.primary(topic)))[0])
+async def primary_of(session: Session, topic: str) -> PrimaryRecord:
+    return decode((await session.get(PATHS.primary(topic)))[0], PrimaryRecord)
 
 
-async def placement_of(session: Session, topic: str) -> list[str]:
+async def placement_of(session: Session, topic: str) -> tuple[str, ...]:
     return decode_replicas((await session.get(PATHS.placement(topic)))[0])
 
 
-async def raw(address: str, data: bytes) -> list[dict[str, object]]:
+def codes(frames: list[protocol.Message]) -> list[ErrorCode]:
+    return [f.code for f in frames if isinstance(f, ErrorReply)]
+
+
+async def raw(address: str, data: bytes) -> list[protocol.Message]:
     """Send raw bytes, then read frames until the server closes the connection."""
     conn = await protocol.connect(address)
     await conn.stream.send_all(data)
@@ -65,39 +86,52 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
             await create_topics(session, ["a"])
             await wait_placed(session, ["a"])
             await wait_full_isr(session, ["a"], {"s1", "s2"})
-            address = (await primary_of(session, "a"))["address"]
+            address = (await primary_of(session, "a")).address
             body = msgpack.packb({"op": "produce", "id": 1}, use_bin_type=True)
             # wrong protocol version
             frames = await raw(address, struct.pack(">BI", 9, len(body)) + body)
-            assert [f["error"] for f in frames] == ["bad_version"]
+            assert codes(frames) == [ErrorCode.BAD_VERSION]
             # frame larger than the maximum
             frames = await raw(address, struct.pack(">BI", 1, protocol.MAX_FRAME + 1))
-            assert [f["error"] for f in frames] == ["too_large"]
+            assert codes(frames) == [ErrorCode.TOO_LARGE]
             # malformed body (0xc1 is never valid msgpack) and a body that is not a map
             frames = await raw(address, struct.pack(">BI", 1, 3) + b"\xc1\xc1\xc1")
-            assert [f["error"] for f in frames] == ["bad_frame"]
+            assert codes(frames) == [ErrorCode.BAD_FRAME]
             frames = await raw(address, struct.pack(">BI", 1, 3) + msgpack.packb([1, 2]))
-            assert [f["error"] for f in frames] == ["bad_frame"]
+            assert codes(frames) == [ErrorCode.BAD_FRAME]
             # truncated frame (header says 100 bytes, 10 arrive, then the sender closes):
             # a bad_frame error naming what arrived, then that connection is closed
             frames = await raw(address, struct.pack(">BI", 1, 100) + b"x" * 10)
-            assert [f["error"] for f in frames] == ["bad_frame"]
-            assert "truncated frame" in str(frames[0]["message"])
+            assert codes(frames) == [ErrorCode.BAD_FRAME]
+            assert isinstance(frames[0], ErrorReply) and "truncated frame" in frames[0].message
             frames = await raw(address, b"\x01\x00")  # even the header cut short
-            assert [f["error"] for f in frames] == ["bad_frame"]
+            assert codes(frames) == [ErrorCode.BAD_FRAME]
             # request errors keep the connection open: unknown topic, oversized message
             conn = await protocol.connect(address)
-            await conn.send({"op": "produce", "id": 1, "topic": "zzz", "producer": "p",
-                             "seq": 0, "msgs": [b"x"]})
-            assert (await conn.read())["error"] == "unknown_topic"
-            await conn.send({"op": "produce", "id": 2, "topic": "a", "producer": "p",
-                             "seq": 0, "msgs": [b"x" * (protocol.MAX_MESSAGE + 1)]})
-            assert (await conn.read())["error"] == "too_large"
-            await conn.send({"op": "nonsense", "id": 3})
-            assert (await conn.read())["error"] == "bad_request"
-            await conn.send({"op": "produce", "id": 4, "topic": "a", "producer": "p",
-                             "seq": 0, "msgs": [b"fine"]})
-            assert (await conn.read()) == {"id": 4, "ok": True, "end": 1}
+
+            async def refusal(request: bytes | Produce) -> ErrorReply:
+                if isinstance(request, bytes):
+                    await conn.send_raw(request)
+                else:
+                    await conn.send(request)
+                reply = await conn.read()
+                assert isinstance(reply, ErrorReply), reply
+                return reply
+
+            reply = await refusal(Produce(1, "zzz", "p", 0, [b"x"]))
+            assert (reply.id, reply.code) == (1, ErrorCode.UNKNOWN_TOPIC)
+            reply = await refusal(Produce(2, "a", "p", 0, [b"x" * (protocol.MAX_MESSAGE + 1)]))
+            assert (reply.id, reply.code) == (2, ErrorCode.TOO_LARGE)
+            # whole frames that are no request: refused, the connection goes on
+            for body in ({"op": "nonsense", "id": 3}, {"op": "produce", "id": 3},
+                         {"op": "produce", "id": 3, "topic": "a", "producer": "p", "seq": 0,
+                          "msgs": ["text, not bytes"]}):
+                packed = msgpack.packb(body, use_bin_type=True)
+                reply = await refusal(struct.pack(">BI", 1, len(packed)) + packed)
+                assert (reply.id, reply.code) == (3, ErrorCode.BAD_REQUEST)
+                assert "Traceback" not in reply.message
+            await conn.send(Produce(4, "a", "p", 0, [b"fine"]))
+            assert await conn.read() == Produced(4, 1)
             await conn.aclose()
             async with Producer(session) as producer:
                 with pytest.raises(BrokerError, match="exceeds the maximum"):
@@ -116,7 +150,7 @@ async def test_backup_crash_primary_goes_on_and_a_new_backup_catches_up(
             await create_topics(session, ["x"], mode=mode)
             await wait_placed(session, ["x"])
             await wait_full_isr(session, ["x"], {"s1", "s2", "s3"})
-            primary = (await primary_of(session, "x"))["server"]
+            primary = (await primary_of(session, "x")).server
             backup = next(s for s in await placement_of(session, "x") if s != primary)
             load = Load(["x"])
             async with Producer(session) as producer, trio.open_nursery() as sending:
@@ -129,7 +163,7 @@ async def test_backup_crash_primary_goes_on_and_a_new_backup_catches_up(
                 await wait_full_isr(session, ["x"], live)
                 await load.until(load.total + 100)
                 sending.cancel_scope.cancel()
-            assert (await primary_of(session, "x"))["server"] == primary  # it went on
+            assert (await primary_of(session, "x")).server == primary  # it went on
             await check_delivery(session, load, "checker")
             nursery.cancel_scope.cancel()
 
@@ -149,7 +183,7 @@ async def test_frozen_primary_never_acks_after_the_backup_took_over(
             await create_topics(session, ["f"])
             await wait_placed(session, ["f"])
             await wait_full_isr(session, ["f"], {"s1", "s2"})
-            assert (await primary_of(session, "f"))["server"] == "s1"
+            assert (await primary_of(session, "f")).server == "s1"
             await cluster.start_server("s3", session)
             load = Load(["f"])
             async with Producer(session, ack_timeout=1.0) as producer, \
@@ -159,17 +193,17 @@ async def test_frozen_primary_never_acks_after_the_backup_took_over(
                 zk_link.freeze()
                 client_link.freeze()
                 await load.until(load.total + 100)  # s2 took over and acknowledges
-                assert (await primary_of(session, "f"))["server"] == "s2"
+                assert (await primary_of(session, "f")).server == "s2"
                 client_link.unfreeze()
                 zk_link.unfreeze()
                 await wait_full_isr(session, ["f"], {"s1", "s2", "s3"})
                 sending.cancel_scope.cancel()
             await check_delivery(session, load, "checker")
-            old = [t for t in s1.terms if t[0] == "f"]
-            new = [t for t in s2.terms if t[0] == "f"]
-            assert old and new and old[0][3] is not None
-            assert old[0][3] <= new[0][2]  # the deposed term ended before the new one began
-            assert new[0][1] > old[0][1]  # a newer epoch
+            old = [t for t in s1.terms if t.topic == "f"]
+            new = [t for t in s2.terms if t.topic == "f"]
+            assert old and new and old[0].ended is not None
+            assert old[0].ended <= new[0].started  # the deposed term ended before the new one
+            assert new[0].epoch > old[0].epoch  # a newer epoch
             nursery.cancel_scope.cancel()
 
 
@@ -212,28 +246,27 @@ async def test_a_new_copy_of_a_backup_counts_in_sync_only_once_it_caught_up(
             await wait_placed(session, ["g"])
             await wait_full_isr(session, ["g"], {"s1", "s2"})
             primary = await primary_of(session, "g")
-            backup = next(s for s in await placement_of(session, "g") if s != primary["server"])
+            backup = next(s for s in await placement_of(session, "g") if s != primary.server)
             async with Producer(session) as producer:
                 for i in range(20):
                     await producer.send("g", b"%d" % i)  # acknowledged: on both servers
             stat = await session.exists(PATHS.primary("g"))
             assert stat is not None
             # the backup's new incarnation: same name, a fresh copy, from offset 0
-            conn = await protocol.connect(primary["address"])
-            await conn.send({"op": "fetch", "id": 1, "topic": "g", "epoch": stat.czxid,
-                             "offset": 0, "server": backup, "copy": "new-incarnation"})
+            conn = await protocol.connect(primary.address)
+            await conn.send(Fetch(1, "g", stat.czxid, 0, backup, "new-incarnation"))
             reply = await conn.read()
-            assert reply["start"] == 0 and len(reply["records"]) == 20
-            assert reply["in_sync"] is False
+            assert isinstance(reply, Fetched)
+            assert reply.start == 0 and len(reply.records) == 20
+            assert reply.in_sync is False
             async for snap in watch_data(session, PATHS.isr("g")):
-                if backup not in Isr.decode(snap.data).in_sync:
+                if backup not in decode(snap.data, Isr).in_sync:
                     break  # dropped from ZooKeeper's in-sync set: it can no longer take over
             # once it holds everything acknowledged it counts again
-            await conn.send({"op": "fetch", "id": 2, "topic": "g", "epoch": stat.czxid,
-                             "offset": 20, "server": backup, "copy": "new-incarnation"})
+            await conn.send(Fetch(2, "g", stat.czxid, 20, backup, "new-incarnation"))
             reply = await conn.read()
-            assert reply["in_sync"] is True
-            assert backup in Isr.decode((await session.get(PATHS.isr("g")))[0]).in_sync
+            assert isinstance(reply, Fetched) and reply.in_sync is True
+            assert backup in decode((await session.get(PATHS.isr("g")))[0], Isr).in_sync
             await conn.aclose()
             nursery.cancel_scope.cancel()
 
@@ -257,34 +290,34 @@ async def test_a_new_term_shows_only_what_the_in_sync_backup_holds(
             await create_topics(session, ["h"])
             await wait_placed(session, ["h"])
             await wait_full_isr(session, ["h"], {"s1", "s2"})
-            assert (await primary_of(session, "h"))["server"] == "s1"
+            assert (await primary_of(session, "h")).server == "s1"
             async with Producer(session) as producer:
                 for i in range(10):
                     await producer.send("h", b"%d" % i)  # acknowledged: on s1 and s2
             link.freeze()  # s2 fetches from s1 through the proxy: replication stops
             direct = await protocol.connect(s1.listen_address)
-            await direct.send({"op": "produce", "id": 1, "topic": "h", "producer": "raw",
-                               "seq": 0, "msgs": [b"u%d" % i for i in range(5)]})
+            await direct.send(Produce(1, "h", "raw", 0, [b"u%d" % i for i in range(5)]))
             await s1.logs["h"].wait_beyond(14)  # on s1 only: not acknowledged
             # s1's term ends (its ZooKeeper link frozen past the trust deadline); its session
             # and znode survive, so once connected again it starts a new term of the epoch
             proxy.freeze()
             reply = await direct.read()
-            assert reply["id"] == 1 and reply["error"] == "not_primary"
+            assert isinstance(reply, ErrorReply)
+            assert (reply.id, reply.code) == (1, ErrorCode.NOT_PRIMARY)
             proxy.unfreeze()
             await s1.wait_terms("h", 2)
-            assert len({term[1] for term in s1.terms if term[0] == "h"}) == 1  # same epoch
+            assert len({term.epoch for term in s1.terms if term.topic == "h"}) == 1  # same
             sub = await protocol.connect(s1.listen_address)
-            await sub.send({"op": "subscribe", "id": 3, "topic": "h", "offset": 0})
-            assert (await sub.read())["ok"]
+            await sub.send(Subscribe(3, "h", 0))
+            assert isinstance(await sub.read(), Subscribed)
             frame = await sub.read()
-            assert frame["start"] == 0 and len(frame["records"]) == 10
+            assert isinstance(frame, Msgs) and frame.start == 0 and len(frame.records) == 10
             link.unfreeze()  # s2 gets the 5 records; once it holds them they are visible
             seen = 10
             while seen < 15:
                 frame = await sub.read()
-                assert frame["start"] == seen
-                seen += len(frame["records"])
+                assert isinstance(frame, Msgs) and frame.start == seen
+                seen += len(frame.records)
             assert seen == 15
             for conn in (direct, sub):
                 await conn.aclose()

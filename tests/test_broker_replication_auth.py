@@ -12,7 +12,8 @@ import trio
 from examples.message_broker import protocol
 from examples.message_broker.client import Producer
 from examples.message_broker.cluster import LocalCluster
-from examples.message_broker.layout import BrokerPaths, loads
+from examples.message_broker.layout import BrokerPaths, PrimaryRecord, decode
+from examples.message_broker.protocol import ErrorCode, ErrorReply, Fetch
 from framework import Session
 from tests.test_broker_failover import wait_full_isr
 
@@ -20,14 +21,16 @@ PATHS = BrokerPaths()
 SECRET = b"the servers' shared secret"
 
 
-async def forged_fetch(address: str, epoch: int, secret: bytes | None) -> dict[str, object]:
-    """One fetch frame claiming ``epoch``, signed with ``secret`` (``None``: unsigned)."""
+async def forged_fetch(address: str, epoch: int, secret: bytes | None) -> ErrorCode:
+    """One fetch frame claiming ``epoch``, signed with ``secret`` (``None``: unsigned): the
+    code it was refused with."""
     conn = await protocol.connect(address)
     try:
-        frame = protocol.encode({"op": "fetch", "id": 7, "topic": "a", "epoch": epoch,
-                                 "offset": 0, "server": "intruder", "copy": "x"}, secret)
+        frame = protocol.encode(Fetch(7, "a", epoch, 0, "intruder", "x"), secret)
         await conn.send_raw(frame)
-        return await conn.read()
+        reply = await conn.read()
+        assert isinstance(reply, ErrorReply), reply
+        return reply.code
     finally:
         await conn.aclose()
 
@@ -43,26 +46,26 @@ async def test_forged_fetch_frames_change_nothing(
             await cluster.start_with_topics(session, ["a"])
             await wait_full_isr(session, ["a"], {"s1", "s2"})  # replication over signed frames
             data, stat = await session.get(PATHS.primary("a"))
-            primary = cluster.servers[loads(data)["server"]]
+            primary = cluster.servers[decode(data, PrimaryRecord).server]
             epoch = stat.czxid
             async with Producer(session) as producer:
                 await producer.send("a", b"before")
 
                 # unsigned, with a newer epoch: refused, nothing asked of ZooKeeper
-                reply = await forged_fetch(primary.address, epoch + 1000, None)
-                assert reply["error"] == "unauthenticated"
+                code = await forged_fetch(primary.address, epoch + 1000, None)
+                assert code is ErrorCode.UNAUTHENTICATED
                 # signed with another secret: bad_mac, that connection closed
-                reply = await forged_fetch(primary.address, epoch + 1000, b"guessed")
-                assert reply["error"] == "bad_mac"
+                code = await forged_fetch(primary.address, epoch + 1000, b"guessed")
+                assert code is ErrorCode.BAD_MAC
                 # signed with the right secret (a confused or compromised peer), repeated:
                 # checked against ZooKeeper, which says the term is still this primary's
                 for _ in range(5):
-                    reply = await forged_fetch(primary.address, epoch + 1000, SECRET)
-                    assert reply["error"] == "stale_epoch"
+                    code = await forged_fetch(primary.address, epoch + 1000, SECRET)
+                    assert code is ErrorCode.STALE_EPOCH
 
                 await producer.send("a", b"after")  # still acknowledged by the same term
-            assert [t[1] for t in primary.terms if t[0] == "a"] == [epoch]
-            assert primary.terms[-1][3] is None  # the term has not ended
+            assert [t.epoch for t in primary.terms if t.topic == "a"] == [epoch]
+            assert primary.terms[-1].ended is None  # the term has not ended
             assert (await session.exists(PATHS.primary("a"))).czxid == epoch
             nursery.cancel_scope.cancel()
     events = [e["event"] for e in captured_logs]
@@ -82,12 +85,12 @@ async def test_without_a_secret_a_forged_newer_epoch_is_checked_against_zookeepe
             await cluster.start_with_topics(session, ["a"])
             await wait_full_isr(session, ["a"], {"s1", "s2"})
             data, stat = await session.get(PATHS.primary("a"))
-            primary = cluster.servers[loads(data)["server"]]
+            primary = cluster.servers[decode(data, PrimaryRecord).server]
             for _ in range(5):
-                reply = await forged_fetch(primary.address, stat.czxid + 1000, None)
-                assert reply["error"] == "stale_epoch"
+                code = await forged_fetch(primary.address, stat.czxid + 1000, None)
+                assert code is ErrorCode.STALE_EPOCH
             async with Producer(session) as producer:
                 await producer.send("a", b"after")
-            assert [t[1] for t in primary.terms if t[0] == "a"] == [stat.czxid]
-            assert primary.terms[-1][3] is None
+            assert [t.epoch for t in primary.terms if t.topic == "a"] == [stat.czxid]
+            assert primary.terms[-1].ended is None
             nursery.cancel_scope.cancel()

@@ -17,7 +17,7 @@ import trio
 from examples.message_broker.client import Producer
 from examples.message_broker.cluster import ProcessCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas
+from examples.message_broker.layout import BrokerPaths, Isr, decode, decode_replicas
 from framework import Session
 from framework.zk import wait_exists, watch_data
 from tests.test_broker_failover import Load, check_delivery, wait_full_isr
@@ -29,7 +29,7 @@ LAG_LIMIT = 1.5
 
 async def wait_out_of_isr(session: Session, topic: str, server: str) -> None:
     async for snap in watch_data(session, PATHS.isr(topic)):
-        if server not in Isr.decode(snap.data).in_sync:
+        if server not in decode(snap.data, Isr).in_sync:
             return
 
 
@@ -40,8 +40,8 @@ async def wait_settled(session: Session, topics: list[str]) -> None:
             fired = trio.Event()
             placement = decode_replicas((await session.get(PATHS.placement(topic),
                                                  watch=session.waker(fired)))[0])
-            isr = Isr.decode((await session.get(PATHS.isr(topic),
-                                                watch=session.waker(fired)))[0])
+            isr = decode((await session.get(PATHS.isr(topic),
+                                            watch=session.waker(fired)))[0], Isr)
             if len(placement) == 2 and set(placement) <= set(isr.in_sync):
                 break
             await fired.wait()

@@ -9,7 +9,6 @@ nobody is primary, the dead in-sync replicas), then :func:`plan_replicas`."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from examples.message_broker.controller import (
     REPLICAS,
@@ -17,12 +16,12 @@ from examples.message_broker.controller import (
     placement_rules,
     topic_readiness,
 )
-from examples.message_broker.layout import Isr
+from examples.message_broker.layout import Isr, NodeRecord, ServerState
 from framework.runtime import plan_replicas
 
 
 def plan(topics: list[str], current: dict[str, list[str]], live: list[str], *,
-         records: dict[str, dict[str, Any]] | None = None, prohibited: bool = False,
+         records: dict[str, NodeRecord] | None = None, prohibited: bool = False,
          isr: dict[str, Isr] | None = None, primaryless: frozenset[str] = frozenset()
          ) -> dict[str, list[str]]:
     rules = placement_rules(records or {}, prohibited=prohibited)
@@ -40,8 +39,8 @@ def plan(topics: list[str], current: dict[str, list[str]], live: list[str], *,
                          max_moves=BrokerController.max_moves)
 
 
-def reported(primary: str, topic: str, backup: str) -> dict[str, dict[str, Any]]:
-    return {primary: {"primaries": [topic], "out_of_sync": {topic: [backup]}}}
+def reported(primary: str, topic: str, backup: str) -> dict[str, NodeRecord]:
+    return {primary: NodeRecord(primary, primaries=(topic,), out_of_sync={topic: (backup,)})}
 
 
 def test_placement_spreads_topics_and_repairs_without_moving_live_replicas() -> None:
@@ -82,7 +81,7 @@ def test_the_primary_is_never_the_one_to_leave() -> None:
     assert plan(["t"], current, ["a", "b", "c"], isr=isr)["t"] == ["b", "c"]
     # and a rebalance never moves a primary its server reports
     current = {"u": ["a", "b"], "v": ["a", "b"], "w": ["a", "b"]}
-    records = {"a": {"primaries": ["u", "v", "w"]}, "b": {"primaries": []}}
+    records = {"a": NodeRecord("a", primaries=("u", "v", "w")), "b": NodeRecord("b")}
     moved = plan(["u", "v", "w"], current, ["a", "b", "c", "d"], records=records)
     assert all(moved[t][0] == "a" and "a" in moved[t] for t in moved)
     assert all(s in ("b", "c", "d") for t in moved for s in moved[t][1:])
@@ -116,8 +115,9 @@ def test_a_reported_server_gets_no_new_replica_even_when_it_looks_lightest() -> 
 
 def test_a_stopping_server_keeps_its_replicas_and_is_never_the_one_to_leave() -> None:
     isr = {"t": Isr(("s1", "s2", "s3"), "s2", 3)}  # s1 handed t over to s2
-    records = {"s1": {"state": "stopping", "primaries": ["u"]},
-               "s2": {"primaries": ["t"]}, "s3": {}, "s4": {}}
+    records = {"s1": NodeRecord("s1", state=ServerState.STOPPING, primaries=("u",)),
+               "s2": NodeRecord("s2", primaries=("t",)), "s3": NodeRecord("s3"),
+               "s4": NodeRecord("s4")}
     placed = plan(["t", "u"], {"t": ["s1", "s2", "s3"], "u": ["s1", "s3"]},
                   ["s1", "s2", "s3", "s4"], records=records, isr=isr)
     assert "s1" in placed["t"] and "s1" in placed["u"]  # kept until it has left the group

@@ -17,7 +17,7 @@ import trio.testing
 from examples.message_broker.client import Message, Producer, Subscriber, SubscriberBusyError
 from examples.message_broker.cluster import ROOT, LocalCluster
 from examples.message_broker.ctl import create_topics
-from examples.message_broker.layout import BrokerPaths, loads
+from examples.message_broker.layout import BrokerPaths, Position, decode
 from framework import Session, errors
 from framework.testing.faults import expire_session
 from framework.zk import watch_data
@@ -26,12 +26,12 @@ PATHS = BrokerPaths()
 
 
 async def position(session: Session, topic: str, name: str) -> int:
-    return int(loads((await session.get(PATHS.subscriber(topic, name)))[0])["offset"])
+    return decode((await session.get(PATHS.subscriber(topic, name)))[0], Position).offset
 
 
 async def wait_position(session: Session, topic: str, name: str, offset: int) -> None:
     async for snap in watch_data(session, PATHS.subscriber(topic, name)):
-        if snap.exists and loads(snap.data).get("offset") == offset:
+        if snap.exists and decode(snap.data, Position).offset == offset:
             return
 
 

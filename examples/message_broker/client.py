@@ -31,10 +31,25 @@ cancelled (:class:`framework.errors.LockLost` leaves the ``async with``), and a 
 handed to the application only while the session is trusted (``Session.ensure_trusted``:
 a paused instance that resumes past its trust deadline gets
 :class:`framework.errors.SessionInterrupted` instead of its next message).
+
+ZooKeeper connection states: any change (SUSPENDED, a reconnection, a new session after
+LOST) invalidates the cached routes, so the next batch a producer sends waits until the
+connection is back and the ``primary`` znode was read again (its TCP links stay open); a
+subscription already streaming carries on.  For a named subscriber a lost session ends the
+lock (:class:`~framework.errors.LockLost` leaves the ``async with``).
+
+Raises: :class:`BrokerError` for a refusal that asking again cannot change (its ``code`` is
+the :class:`~examples.message_broker.protocol.ErrorCode`: ``too_large``, ``bad_request``,
+...), :class:`UnknownTopicError`, :class:`SubscriberBusyError`,
+:class:`~framework.errors.ConfigurationError` for a payload that is not bytes, and
+:class:`~framework.records.CorruptRecord` for a znode that does not hold its record (a
+subscriber's position, a topic's ``primary``).  Everything else (a server that dies, a
+link that breaks, a failover) is retried.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 import uuid
@@ -45,32 +60,51 @@ import attrs
 import trio
 
 from examples.message_broker import protocol
-from examples.message_broker.layout import BrokerPaths, check_topic, dumps, loads
+from examples.message_broker.layout import (
+    BrokerPaths,
+    Position,
+    PrimaryRecord,
+    SubscriberIdentity,
+    check_topic,
+    decode,
+)
+from examples.message_broker.protocol import (
+    ErrorCode,
+    ErrorReply,
+    Msgs,
+    Produce,
+    Produced,
+    Subscribe,
+    Subscribed,
+)
 from examples.message_broker.watching import wait_watch
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives import Lock, LockHolding
 from framework.retry import Backoff
 from framework.zk import Session
 
-__all__ = ["BrokerError", "Message", "Producer", "Subscriber", "SubscriberBusyError",
-           "UnknownTopicError"]
+__all__ = ["BrokerError", "Exclusive", "Message", "Producer", "Subscriber",
+           "SubscriberBusyError", "UnknownTopicError"]
 
 log = get_logger("examples.message_broker.client")
 
 
 class BrokerError(errors.FrameworkError):
-    """A request the broker refused for good (``code`` is the protocol's error code)."""
+    """A request the broker refused for good (``code``: why)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
 class UnknownTopicError(BrokerError):
+    """The topic does not exist (in ZooKeeper: no server refusal is taken for this)."""
+
     def __init__(self, topic: str) -> None:
-        super().__init__("unknown_topic", f"unknown topic {topic!r} (create it with "
-                                          "`python -m examples.message_broker.ctl create`)")
+        super().__init__(ErrorCode.UNKNOWN_TOPIC,
+                         f"unknown topic {topic!r} (create it with "
+                         "`python -m examples.message_broker.ctl create`)")
 
 
 class SubscriberBusyError(errors.FrameworkError):
@@ -89,7 +123,14 @@ LINK_RETRY = 5.0
 #: stays well inside :data:`protocol.MAX_FRAME`.
 BATCH_BYTES = protocol.MAX_FRAME - 64 * 1024
 
-_PERMANENT = {"too_large", "bad_request", "bad_frame", "bad_version", "unknown_topic"}
+
+class Exclusive(enum.Enum):
+    """What a :class:`Subscriber` does when another instance of its name is live."""
+
+    #: wait until it is gone (its lock is released, or its session expires)
+    WAIT = "wait"
+    #: refuse at once (:class:`SubscriberBusyError`)
+    REFUSE = "refuse"
 
 
 @attrs.frozen
@@ -158,7 +199,7 @@ class Router:
             if stat.czxid == not_epoch:
                 await wait_watch(session, fired, generation)
                 continue
-            address = loads(data).get("address")
+            address = decode(data, PrimaryRecord).address
             if address:
                 self._routes[topic] = _Route(address, stat.czxid, fired, generation)
                 return address, stat.czxid
@@ -175,48 +216,60 @@ class Router:
         await wait_watch(self.session, fired, generation)
 
 
+@attrs.define(eq=False)
+class _Slot:
+    """A request waiting for its reply (``None`` once the link broke)."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    reply: protocol.Message | None = None
+
+
 class _Link:
     """One connection to a server with replies matched to requests by id."""
 
     def __init__(self, conn: protocol.Connection) -> None:
         self.conn = conn
-        self.pending: dict[int, list[Any]] = {}
-        self.next_id = 1
+        self.pending: dict[int, _Slot] = {}
+        self._next_id = 1
         self.broken = False
+
+    def new_id(self) -> int:
+        """An id no other request on this link has."""
+        self._next_id += 1
+        return self._next_id
 
     async def reader(self) -> None:
         try:
             while True:
                 reply = await self.conn.read()
-                slot = self.pending.pop(reply.get("id"), None)
+                slot = self.pending.pop(getattr(reply, "id", None), None)  # type: ignore
                 if slot is not None:
-                    slot[1] = reply
-                    slot[0].set()
+                    slot.reply = reply
+                    slot.done.set()
         except (protocol.PeerClosed, protocol.ProtocolError, OSError,
                 trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             self.broken = True
             for slot in self.pending.values():
-                slot[0].set()
+                slot.done.set()
             self.pending.clear()
             await self.conn.aclose()
 
-    async def request(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, message: Produce) -> protocol.Message:
+        """Send ``message`` (its id from :meth:`new_id`) and return the reply;
+        :class:`protocol.PeerClosed` if the link breaks first."""
         if self.broken:
             raise protocol.PeerClosed("link closed")
-        rid = self.next_id
-        self.next_id += 1
-        slot: list[Any] = [trio.Event(), None]
-        self.pending[rid] = slot
+        slot = self.pending[message.id] = _Slot()
         try:
-            await self.conn.send({**body, "id": rid})
-            await slot[0].wait()
+            await self.conn.send(message)
+            await slot.done.wait()
         finally:
-            self.pending.pop(rid, None)
-        if slot[1] is None:
+            self.pending.pop(message.id, None)
+        if slot.reply is None:
             raise protocol.PeerClosed("link closed")
-        return slot[1]
+        return slot.reply
 
 
 @attrs.define(eq=False)
@@ -270,8 +323,9 @@ class Producer:
             if not isinstance(payload, bytes):
                 raise errors.ConfigurationError("a message payload must be bytes")
             if len(payload) > protocol.MAX_MESSAGE:
-                raise BrokerError("too_large", f"message of {len(payload)} bytes exceeds the "
-                                               f"maximum of {protocol.MAX_MESSAGE}")
+                raise BrokerError(ErrorCode.TOO_LARGE,
+                                  f"message of {len(payload)} bytes exceeds the maximum of "
+                                  f"{protocol.MAX_MESSAGE}")
         if self._nursery is None:
             raise errors.ConfigurationError("use the Producer inside `async with`")
         items = [_Pending(payload) for payload in payloads]
@@ -329,9 +383,8 @@ class Producer:
             try:
                 with trio.fail_after(self.ack_timeout):
                     link = await self._link(address)
-                    reply = await link.request({"op": "produce", "topic": topic,
-                                                "producer": self.producer_id, "seq": seq,
-                                                "msgs": payloads})
+                    reply = await link.request(Produce(link.new_id(), topic, self.producer_id,
+                                                       seq, payloads))  # type: ignore[arg-type]
             except (OSError, protocol.PeerClosed, trio.BrokenResourceError,
                     trio.ClosedResourceError, trio.TooSlowError) as exc:
                 self.retries += 1
@@ -341,18 +394,21 @@ class Producer:
                 with trio.move_on_after(self.ack_timeout):
                     await self.router.primary(topic, not_epoch=epoch)
                 continue
-            code = reply.get("error")
-            if code is None:
+            if isinstance(reply, Produced):
                 return
-            if code == "unknown_topic" and await self.router.topic_exists(topic):
-                code = "not_primary"  # a stale route: that server does not serve it (yet)
-            if code in _PERMANENT:
-                raise BrokerError(code, reply.get("message", code))
+            if not isinstance(reply, ErrorReply):
+                raise BrokerError(ErrorCode.BAD_FRAME,
+                                  f"the server answered a produce with a {reply.op.value} frame")
+            code = reply.code
+            if code is ErrorCode.UNKNOWN_TOPIC and await self.router.topic_exists(topic):
+                code = ErrorCode.NOT_PRIMARY  # a stale route: that server does not serve it
+            if code.permanent:
+                raise BrokerError(code, reply.message or code.value)
             self.retries += 1
-            if code == "no_in_sync_backup":
+            if code is ErrorCode.NO_IN_SYNC_BACKUP:
                 with trio.move_on_after(self.ack_timeout):
                     await self.router.wait_isr_change(topic)
-            elif code == "shutting_down":  # its backup takes over: wait for the next term
+            elif code is ErrorCode.SHUTTING_DOWN:  # its backup takes over: the next term
                 with trio.move_on_after(self.ack_timeout):
                     await self.router.primary(topic, not_epoch=epoch)
             else:
@@ -367,9 +423,10 @@ class Subscriber:
     """A durable, exclusive subscriber to ``topics`` (see the module doc).  Use ``async with``
     and iterate; call :meth:`ack` for each processed message.
 
-    ``exclusive``: ``"wait"`` for a live instance of the same name to go, or ``"refuse"``
-    (raise :class:`SubscriberBusyError` from ``async with``).  ``start``: per topic, an offset
-    to read from instead of the committed position (the position moves on from there).
+    ``exclusive`` (:class:`Exclusive` or its value): ``WAIT`` for a live instance of the same
+    name to go, or ``REFUSE`` (raise :class:`SubscriberBusyError` from ``async with``).
+    ``start``: per topic, an offset to read from instead of the committed position (the
+    position moves on from there).
 
     ``name=None``: an anonymous reader - no lock, no position read or committed, reading from
     ``start`` (default 0).  :meth:`head` tells where a topic's high watermark was when this
@@ -377,19 +434,21 @@ class Subscriber:
 
     def __init__(self, session: Session, name: str | None, topics: list[str], *,
                  commit_interval: float = 1.0, paths: BrokerPaths | None = None,
-                 exclusive: str = "wait", start: dict[str, int] | None = None) -> None:
+                 exclusive: Exclusive | str = Exclusive.WAIT,
+                 start: dict[str, int] | None = None) -> None:
         from framework.zk import validate_name
 
-        if exclusive not in ("wait", "refuse"):
+        try:
+            self.exclusive = Exclusive(exclusive)
+        except ValueError:
             raise errors.ConfigurationError(
-                f"exclusive must be 'wait' or 'refuse', got {exclusive!r}")
+                f"exclusive must be 'wait' or 'refuse', got {exclusive!r}") from None
         self.session = session
         self.name = None if name is None else validate_name("subscriber name", name)
         self.topics = [check_topic(t) for t in topics]
         self.paths = paths or BrokerPaths()
         self.router = Router(session, self.paths)
         self.commit_interval = commit_interval
-        self.exclusive = exclusive
         self.start = dict(start or {})
         self.acked: dict[str, int] = {}
         self.committed: dict[str, int] = {}
@@ -417,8 +476,8 @@ class Subscriber:
         if self.name is None:
             return _NoLock()
         path = self.paths.subscriber_lock(self.name)
-        identity = dumps({"host": socket.gethostname(), "pid": os.getpid()})
-        if self.exclusive == "refuse":
+        identity = records.encode(SubscriberIdentity(socket.gethostname(), os.getpid()))
+        if self.exclusive is Exclusive.REFUSE:
             holder = await self._holder(path)
             if holder is not None:
                 raise SubscriberBusyError(f"subscriber {self.name!r} is already live ({holder})")
@@ -435,10 +494,12 @@ class Subscriber:
             return None
         for name in names:
             try:
-                doc = loads((await self.session.get(f"{path}/{name}"))[0])
+                who = decode((await self.session.get(f"{path}/{name}"))[0], SubscriberIdentity)
             except errors.NoNodeError:
                 continue
-            return f"pid {doc.get('pid', '?')} on {doc.get('host', '?')}"
+            except records.CorruptRecord:
+                return "an instance that did not say who it is"
+            return f"pid {who.pid} on {who.host}"
         return None
 
     async def __aenter__(self) -> Subscriber:
@@ -461,9 +522,9 @@ class Subscriber:
             path = self.paths.subscriber(topic, self.name)
             try:
                 data, _ = await self.session.get(path)
-                self.committed[topic] = int(loads(data).get("offset", 0))
+                self.committed[topic] = decode(data, Position).offset
             except errors.NoNodeError:
-                await self.session.create(path, dumps({"offset": 0}), makepath=True)
+                await self.session.create(path, records.encode(Position(0)), makepath=True)
                 self.committed[topic] = 0
             if topic in self.start:  # read from there; acks move the position on
                 self.committed[topic] = self.start[topic]
@@ -513,7 +574,7 @@ class Subscriber:
             return
         txn = self.holding.fence(self.session.transaction())  # only while we hold the name
         for topic, offset in moved.items():
-            txn.set(self.paths.subscriber(topic, self.name), dumps({"offset": offset}))
+            txn.set(self.paths.subscriber(topic, self.name), records.encode(Position(offset)))
         try:
             await txn.commit()
         except errors.ZooKeeperError as exc:  # positions are retried at the next interval
@@ -539,26 +600,26 @@ class Subscriber:
                 conn = None
             try:
                 if conn is not None:
-                    await conn.send({"op": "subscribe", "id": 1, "topic": topic,
-                                     "offset": offset})
+                    await conn.send(Subscribe(1, topic, offset))
                     while True:
                         frame = await conn.read()
-                        if "error" in frame:
-                            code = frame["error"]
-                            if code == "unknown_topic" and await self.router.topic_exists(topic):
-                                code = "not_primary"  # a stale route
-                            if code in _PERMANENT:
-                                raise BrokerError(code, frame.get("message", ""))
+                        if isinstance(frame, ErrorReply):
+                            code = frame.code
+                            if code is ErrorCode.UNKNOWN_TOPIC and \
+                                    await self.router.topic_exists(topic):
+                                code = ErrorCode.NOT_PRIMARY  # a stale route
+                            if code.permanent:
+                                raise BrokerError(code, frame.message)
                             link_failed = False
                             break
-                        if frame.get("ok") and isinstance(frame.get("hw"), int):
-                            self._set_head(topic, frame["hw"])
+                        if isinstance(frame, Subscribed):
+                            self._set_head(topic, frame.hw)
                             refusals = 0
-                        if frame.get("op") != "msgs" or frame.get("start") != offset:
+                        if not isinstance(frame, Msgs) or frame.start != offset:
                             continue
-                        for producer, seq, payload in frame["records"]:
-                            await self._send.send(Message(topic, offset, producer, seq,
-                                                          bytes(payload)))
+                        for record in frame.records:
+                            await self._send.send(Message(topic, offset, record.producer,
+                                                          record.seq, record.payload))
                             offset += 1
             except (protocol.PeerClosed, protocol.ProtocolError, OSError,
                     trio.BrokenResourceError, trio.ClosedResourceError):

@@ -20,8 +20,9 @@ import trio
 
 from examples.message_broker.controller import BrokerController
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, loads
+from examples.message_broker.layout import BrokerPaths, PrimaryRecord, decode
 from examples.message_broker.server import BrokerServer
+from framework import errors
 from framework.testing import Child, spawn
 from framework.zk import Session, wait_exists, wait_gone
 
@@ -149,13 +150,14 @@ class ProcessCluster:
 
 
 async def primaries(session: Session, topics: list[str]) -> dict[str, str]:
-    """topic -> server currently holding its primary znode."""
+    """topic -> server currently holding its primary znode (topics without one left out)."""
     paths = BrokerPaths()
     out: dict[str, str] = {}
     for topic in topics:
         try:
-            out[topic] = loads((await session.get(paths.primary(topic)))[0]).get("server", "")
-        except Exception:
+            out[topic] = decode((await session.get(paths.primary(topic)))[0],
+                                PrimaryRecord).server
+        except errors.NoNodeError:
             continue
     return out
 

@@ -39,14 +39,22 @@ took over as primary by itself meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+import attrs
 import trio
 
-from examples.message_broker.layout import APP_NAME, BrokerPaths, Isr, loads
-from framework import errors
+from examples.message_broker.layout import (
+    APP_NAME,
+    BrokerPaths,
+    Isr,
+    NodeRecord,
+    ServerState,
+    decode,
+)
+from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives import Group
 from framework.runtime import (
@@ -65,19 +73,19 @@ log = get_logger("examples.message_broker.controller")
 REPLICAS = 2
 
 
-def placement_rules(records: dict[str, dict[str, Any]], *, prohibited: bool) -> PlacementRules:
+def placement_rules(nodes: dict[str, NodeRecord], *, prohibited: bool) -> PlacementRules:
     """The broker's placement rules from the servers' ``nodes/`` records (pure): stopping
     servers retire, reported backups are replaced and avoided, primaries are protected,
     moves only without ``migration_prohibited``."""
     replace: dict[str, set[str]] = {}
     protected: dict[str, set[str]] = {}
-    for server, record in records.items():
-        for topic, backups in (record.get("out_of_sync") or {}).items():
+    for server, record in nodes.items():
+        for topic, backups in record.out_of_sync.items():
             replace.setdefault(topic, set()).update(backups)
-        for topic in record.get("primaries") or ():
+        for topic in record.primaries:
             protected.setdefault(topic, set()).add(server)
     return PlacementRules(
-        retiring=frozenset(s for s, r in records.items() if r.get("state") == "stopping"),
+        retiring=frozenset(s for s, r in nodes.items() if r.state is ServerState.STOPPING),
         avoid=frozenset().union(*replace.values()) if replace else frozenset(),
         replace={t: frozenset(b) for t, b in replace.items()},
         protected={t: frozenset(s) for t, s in protected.items()},
@@ -97,7 +105,8 @@ def topic_readiness(record: Isr, planned: Sequence[str], candidates: AbstractSet
 def in_sync_ready(paths: BrokerPaths) -> Any:
     """The broker's ready rule for :class:`ReplicatedPlacement` (see the module doc): reads
     the topic's ``isr`` (and, with a placed server gone, its ``primary``) with watches, and
-    has the dropping multi check both versions."""
+    has the dropping multi check both versions.  An ``isr`` that is not a record
+    (``broker.record_corrupt``) makes no replica ready and keeps every one: no move."""
 
     async def rule(placement: ReplicatedPlacement, topic: str, planned: Sequence[str],
                    candidates: AbstractSet[str]) -> Readiness | None:
@@ -115,10 +124,34 @@ def in_sync_ready(paths: BrokerPaths) -> Any:
             has_primary = primary is not None
             if primary is not None:
                 checks.append((primary_path, primary.version))
-        ready, keep = topic_readiness(Isr.decode(data), planned, candidates, has_primary)
+        try:
+            record = decode(data, Isr)
+        except records.CorruptRecord as exc:
+            log.error("broker.record_corrupt", path=isr_path, error=str(exc))
+            return Readiness(frozenset(), keep=frozenset(planned), checks=tuple(checks))
+        ready, keep = topic_readiness(record, planned, candidates, has_primary)
         return Readiness(ready, keep=keep, checks=tuple(checks))
 
     return rule
+
+
+@attrs.define
+class _Known:
+    """What the controller has read of the servers and the flag (``None``: not yet)."""
+
+    nodes: dict[str, NodeRecord] | None = None
+    prohibited: bool | None = None
+
+
+def _node_records(members: dict[str, bytes]) -> dict[str, NodeRecord]:
+    """The servers' ``nodes/`` records; one that is not a record is left out (logged)."""
+    found: dict[str, NodeRecord] = {}
+    for name, data in members.items():
+        try:
+            found[name] = decode(data, NodeRecord)
+        except records.CorruptRecord as exc:
+            log.error("broker.record_corrupt", server=name, error=str(exc))
+    return found
 
 
 class BrokerController(Master):
@@ -139,20 +172,19 @@ class BrokerController(Master):
         log.info("controller.leading", controller=self.name, token=ctx.term.token)
 
         def new_topic(txn: Any, topic: str, replicas: list[str]) -> None:
-            txn.create(paths.isr(topic), Isr(tuple(replicas[:1])).encode())
+            txn.create(paths.isr(topic), records.encode(Isr(tuple(replicas[:1]))))
             txn.create(paths.subscribers(topic))
 
         placement = ReplicatedPlacement(ctx, node_grace=self.node_grace,
                                         stable_for=self.stable_for, max_moves=self.max_moves,
                                         ready=in_sync_ready(paths), on_new_shard=new_topic)
-        state: dict[str, Any] = {"records": None, "prohibited": None}
+        state = _Known()
         known = trio.Event()
 
         def update() -> None:
-            if state["records"] is None or state["prohibited"] is None:
+            if state.nodes is None or state.prohibited is None:
                 return
-            placement.set_rules(placement_rules(state["records"],
-                                                prohibited=state["prohibited"]))
+            placement.set_rules(placement_rules(state.nodes, prohibited=state.prohibited))
             known.set()
 
         async with trio.open_nursery() as nursery:
@@ -166,10 +198,10 @@ class BrokerController(Master):
 
             await placement.run(placed)
 
-    async def _watch_nodes(self, session: Any, paths: BrokerPaths, state: dict[str, Any],
-                           update: Any) -> None:
+    async def _watch_nodes(self, session: Any, paths: BrokerPaths, state: _Known,
+                           update: Callable[[], None]) -> None:
         async for members in Group(session, paths.nodes).watch():
-            state["records"] = {n: loads(d) for n, d in members.items()}
+            state.nodes = _node_records(members)
             update()
 
     async def _watch_topics(self, session: Any, paths: BrokerPaths,
@@ -178,8 +210,8 @@ class BrokerController(Master):
             placement.set_shards({t: b"" for t in snap.children}, REPLICAS)
 
     async def _watch_prohibited(self, session: Any, paths: BrokerPaths,
-                                state: dict[str, Any], update: Any) -> None:
+                                state: _Known, update: Callable[[], None]) -> None:
         async for snap in watch_data(session, paths.migration_prohibited):
-            state["prohibited"] = snap.exists
+            state.prohibited = snap.exists
             log.info("controller.migration_prohibited", prohibited=snap.exists)
             update()

@@ -31,19 +31,24 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
-from examples.message_broker.client import Producer, Subscriber
+from examples.message_broker.client import Exclusive, Producer, Subscriber
 from examples.message_broker.layout import (
     BrokerPaths,
     Isr,
+    Mode,
+    NodeRecord,
+    Position,
+    PrimaryRecord,
+    ShutdownRequest,
     TopicSettings,
     check_topic,
+    decode,
     decode_replicas,
-    dumps,
-    loads,
 )
-from framework import errors
+from framework import errors, records
 from framework.cli import (
     ONE_SHOT_DEADLINE,
     add_connection_arguments,
@@ -55,14 +60,66 @@ from framework.cli import (
     zk_hosts_from,
 )
 from framework.logs import configure_logging
+from framework.runtime import MasterIdentity
 from framework.zk import Session
 
 
-async def create_topics(session: Session, names: Sequence[str], *, mode: str = "refuse",
+@attrs.frozen
+class PrimaryView:
+    """A topic's serving primary, with its epoch (the czxid of its ``primary`` znode)."""
+
+    server: str
+    address: str
+    epoch: int
+
+
+@attrs.frozen
+class PlacementView:
+    """The servers a topic is placed on (the controller's intent)."""
+
+    replicas: tuple[str, ...]
+
+
+@attrs.frozen
+class IsrView:
+    """A topic's in-sync set and its term."""
+
+    in_sync: tuple[str, ...]
+    term: int
+
+
+@attrs.frozen
+class TopicInfo:
+    """``ctl describe``: one topic (``None``: that node does not exist)."""
+
+    topic: str
+    mode: Mode
+    placement: PlacementView | None = None
+    isr: IsrView | None = None
+    primary: PrimaryView | None = None
+    #: subscriber -> committed offset
+    subscribers: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class BrokerStatus:
+    """``ctl status``: servers, topics, control znodes, the active controller."""
+
+    servers: dict[str, NodeRecord]
+    topics: dict[str, TopicInfo]
+    controller: str | None
+    migration_prohibited: bool
+    shutdown: bool
+
+
+async def create_topics(session: Session, names: Sequence[str], *,
+                        mode: Mode | str = Mode.REFUSE,
                         paths: BrokerPaths | None = None) -> list[str]:
-    """Create topics (the controller places them); returns the ones that were new."""
+    """Create topics (the controller places them); returns the ones that were new.
+    :class:`~framework.errors.ConfigurationError` for a bad mode or name, before anything
+    is created."""
     paths = paths or BrokerPaths()
-    TopicSettings(mode)  # a bad mode is refused before anything is created
+    mode = TopicSettings(mode).mode
     for name in names:
         check_topic(name)
     await session.ensure_path(paths.topics)
@@ -71,7 +128,7 @@ async def create_topics(session: Session, names: Sequence[str], *, mode: str = "
     async def one(name: str) -> None:
         try:
             settings = TopicSettings(mode, uuid.uuid4().hex[:16])
-            await session.create(paths.topic(name), settings.encode())
+            await session.create(paths.topic(name), records.encode(settings))
             created.append(name)
         except errors.NodeExistsError:
             pass
@@ -88,7 +145,7 @@ async def request_shutdown(session: Session, servers: Sequence[str] = (),
     primaries to their in-sync backups, drain and exit."""
     paths = paths or BrokerPaths()
     await session.ensure_path(paths.base)
-    doc = dumps({"servers": list(servers)} if servers else {})
+    doc = records.encode(ShutdownRequest(tuple(servers)))
     try:
         await session.create(paths.shutdown, doc)
     except errors.NodeExistsError:
@@ -106,105 +163,128 @@ async def wait_placed(session: Session, names: Sequence[str],
             nursery.start_soon(wait_exists, session, paths.primary(name))
 
 
-async def topic_info(session: Session, name: str, paths: BrokerPaths) -> dict[str, Any]:
-    """Settings, placement, in-sync set, primary and subscribers of one topic."""
+async def topic_info(session: Session, name: str, paths: BrokerPaths) -> TopicInfo:
+    """Settings, placement, in-sync set, primary and subscribers of one topic;
+    :class:`~framework.errors.ConfigurationError` for an unknown topic,
+    :class:`~framework.records.CorruptRecord` for a node that holds no record."""
     try:
         data, _ = await session.get(paths.topic(name))
     except errors.NoNodeError:
         raise errors.ConfigurationError(f"unknown topic {name!r}") from None
-    info: dict[str, Any] = {"topic": name, "mode": TopicSettings.decode(data).mode}
-    for key, path in (("placement", paths.placement(name)), ("isr", paths.isr(name)),
-                      ("primary", paths.primary(name))):
+
+    async def read(path: str) -> tuple[bytes, Any] | None:
         try:
-            raw, stat = await session.get(path)
-            doc = loads(raw)
-            if key == "primary":
-                doc["epoch"] = stat.czxid
-            if key == "placement":
-                doc = {"replicas": decode_replicas(raw)}
-            if key == "isr":
-                doc = {"in_sync": list(Isr.decode(raw).in_sync), "term": Isr.decode(raw).term}
-            info[key] = doc
+            return await session.get(path)  # type: ignore[no-any-return]
         except errors.NoNodeError:
-            info[key] = None
-    subs: dict[str, int] = {}
+            return None
+
+    placement, isr, primary = [await read(path) for path in (
+        paths.placement(name), paths.isr(name), paths.primary(name))]
+    subscribers: dict[str, int] = {}
     try:
         for sub in await session.children(paths.subscribers(name)):
-            raw, _ = await session.get(paths.subscriber(name, sub))
-            subs[sub] = int(loads(raw).get("offset", 0))
+            found = await read(paths.subscriber(name, sub))
+            if found is not None:
+                subscribers[sub] = decode(found[0], Position).offset
     except errors.NoNodeError:
         pass
-    info["subscribers"] = subs
-    return info
+    isr_record = None if isr is None else decode(isr[0], Isr)
+    primary_record = None if primary is None else decode(primary[0], PrimaryRecord)
+    return TopicInfo(
+        name, decode(data, TopicSettings).mode,
+        placement=None if placement is None else PlacementView(decode_replicas(placement[0])),
+        isr=None if isr_record is None else IsrView(isr_record.in_sync, isr_record.term),
+        primary=None if primary is None or primary_record is None else PrimaryView(
+            primary_record.server, primary_record.address, primary[1].czxid),
+        subscribers=subscribers)
 
 
-async def gather_status(session: Session, paths: BrokerPaths | None = None) -> dict[str, Any]:
+async def gather_status(session: Session, paths: BrokerPaths | None = None) -> BrokerStatus:
     """Servers (load, primaries, backups, backup lag), topics, control znodes, controller."""
     paths = paths or BrokerPaths()
-    status: dict[str, Any] = {"servers": {}, "topics": {}, "controller": None}
+    servers: dict[str, NodeRecord] = {}
     try:
         for name in await session.children(paths.nodes):
             try:
-                status["servers"][name] = loads((await session.get(f"{paths.nodes}/{name}"))[0])
+                servers[name] = decode((await session.get(f"{paths.nodes}/{name}"))[0],
+                                       NodeRecord)
             except errors.NoNodeError:
                 continue
     except errors.NoNodeError:
         pass
-    status["migration_prohibited"] = await session.exists(paths.migration_prohibited) is not None
-    status["shutdown"] = await session.exists(paths.shutdown) is not None
+    controller = None
     try:
         raw, _ = await session.get(paths.app.rendezvous)
-        status["controller"] = loads(raw).get("name")
+        controller = decode(raw, MasterIdentity).name or None
     except errors.NoNodeError:
         pass
     try:
         names = await session.children(paths.topics)
     except errors.NoNodeError:
         names = []
+    topics: dict[str, TopicInfo] = {}
     for name in sorted(names):
         try:
-            status["topics"][name] = await topic_info(session, name, paths)
+            topics[name] = await topic_info(session, name, paths)
         except errors.ConfigurationError:
             continue
-    return status
+    return BrokerStatus(
+        servers, topics, controller,
+        migration_prohibited=await session.exists(paths.migration_prohibited) is not None,
+        shutdown=await session.exists(paths.shutdown) is not None)
 
 
-def render(status: dict[str, Any]) -> str:
-    lines = [f"controller: {status['controller'] or '-'}   migration_prohibited: "
-             f"{status['migration_prohibited']}   shutdown: {status['shutdown']}", "servers:"]
-    for name, doc in sorted(status["servers"].items()):
-        lags = [v for v in (doc.get("lag") or {}).values() if v is not None]
-        stranded = doc.get("stranded") or {}
-        lines.append(f"  {name:<12} {doc.get('address', '-'):<22} {doc.get('state', '?'):<9}"
-                     f" primaries={len(doc.get('primaries', []))}"
-                     f" backups={len(doc.get('backups', []))}"
+def render(status: BrokerStatus) -> str:
+    """``ctl status``: servers, then topics, one line each."""
+    lines = [f"controller: {status.controller or '-'}   migration_prohibited: "
+             f"{status.migration_prohibited}   shutdown: {status.shutdown}", "servers:"]
+    for name, node in sorted(status.servers.items()):
+        lags = [v for v in node.lag.values() if v is not None]
+        lines.append(f"  {name:<12} {node.address or '-':<22} {node.state.value:<9}"
+                     f" primaries={len(node.primaries)}"
+                     f" backups={len(node.backups)}"
                      f" max_backup_lag={max(lags) if lags else '-'}"
-                     + (f" stranded={','.join(sorted(stranded))}" if stranded else ""))
-    lines.append(f"topics: {len(status['topics'])}")
-    for name, info in status["topics"].items():
-        primary = (info.get("primary") or {}).get("server", "NONE")
-        replicas = ",".join((info.get("placement") or {}).get("replicas", []))
-        in_sync = ",".join((info.get("isr") or {}).get("in_sync", []))
-        subs = " ".join(f"{k}@{v}" for k, v in info["subscribers"].items())
-        lines.append(f"  {name:<14} mode={info['mode']:<8} primary={primary:<10} "
-                     f"replicas={replicas:<22} in_sync={in_sync:<22} {subs}")
+                     + (f" stranded={','.join(sorted(node.stranded))}"
+                        if node.stranded else ""))
+    lines.append(f"topics: {len(status.topics)}")
+    for name, info in status.topics.items():
+        row = _topic_row(info)
+        lines.append(f"  {name:<14} mode={row.mode:<8} primary={row.primary:<10} "
+                     f"replicas={row.replicas:<22} in_sync={row.in_sync:<22} "
+                     f"{row.subscribers}".rstrip())
     return "\n".join(lines)
 
 
-def render_topics(status: dict[str, Any]) -> str:
+@attrs.frozen
+class _Row:
+    """A topic as the tables show it."""
+
+    mode: str
+    primary: str
+    epoch: str
+    replicas: str
+    in_sync: str
+    subscribers: str
+
+
+def _topic_row(info: TopicInfo) -> _Row:
+    return _Row(info.mode.value,
+                "NONE" if info.primary is None else info.primary.server,
+                "-" if info.primary is None else str(info.primary.epoch),
+                "" if info.placement is None else ",".join(info.placement.replicas),
+                "" if info.isr is None else ",".join(info.isr.in_sync),
+                " ".join(f"{k}@{v}" for k, v in sorted(info.subscribers.items())))
+
+
+def render_topics(status: BrokerStatus) -> str:
     """``ctl list``: one row per topic."""
-    topics = status["topics"]
-    if not topics:
+    if not status.topics:
         return "no topics (create some with `ctl create`)"
     rows = [("TOPIC", "MODE", "PRIMARY", "EPOCH", "REPLICAS", "IN-SYNC", "SUBSCRIBERS")]
-    for name, info in topics.items():
-        primary = info.get("primary") or {}
-        subs = " ".join(f"{k}@{v}" for k, v in sorted(info["subscribers"].items()))
-        rows.append((name, info["mode"], primary.get("server", "NONE"),
-                     str(primary.get("epoch", "-")),
-                     ",".join((info.get("placement") or {}).get("replicas", [])) or "-",
-                     ",".join((info.get("isr") or {}).get("in_sync", [])) or "-",
-                     subs or "-"))
+    for name, info in status.topics.items():
+        row = _topic_row(info)
+        rows.append((name, row.mode, row.primary, row.epoch, row.replicas or "-",
+                     row.in_sync or "-", row.subscribers or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip()
              for row in rows]
@@ -244,7 +324,7 @@ async def _consume(session: Session, topic: str, out: Any, *, start: int | None,
                    commit_interval: float, paths: BrokerPaths | None) -> int:
     count = 0
     async with Subscriber(session, name, [topic], paths=paths,
-                          exclusive="wait" if wait else "refuse",
+                          exclusive=Exclusive.WAIT if wait else Exclusive.REFUSE,
                           commit_interval=commit_interval,
                           start={topic: start} if start is not None else None) as sub:
         stop = math.inf
@@ -275,14 +355,14 @@ async def force_leader(session: Session, topic: str, server: str, may_lose: int,
     if may_lose < 0:
         raise errors.ConfigurationError("--may-lose must be >= 0")
     info = await topic_info(session, topic, paths)
-    if info["primary"] is not None:
+    if info.primary is not None:
         raise errors.ConfigurationError(
-            f"topic {topic} has a primary ({info['primary'].get('server')}): nothing to force")
+            f"topic {topic} has a primary ({info.primary.server}): nothing to force")
     try:
         raw, stat = await session.get(paths.isr(topic))
     except errors.NoNodeError:
         raise errors.ConfigurationError(f"topic {topic} was never placed") from None
-    isr = Isr.decode(raw)
+    isr = decode(raw, Isr)
     live = await session.children(paths.nodes)
     alive = [s for s in isr.in_sync if s in live]
     if alive:
@@ -290,11 +370,11 @@ async def force_leader(session: Session, topic: str, server: str, may_lose: int,
             f"in-sync replica(s) {', '.join(alive)} of {topic} are live: they take over "
             "by themselves, without loss")
     try:
-        record = loads((await session.get(f"{paths.nodes}/{server}"))[0])
+        record = decode((await session.get(f"{paths.nodes}/{server}"))[0], NodeRecord)
     except errors.NoNodeError:
         raise errors.ConfigurationError(f"server {server} is not live") from None
-    held = (record.get("stranded") or {}).get(topic)
-    if not isinstance(held, int):
+    held = record.stranded.get(topic)
+    if held is None:
         raise errors.ConfigurationError(
             f"server {server} holds no copy of {topic} waiting for a primary (is it placed "
             "there? `ctl describe` shows the replicas)")
@@ -306,7 +386,7 @@ async def force_leader(session: Session, topic: str, server: str, may_lose: int,
             f"{may_lose})")
     forced = Isr((server,), None, isr.term + 1, {}, hw=isr.hw, forced=server)
     try:
-        await session.set(paths.isr(topic), forced.encode(), version=stat.version)
+        await session.set(paths.isr(topic), records.encode(forced), version=stat.version)
     except errors.BadVersionError:
         raise errors.ConfigurationError(
             f"the in-sync set of {topic} changed meanwhile: look again") from None
@@ -363,15 +443,15 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.command == "status" and not args.json:
         print(render(result))
     elif args.command == "list":
-        print(json.dumps(list(result["topics"].values()), indent=2) if args.json
-              else render_topics(result))
+        print(json.dumps([records.unstructure(t) for t in result.topics.values()], indent=2)
+              if args.json else render_topics(result))
     elif args.command == "create":
         print(f"created {len(result)} topic(s): {' '.join(result)}" if result
               else "no new topic (all exist)")
     elif isinstance(result, str):
         print(result)
-    else:
-        print(json.dumps(result, indent=2))
+    else:  # describe, status --json
+        print(json.dumps(records.unstructure(result), indent=2))
     return 0
 
 
@@ -444,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     create = command("create", "create topics (the controller places them)")
     create.add_argument("topics", nargs="+")
-    create.add_argument("--mode", choices=["refuse", "one_copy"], default="refuse",
+    create.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.REFUSE.value,
                         help="without an in-sync backup: refuse writes or ack one copy")
     listing = command("list", "topics: mode, primary, replicas, in-sync set, subscribers")
     listing.add_argument("--json", action="store_true")

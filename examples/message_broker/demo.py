@@ -43,25 +43,89 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ROOT, ProcessCluster, primaries, wait_server_gone
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, decode_replicas, loads
-from framework import FrameworkError, ZooKeeperEnsemble, configure_logging
+from examples.message_broker.layout import BrokerPaths, Isr, decode, decode_replicas
+from framework import FrameworkError, ZooKeeperEnsemble, configure_logging, records
+from framework.runtime import MasterIdentity
 from framework.zk import Session, wait_exists, watch_children, watch_data
 from framework.zkserver import four_letter
 
 PATHS = BrokerPaths()
-#: The broker processes' session timeout.  Their trust window is 2/3 of it (4 s) after the
-#: newest reply; a busy server's newest reply is at most 0.5 s old (its status tick), so a
-#: ZooKeeper leader election (0.7-1.1 s measured on this machine) leaves a margin of more
-#: than 2 s before a primary would end its term for nothing (docs/architecture.md).
+#: The broker processes' session timeout (why 6 s: docs/architecture.md, "Trust window,
+#: ZooKeeper elections and the session timeout").
 SESSION_TIMEOUT = 6.0
 #: The lag limit the servers use by default: 2/3 of the session timeout.
 LAG_LIMIT = SESSION_TIMEOUT * 2 / 3
+
+
+@attrs.frozen
+class Stamp:
+    """What a demo message says (its payload, padded to about 250 bytes)."""
+
+    producer: str
+    n: int
+    sent_at: float
+
+
+@attrs.frozen
+class Failover:
+    """Seconds from the kill -9 of a primary until each topic it led had a new one."""
+
+    p50: float
+    max: float
+    topics: int
+
+
+@attrs.frozen
+class Sigstop:
+    """The SIGSTOP of the busiest backup: the longest stretches without an ack."""
+
+    server: str
+    backed_topics: int
+    led_topics: int
+    stopped_s: float
+    lag_limit_s: float
+    longest_ack_gap_backed_s: float
+    longest_ack_gap_led_s: float
+    longest_ack_gap_any_s: float
+    target_s: float
+
+
+@attrs.frozen
+class Latency:
+    """Publish -> deliver latency (ms)."""
+
+    p50: float
+    p99: float
+
+
+@attrs.define
+class Summary:
+    """What the demo measured and checked (``summary.json``)."""
+
+    topics: int
+    failover_s: Failover | None = None
+    controller_failover_s: float | None = None
+    s4_in_sync_topics: int | None = None
+    sigstop: Sigstop | None = None
+    zk_writes_per_1000_msgs: float | None = None
+    acknowledged: int = 0
+    received: int = 0
+    acknowledged_never_received: int = 0
+    order_violations: int = 0
+    duplicates_delivered: int = 0
+    producer_retries: int = 0
+    latency_ms: Latency | None = None
+    killed_server: str = ""
+    killed_controller: str = ""
+    ok: bool = False
+    elapsed_s: float | None = None
 
 
 class Tally:
@@ -134,7 +198,7 @@ async def produce(hosts: str, chroot: str, name: str, topics: list[str], tally: 
         async def one(topic: str) -> None:
             n = 0
             while not stop.is_set():
-                payload = json.dumps([name, n, time.time()]).encode() + b" " * 200
+                payload = records.encode(Stamp(name, n, time.time())) + b" " * 200
                 await producer.send(topic, payload)
                 tally.on_ack((topic, name, n))
                 n += 1
@@ -157,15 +221,16 @@ async def subscribe(hosts: str, chroot: str, name: str, topics: list[str], tally
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stopper)
                 async for msg in sub:
-                    producer, n, sent_at = json.loads(msg.payload.rstrip(b" "))
-                    tally.on_message(msg.id, (msg.topic, producer, n), sent_at)
+                    stamp = records.decode(msg.payload.rstrip(b" "), Stamp)
+                    tally.on_message(msg.id, (msg.topic, stamp.producer, stamp.n),
+                                     stamp.sent_at)
                     sub.ack(msg)
 
 
 async def wait_full_isr(session: Session, topics: list[str], live: set[str]) -> None:
     async def one(topic: str) -> None:
         async for snap in watch_data(session, PATHS.isr(topic)):
-            in_sync = set(Isr.decode(snap.data).in_sync)
+            in_sync = set(decode(snap.data, Isr).in_sync)
             if len(in_sync) == 2 and in_sync <= live:
                 return
 
@@ -194,7 +259,7 @@ async def wait_settled(session: Session, topics: list[str]) -> None:
                 await changed.wait()
                 changed = trio.Event()
                 replicas = decode_replicas(latest.get("placement"))
-                in_sync = set(Isr.decode(latest.get("isr")).in_sync)
+                in_sync = set(decode(latest.get("isr"), Isr).in_sync)
                 if len(replicas) == 2 and set(replicas) <= in_sync:
                     nursery.cancel_scope.cancel()
 
@@ -232,7 +297,7 @@ async def failover_times(session: Session, old: dict[str, int],
 
 
 async def stop_busiest_backup(session: Session, cluster: ProcessCluster, topics: list[str],
-                              live: set[str], tally: Tally, summary: dict[str, Any]) -> None:
+                              live: set[str], tally: Tally, summary: Summary) -> None:
     """SIGSTOP the backup of the most topics for twice the session timeout, then SIGCONT;
     record the longest ack gap on the topics it backed up and on those it led."""
     placed = await primaries(session, topics)
@@ -256,14 +321,14 @@ async def stop_busiest_backup(session: Session, cluster: ProcessCluster, topics:
     backed_gap = max((tally.max_gap.get(t, 0.0) for t in backed), default=0.0)
     led_gap = max((tally.max_gap.get(t, 0.0) for t in led), default=0.0)
     any_gap = max((tally.max_gap.get(t, 0.0) for t in topics), default=0.0)
-    summary["sigstop"] = {
-        "server": victim, "backed_topics": len(backed), "led_topics": len(led),
-        "stopped_s": round(resumed_at - paused_at, 2), "lag_limit_s": round(LAG_LIMIT, 2),
-        "longest_ack_gap_backed_s": round(backed_gap, 3),
-        "longest_ack_gap_led_s": round(led_gap, 3),
-        "longest_ack_gap_any_s": round(any_gap, 3),
-        "target_s": round(LAG_LIMIT + 1, 2),
-    }
+    summary.sigstop = Sigstop(
+        server=victim, backed_topics=len(backed), led_topics=len(led),
+        stopped_s=round(resumed_at - paused_at, 2), lag_limit_s=round(LAG_LIMIT, 2),
+        longest_ack_gap_backed_s=round(backed_gap, 3),
+        longest_ack_gap_led_s=round(led_gap, 3),
+        longest_ack_gap_any_s=round(any_gap, 3),
+        target_s=round(LAG_LIMIT + 1, 2),
+    )
     say(f"{victim} resumed; longest ack gap: {backed_gap:.2f} s on the topics it backed up "
         f"(target <= {LAG_LIMIT + 1:.2f} s), {led_gap:.2f} s on the topics it led")
 
@@ -271,7 +336,7 @@ async def stop_busiest_backup(session: Session, cluster: ProcessCluster, topics:
 async def count_in_sync(session: Session, topics: list[str], server: str) -> int:
     count = 0
     for topic in topics:
-        if server in Isr.decode((await session.get(PATHS.isr(topic)))[0]).in_sync:
+        if server in decode((await session.get(PATHS.isr(topic)))[0], Isr).in_sync:
             count += 1
     return count
 
@@ -290,11 +355,11 @@ def say(text: str) -> None:
 
 
 async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
-                   seconds: float) -> dict[str, Any]:
+                   seconds: float) -> Summary:
     topics = [f"topic-{i:03d}" for i in range(topics_count)]
     cluster = ProcessCluster(hosts, chroot, out / "data", out / "logs",
                              session_timeout=SESSION_TIMEOUT)
-    summary: dict[str, Any] = {"topics": topics_count}
+    summary = Summary(topics_count)
     tally = Tally()
     try:
         async with Session(hosts, chroot=chroot, session_timeout=4.0) as session:
@@ -338,15 +403,17 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 await cluster.kill9(victim)
                 with trio.fail_after(30):
                     times = sorted(await failover_times(session, old, killed_at))
-                summary["failover_s"] = {"p50": round(statistics.median(times), 3),
-                                         "max": round(max(times), 3), "topics": len(times)}
-                say(f"{len(times)} topics failed over: p50 {summary['failover_s']['p50']} s, "
-                    f"max {summary['failover_s']['max']} s")
+                failover = Failover(round(statistics.median(times), 3), round(max(times), 3),
+                                    len(times))
+                summary.failover_s = failover
+                say(f"{len(times)} topics failed over: p50 {failover.p50} s, "
+                    f"max {failover.max} s")
                 live = {"s1", "s2", "s3"} - {victim}
                 with trio.fail_after(30):
                     await wait_server_gone(session, victim)
                     await tally.wait_acked(len(tally.acked) + 2000)
-                leader = loads((await session.get(PATHS.app.rendezvous))[0])["name"]
+                leader = decode((await session.get(PATHS.app.rendezvous))[0],
+                                MasterIdentity).name
                 say(f"kill -9 the active controller {leader}; replacement server s4 joins")
                 ctl_killed = time.monotonic()
                 await cluster.kill9(leader)
@@ -354,11 +421,11 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 live |= {"s4"}
                 with trio.fail_after(40):
                     async for snap in watch_data(session, PATHS.app.rendezvous):
-                        if snap.exists and loads(snap.data).get("name") != leader:
+                        if snap.exists and decode(snap.data, MasterIdentity).name != leader:
                             break
-                    summary["controller_failover_s"] = round(time.monotonic() - ctl_killed, 3)
+                    summary.controller_failover_s = round(time.monotonic() - ctl_killed, 3)
                     say(f"standby controller took over after "
-                        f"{summary['controller_failover_s']} s")
+                        f"{summary.controller_failover_s} s")
                     await cluster.wait_joined(session, "s4")
                     await wait_full_isr(session, topics, live)
                     say("every topic has two in-sync live replicas again")
@@ -366,16 +433,16 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                         if snap.children:  # the new controller gave s4 its first replicas
                             break
                     await wait_settled(session, topics)
-                    summary["s4_in_sync_topics"] = await count_in_sync(session, topics, "s4")
+                    summary.s4_in_sync_topics = await count_in_sync(session, topics, "s4")
                 say(f"moves onto s4 finished (make before break): s4 holds an in-sync copy "
-                    f"of {summary['s4_in_sync_topics']} topics")
+                    f"of {summary.s4_in_sync_topics} topics")
                 await stop_busiest_backup(session, cluster, topics, live, tally, summary)
                 remaining = seconds - (time.monotonic() - started)
                 if remaining > 0:
                     await trio.sleep(remaining)  # a bounded run: keep the load going
                 stop.set()
                 writes = zxid(hosts) - zxid_before
-                summary["zk_writes_per_1000_msgs"] = round(
+                summary.zk_writes_per_1000_msgs = round(
                     writes * 1000 / max(len(tally.acked) - acked_before, 1), 1)
                 say("producers stopped; waiting for subscribers to receive everything")
                 with trio.move_on_after(30):
@@ -385,52 +452,51 @@ async def run_demo(hosts: str, chroot: str, out: Path, topics_count: int,
                 done.set()
         lat = sorted(tally.latencies)
         lost = tally.acked - tally.received
-        summary.update({
-            "acknowledged": len(tally.acked),
-            "received": len(tally.received),
-            "acknowledged_never_received": len(lost),
-            "order_violations": tally.order_violations,
-            "duplicates_delivered": tally.duplicates,
-            "producer_retries": sum(retries),
-            "latency_ms": {"p50": round(lat[len(lat) // 2] * 1000, 1),
-                           "p99": round(lat[int(len(lat) * 0.99)] * 1000, 1)} if lat else None,
-            "killed_server": victim,
-            "killed_controller": leader,
-        })
-        summary["ok"] = (len(lost) == 0 and tally.order_violations == 0
-                         and len(tally.acked) > 0
-                         and summary["sigstop"]["longest_ack_gap_backed_s"]
-                         <= summary["sigstop"]["target_s"])
+        summary = attrs.evolve(
+            summary,
+            acknowledged=len(tally.acked),
+            received=len(tally.received),
+            acknowledged_never_received=len(lost),
+            order_violations=tally.order_violations,
+            duplicates_delivered=tally.duplicates,
+            producer_retries=sum(retries),
+            latency_ms=Latency(round(lat[len(lat) // 2] * 1000, 1),
+                               round(lat[int(len(lat) * 0.99)] * 1000, 1)) if lat else None,
+            killed_server=victim,
+            killed_controller=leader,
+        )
+        summary.ok = (len(lost) == 0 and tally.order_violations == 0
+                      and len(tally.acked) > 0 and summary.sigstop is not None
+                      and summary.sigstop.longest_ack_gap_backed_s <= summary.sigstop.target_s)
         return summary
     finally:
         await cluster.stop_all()
 
 
-def render_summary(summary: dict[str, Any]) -> str:
+def render_summary(summary: Summary) -> str:
     """The summary as lines, the checked ones marked."""
-    failover = summary.get("failover_s") or {}
-    sigstop = summary.get("sigstop") or {}
+    failover, sigstop = summary.failover_s, summary.sigstop
     rows = [
-        ("messages acknowledged", summary["acknowledged"], ""),
-        ("messages received", summary["received"], ""),
-        ("acknowledged but never received", summary["acknowledged_never_received"],
+        ("messages acknowledged", summary.acknowledged, ""),
+        ("messages received", summary.received, ""),
+        ("acknowledged but never received", summary.acknowledged_never_received,
          "(must be 0)"),
-        ("per-topic order violations", summary["order_violations"], "(must be 0)"),
-        ("duplicates delivered", summary["duplicates_delivered"],
-         f"(reported; producer retries: {summary['producer_retries']})"),
-        (f"failover after kill -9 of {summary['killed_server']}",
-         f"p50 {failover.get('p50')} s, max {failover.get('max')} s",
-         f"({failover.get('topics')} topics)"),
-        (f"controller failover after kill -9 of {summary['killed_controller']}",
-         f"{summary.get('controller_failover_s')} s", ""),
-        ("ZooKeeper transactions per 1,000 messages", summary["zk_writes_per_1000_msgs"], ""),
-        (f"SIGSTOP {sigstop.get('server')} {sigstop.get('stopped_s')} s: longest ack gap, "
-         "topics it backed up", f"{sigstop.get('longest_ack_gap_backed_s')} s",
-         f"(target <= lag limit + 1 s = {sigstop.get('target_s')} s)"),
+        ("per-topic order violations", summary.order_violations, "(must be 0)"),
+        ("duplicates delivered", summary.duplicates_delivered,
+         f"(reported; producer retries: {summary.producer_retries})"),
+        (f"failover after kill -9 of {summary.killed_server}",
+         f"p50 {failover and failover.p50} s, max {failover and failover.max} s",
+         f"({failover and failover.topics} topics)"),
+        (f"controller failover after kill -9 of {summary.killed_controller}",
+         f"{summary.controller_failover_s} s", ""),
+        ("ZooKeeper transactions per 1,000 messages", summary.zk_writes_per_1000_msgs, ""),
+        (f"SIGSTOP {sigstop and sigstop.server} {sigstop and sigstop.stopped_s} s: longest "
+         "ack gap, topics it backed up", f"{sigstop and sigstop.longest_ack_gap_backed_s} s",
+         f"(target <= lag limit + 1 s = {sigstop and sigstop.target_s} s)"),
         ("  ... topics it led (replaced when its session expired)",
-         f"{sigstop.get('longest_ack_gap_led_s')} s", f"(session {SESSION_TIMEOUT:g} s)"),
-        ("  ... any topic", f"{sigstop.get('longest_ack_gap_any_s')} s", ""),
-        ("elapsed", f"{summary['elapsed_s']} s", "(target: under 120 s)"),
+         f"{sigstop and sigstop.longest_ack_gap_led_s} s", f"(session {SESSION_TIMEOUT:g} s)"),
+        ("  ... any topic", f"{sigstop and sigstop.longest_ack_gap_any_s} s", ""),
+        ("elapsed", f"{summary.elapsed_s} s", "(target: under 120 s)"),
     ]
     return "summary:\n" + "\n".join(f"  {name + ':':<52} {value!s:<24} {note}".rstrip()
                                      for name, value, note in rows)
@@ -455,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True)
     chroot = f"/demo-broker-{uuid.uuid4().hex[:8]}"
 
-    def go(hosts: str) -> dict[str, Any]:
+    def go(hosts: str) -> Summary:
         return trio.run(run_demo, hosts, chroot, out, args.topics, args.seconds)
 
     began = time.monotonic()
@@ -476,13 +542,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo-broker: FAILED: a phase did not finish in time (logs in {out}/logs)",
               file=sys.stderr)
         return 1
-    summary["elapsed_s"] = round(time.monotonic() - began, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
+    summary.elapsed_s = round(time.monotonic() - began, 1)
+    document = json.dumps(records.unstructure(summary), indent=2)
+    (out / "summary.json").write_text(document)
+    print(document)
     print(render_summary(summary), flush=True)
     print("demo-broker:", "OK - every acknowledged message was received, in order"
-          if summary["ok"] else "FAILED - see above", flush=True)
-    return 0 if summary["ok"] else 1
+          if summary.ok else "FAILED - see above", flush=True)
+    return 0 if summary.ok else 1
 
 
 if __name__ == "__main__":

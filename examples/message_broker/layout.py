@@ -1,23 +1,27 @@
-"""The broker's znode layout and the small records kept in ZooKeeper (YMB, Figure 3).
+"""The broker's znode layout and its records in ZooKeeper (YMB, Figure 3).
 
-Everything lives under ``/apps/broker`` (the runtime's :class:`framework.runtime.App`)::
+Everything lives under ``/apps/broker`` (the runtime's :class:`framework.runtime.App`); the
+record class of each node's data is named on the right::
 
     masters/                      controller election (the runtime's)
-    nodes/<server>                ephemeral, one per live server: address, load, status, lag
-    shutdown                      exists => servers hand their primaries over and exit
+    nodes/<server>                ephemeral, one per live server          NodeRecord
+    shutdown                      exists => servers hand over and exit    ShutdownRequest
     migration_prohibited          exists => the controller makes no voluntary moves
     workers/<server>              ephemeral: the server as a runtime worker (its group)
-    shards/<topic>, plan/<topic>  the runtime's replicated placement (the controller's intent):
-                                  ``plan/<topic>`` is a JSON list of the servers placed
+    shards/<topic>, plan/<topic>  the runtime's replicated placement (the controller's intent;
+                                  ``plan/<topic>``: the servers placed, :func:`decode_replicas`)
     assignments/<server>/<topic>  the same, per server (``Worker.serve_shard`` per topic)
-    topics/<topic>                settings (mode: ``refuse`` or ``one_copy``)
-    topics/<topic>/isr            in-sync replicas, last leader, term (written by the primary
-                                  on a change of in-sync set and by a backup taking over)
-    topics/<topic>/primary        ephemeral: the serving primary (server, address); its czxid
-                                  is the epoch of this primary term
-    topics/<topic>/subscribers/<name>   a subscriber's committed position (batched)
-    subscriber_locks/<name>/lock-*      the live instance of subscriber ``name`` (a lock: one
-                                  at a time; its position commits check its node)
+    topics/<topic>                settings                                TopicSettings
+    topics/<topic>/isr            in-sync replicas, last leader, term     Isr
+    topics/<topic>/primary        ephemeral: the serving primary; its     PrimaryRecord
+                                  czxid is the epoch of this primary term
+    topics/<topic>/subscribers/<name>   a subscriber's committed offset   Position
+    subscriber_locks/<name>/lock-*      the live instance of a subscriber SubscriberIdentity
+
+Records are attrs classes written as compact JSON by :mod:`framework.records` (``records.
+encode``) and read with :func:`decode`: keys a newer writer added are ignored, keys an older
+writer lacked take their defaults, and data that is not the record raises
+:class:`~framework.records.CorruptRecord` naming the class and the field.
 
 ZooKeeper never sees a message: writes happen on topic creation, placement changes, failover,
 in-sync set changes, status updates and batched subscriber commits only.
@@ -25,78 +29,66 @@ in-sync set changes, status updates and batched subscriber commits only.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import enum
+from typing import TypeVar
 
 import attrs
 
-from framework.runtime import App
+from framework import records
+from framework.runtime import App, Plan
 from framework.zk import validate_name
 
 APP_NAME = "broker"
 
-MODES = ("refuse", "one_copy")
+T = TypeVar("T")
 
 
-def loads(data: bytes | None) -> dict[str, Any]:
-    """JSON object from znode data (empty or broken data -> ``{}``)."""
-    if not data:
-        return {}
+def decode(data: bytes | None, cls: type[T]) -> T:
+    """The ``cls`` record in a znode's data; the class's defaults for a node without data
+    (or one that does not exist: a watch's snapshot); :class:`~framework.records.
+    CorruptRecord`, naming the class and what does not fit, for data that is not one."""
+    return cls() if not data else records.decode(data, cls)
+
+
+def decode_replicas(data: bytes | None) -> tuple[str, ...]:
+    """The servers placed for a topic, from its ``plan/<topic>`` znode (the runtime's
+    :class:`~framework.runtime.Plan`); :class:`~framework.records.CorruptRecord` if it is not
+    a list of names."""
+    return Plan.decode(data or b"").workers
+
+
+class Mode(enum.Enum):
+    """What a topic's primary does while no backup is in sync."""
+
+    #: refuse writes (``no_in_sync_backup``): every acknowledged message is on two servers
+    REFUSE = "refuse"
+    #: acknowledge with one copy, once ZooKeeper's in-sync set names the primary alone
+    ONE_COPY = "one_copy"
+
+
+def _mode(value: Mode | str) -> Mode:
     try:
-        value = json.loads(data)
+        return Mode(value)
     except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        from framework.errors import ConfigurationError
 
-
-def decode_replicas(data: bytes | None) -> list[str]:
-    """The servers placed for a topic, from its ``plan/<topic>`` znode (a JSON list)."""
-    if not data:
-        return []
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return []
-    if isinstance(value, dict):
-        value = value.get("replicas", [])
-    return [str(s) for s in value] if isinstance(value, list) else []
-
-
-def dumps(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+        raise ConfigurationError(f"mode must be one of {', '.join(m.value for m in Mode)}, "
+                                 f"got {value!r}") from None
 
 
 @attrs.frozen
 class TopicSettings:
-    """A topic's settings.  ``mode``: what the primary does while no backup is in sync:
-    ``refuse`` (the default) refuses writes, ``one_copy`` acknowledges with one copy."""
+    """``topics/<t>``: a topic's settings, written once by ``ctl create``."""
 
-    mode: str = attrs.field(default="refuse")
+    mode: Mode = attrs.field(default=Mode.REFUSE, converter=_mode)
     #: a random id drawn when the topic is created: a server's log belongs to one topic
     #: incarnation, never to an earlier topic of the same name (empty for older topics)
     id: str = ""
 
-    @mode.validator
-    def _check(self, _attr: object, value: str) -> None:
-        if value not in MODES:
-            from framework.errors import ConfigurationError
-
-            raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
-
-    def encode(self) -> bytes:
-        return dumps({"mode": self.mode, **({"id": self.id} if self.id else {})})
-
-    @classmethod
-    def decode(cls, data: bytes | None) -> TopicSettings:
-        doc = loads(data)
-        mode, topic_id = doc.get("mode", "refuse"), doc.get("id", "")
-        return cls(mode if mode in MODES else "refuse",
-                   topic_id if isinstance(topic_id, str) else "")
-
 
 @attrs.frozen
 class Isr:
-    """The in-sync replica record of a topic.
+    """``topics/<t>/isr``: the in-sync replica record of a topic.
 
     ``in_sync`` lists the servers holding every acknowledged message; only one of them may
     become primary.  ``term`` grows with every takeover (a takeover sets this record with the
@@ -117,22 +109,66 @@ class Isr:
     #: miss acknowledged records (an operator's decision, with a stated loss)
     forced: str | None = None
 
-    def encode(self) -> bytes:
-        doc: dict[str, Any] = {"in_sync": list(self.in_sync), "leader": self.leader,
-                               "term": self.term, "copies": self.copies, "hw": self.hw}
-        if self.forced is not None:
-            doc["forced"] = self.forced
-        return dumps(doc)
 
-    @classmethod
-    def decode(cls, data: bytes | None) -> Isr:
-        doc = loads(data)
-        copies = doc.get("copies") or {}
-        hw, forced = doc.get("hw", 0), doc.get("forced")
-        return cls(tuple(doc.get("in_sync") or ()), doc.get("leader"), int(doc.get("term", 0)),
-                   {str(k): str(v) for k, v in copies.items()} if isinstance(copies, dict)
-                   else {}, hw if isinstance(hw, int) else 0,
-                   forced if isinstance(forced, str) else None)
+@attrs.frozen
+class PrimaryRecord:
+    """``topics/<t>/primary`` (ephemeral): the serving primary; the node's czxid is the
+    epoch of its term."""
+
+    server: str = ""
+    address: str = ""
+
+
+class ServerState(enum.Enum):
+    """A server's state in its ``nodes/`` record."""
+
+    RUNNING = "running"
+    #: handing its primaries over before it leaves (the controller keeps its replicas)
+    STOPPING = "stopping"
+
+
+@attrs.frozen
+class NodeRecord:
+    """``nodes/<server>`` (ephemeral): what a server serves, as the controller and ``ctl
+    status`` read it."""
+
+    name: str = ""
+    address: str = ""
+    state: ServerState = ServerState.RUNNING
+    #: whether the server saw ``migration_prohibited``
+    migration_prohibited: bool = False
+    load: int = 0
+    primaries: tuple[str, ...] = ()
+    backups: tuple[str, ...] = ()
+    #: per topic it leads: how far its slowest in-sync backup is behind (``None``: none)
+    lag: dict[str, int | None] = attrs.field(factory=dict)
+    #: per topic it leads: placed backups it dropped from the in-sync set, or reports slow
+    #: (the controller places a replacement for each)
+    out_of_sync: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    #: topics with no primary it cannot take over: its log's end (``ctl force-leader``)
+    stranded: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Position:
+    """``topics/<t>/subscribers/<name>``: a durable subscriber's committed offset."""
+
+    offset: int = 0
+
+
+@attrs.frozen
+class ShutdownRequest:
+    """``shutdown``: the servers to stop (empty: every server)."""
+
+    servers: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class SubscriberIdentity:
+    """The data of a subscriber's lock node: which process holds or waits for the name."""
+
+    host: str = ""
+    pid: int = 0
 
 
 @attrs.frozen

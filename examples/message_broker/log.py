@@ -1,13 +1,13 @@
 """A topic's local log: append-only segment files on disk plus an in-memory index.
 
-Records are ``(producer, seq, payload)``; a record's offset is its position in the log.  Each
-append is written to the current segment file (``<dir>/<topic>/<first-offset>.seg``, a new
-segment every ``segment_bytes``) before it is visible to readers; with ``fsync="always"`` the
-segment is fsynced before the append returns, ``"never"`` leaves flushing to the OS (a server
-crash keeps the data, a machine crash may not: the backup's copy is what protects
+A record (:class:`Record`) is ``(producer, seq, payload)``; its offset is its position in the
+log.  Each append is written to the current segment file (``<dir>/<topic>/<first-offset>.seg``,
+a new segment every ``segment_bytes``) before it is visible to readers; with
+``fsync="always"`` the segment is fsynced before the append returns, with ``"never"`` a
+server crash keeps the data and a machine crash may not (the backup's copy is what protects
 acknowledged messages).
 
-Record format on disk::
+Record format on disk (:func:`encode_records`, :func:`decode_segment`)::
 
     +------------------+-------------------+--------------------------------------+
     | length (u32, BE) | crc32 (u32, BE)   | body: msgpack [producer, seq, payload]|
@@ -15,50 +15,100 @@ Record format on disk::
 
 The crc (``zlib.crc32``) covers the body.
 
-**Recovery.**  A log opened on a directory that holds segments recovers them: records are read
-in offset order and the first record that is cut short, fails its checksum or does not decode
-ends the log - it and everything after it are cut off (the file is truncated there, later
-segments are removed; ``broker.log_truncated`` says how much).  A torn tail can only be a
-record whose append never returned, so never an acknowledged one.  The directory is never
-removed at start.
+Guarantees:
 
-**Copies.**  ``meta.json`` next to the segments says which *copy* of the topic the log is: a
-random token (:attr:`TopicLog.copy`) drawn whenever the log starts afresh (:meth:`reset`, when
-a backup starts copying a new primary term from offset 0), and the in-sync term in which this
-log last served as primary (:attr:`TopicLog.primary_term`, written *before* the takeover is
-attempted).  The server compares them with ZooKeeper's in-sync record to decide whether a log
-recovered after a restart is the one that was counted in sync (see ``server.py``).  The file
-also names the topic incarnation the log belongs to (:meth:`TopicLog.bind`: the id drawn
-when the topic was created): a log left by an earlier topic of the same name, or by another
-cluster, is never taken for this topic's - it starts afresh.  The file
-is replaced atomically (write, fsync, rename, fsync of the directory) before the log changes
-that it describes, so a crash never leaves a new log under an old token.
-
-Reads are served from memory (the example keeps logs small).
-
-Guarantees: appends are atomic with respect to readers (a reader never sees a partial
-batch); :meth:`wait_beyond` wakes every waiter on each append, no polling.
+* **Recovery.**  A log opened on a directory that holds segments recovers them, in offset
+  order; the first record that is cut short, fails its checksum or does not decode ends the
+  log: it and everything after it are cut off (the file truncated there, later segments
+  removed; ``broker.log_truncated`` says how much).  A torn tail can only be a record whose
+  append never returned, so never an acknowledged one.  The directory is never removed at
+  start.
+* **Copies.**  ``meta.json`` (a :class:`LogMeta` record) says which *copy* of the topic the
+  log is (:attr:`TopicLog.copy`, a random token drawn whenever the log starts afresh:
+  :meth:`TopicLog.reset`), the in-sync term it last served as primary
+  (:attr:`TopicLog.primary_term`, written *before* the takeover is attempted) and the topic
+  incarnation it belongs to (:meth:`TopicLog.bind`: a log of an earlier topic of the same
+  name, or of another cluster, starts afresh).  The file is replaced atomically (write,
+  fsync, rename, fsync of the directory) before the log changes that it describes, so a
+  crash never leaves a new log under an old token.  A ``meta.json`` that is not a record is
+  logged (``broker.log_meta_corrupt``) and the log counts as a copy of its own (a new
+  token): it can never be taken for the copy ZooKeeper counted in sync.
+* Appends are atomic with respect to readers (a reader never sees a partial batch);
+  :meth:`TopicLog.wait_beyond` wakes every waiter on each append, no polling.  Reads are
+  served from memory.
+* Raises: :class:`OSError` from the disk, :class:`~framework.errors.ConfigurationError` for
+  an unknown fsync policy.
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import os
 import struct
 import uuid
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import attrs
 import msgpack
 import trio
 
+from framework import records
 from framework.durable import fsync_dir, write_durably
+from framework.errors import ConfigurationError
 from framework.logs import get_logger
 
-Record = tuple[str, int, bytes]
 
-FSYNC_POLICIES = ("always", "never")
+class Record(NamedTuple):
+    """One message in a log: who sent it, its sequence number for that producer, its bytes.
+    On disk and on the wire it is the array ``[producer, seq, payload]``."""
+
+    producer: str
+    seq: int
+    payload: bytes
+
+
+def records_from(values: Any) -> list[Record]:
+    """The :class:`Record` of each array ``[producer, seq, payload]`` in ``values`` (the wire's
+    and the disk's form); ``ValueError`` for one that is not a record.  On the replication
+    and subscription path: one loop, no per-record dispatch."""
+    out: list[Record] = []
+    try:
+        for producer, seq, payload in values:
+            if type(producer) is not str or type(seq) is not int or type(payload) is not bytes:
+                raise ValueError(f"a record must be [str, int, bytes], not "
+                                 f"[{type(producer).__name__}, {type(seq).__name__}, "
+                                 f"{type(payload).__name__}]")
+            out.append(_new(Record, (producer, seq, payload)))
+    except TypeError:
+        raise ValueError("a record must be an array [producer, seq, payload]") from None
+    return out
+
+
+def record_from(value: Any) -> Record:
+    """One :class:`Record` from its array form (:func:`records_from`)."""
+    return records_from((value,))[0]
+
+
+_new = tuple.__new__
+
+
+class Fsync(enum.Enum):
+    """When an append reaches the disk: before it returns, or when the OS flushes."""
+
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+@attrs.frozen
+class LogMeta:
+    """``meta.json``: which copy of the topic a log is (see the module doc)."""
+
+    copy: str = ""
+    primary_term: int | None = None
+    topic_id: str | None = None
+
 
 _HEAD = struct.Struct(">II")
 _META = "meta.json"
@@ -97,8 +147,7 @@ def decode_segment(blob: bytes) -> tuple[list[Record], int, str | None]:
         if zlib.crc32(body) != crc:
             return records, pos, "checksum mismatch"
         try:
-            producer, seq, payload = msgpack.unpackb(body, raw=False)
-            record = (str(producer), int(seq), bytes(payload))
+            record = record_from(msgpack.unpackb(body, raw=False))
         except Exception:  # msgpack raises several unrelated types
             return records, pos, "record does not decode"
         records.append(record)
@@ -109,14 +158,15 @@ def decode_segment(blob: bytes) -> tuple[list[Record], int, str | None]:
 class TopicLog:
     """One topic's records (see the module doc).  Opening recovers what the directory holds."""
 
-    def __init__(self, directory: Path, *, fsync: str = "never",
+    def __init__(self, directory: Path, *, fsync: Fsync | str = Fsync.NEVER,
                  segment_bytes: int = 8 * 1024 * 1024) -> None:
-        if fsync not in FSYNC_POLICIES:
-            from framework.errors import ConfigurationError
-
-            raise ConfigurationError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
+        try:
+            self.fsync = Fsync(fsync)
+        except ValueError:
+            raise ConfigurationError(f"fsync must be one of "
+                                     f"{', '.join(f.value for f in Fsync)}, got {fsync!r}") \
+                from None
         self.directory = directory
-        self.fsync = fsync
         self.segment_bytes = segment_bytes
         self.records: list[Record] = []
         #: last sequence number appended per producer (idempotent retries)
@@ -142,17 +192,21 @@ class TopicLog:
 
     # ------------------------------------------------------------ metadata
 
-    def _read_meta(self) -> dict[str, Any]:
+    def _read_meta(self) -> LogMeta:
         try:
-            doc = json.loads((self.directory / _META).read_text())
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+            data = (self.directory / _META).read_bytes()
+        except FileNotFoundError:
+            return LogMeta()
+        try:
+            return records.decode(data, LogMeta)
+        except records.CorruptRecord as exc:
+            log.warning("broker.log_meta_corrupt", directory=str(self.directory),
+                        error=str(exc))
+            return LogMeta()
 
     def _write_meta(self) -> None:
-        write_durably(self.directory / _META, json.dumps(
-            {"copy": self.copy, "primary_term": self.primary_term,
-             "topic_id": self.topic_id}).encode())
+        write_durably(self.directory / _META, records.encode(
+            LogMeta(self.copy, self.primary_term, self.topic_id)))
 
     def bind(self, topic_id: str) -> None:
         """This log belongs to topic incarnation ``topic_id``; a log recovered for another one
@@ -186,10 +240,7 @@ class TopicLog:
 
     def _recover(self) -> None:
         meta = self._read_meta()
-        copy, term, topic_id = meta.get("copy"), meta.get("primary_term"), meta.get("topic_id")
-        self.copy = copy if isinstance(copy, str) and copy else ""
-        self.primary_term = term if isinstance(term, int) else None
-        self.topic_id = topic_id if isinstance(topic_id, str) else None
+        self.copy, self.primary_term, self.topic_id = meta.copy, meta.primary_term, meta.topic_id
         segments = self._segments()
         cut_at: tuple[Path, int, str] | None = None
         for index, path in enumerate(segments):
@@ -267,9 +318,8 @@ class TopicLog:
         last_seq = self.last_seq
         for record in records:
             self.records.append(record)
-            producer, seq = record[0], record[1]
-            if seq > last_seq.get(producer, -1):
-                last_seq[producer] = seq
+            if record.seq > last_seq.get(record.producer, -1):
+                last_seq[record.producer] = record.seq
 
     def append(self, records: list[Record]) -> int:
         """Append ``records`` (already de-duplicated by the caller); return the new end."""
@@ -279,7 +329,7 @@ class TopicLog:
         blob = encode_records(records)
         out.write(blob)
         out.flush()
-        if self.fsync == "always":
+        if self.fsync is Fsync.ALWAYS:
             os.fsync(out.fileno())
         self._segment_size += len(blob)
         self._take(records)
@@ -289,14 +339,14 @@ class TopicLog:
     def new_records(self, producer: str, seq: int, payloads: list[bytes]) -> list[Record]:
         """The records of a produce batch that the log does not hold yet (by sequence)."""
         last = self.last_seq.get(producer, -1)
-        return [(producer, seq + i, p) for i, p in enumerate(payloads) if seq + i > last]
+        return [Record(producer, seq + i, p) for i, p in enumerate(payloads) if seq + i > last]
 
     def read(self, offset: int, limit: int, max_bytes: int = 1024 * 1024) -> list[Record]:
         """Up to ``limit`` records from ``offset`` (at least one if any), about ``max_bytes``."""
         out: list[Record] = []
         size = 0
         for record in self.records[offset:offset + limit]:
-            size += len(record[2]) + 32
+            size += len(record.payload) + 32
             if out and size > max_bytes:
                 break
             out.append(record)

@@ -8,55 +8,58 @@ Guarantees:
 * A produce is acknowledged only when every record of its batch is at or below the high
   watermark ``hw``: on this log *and* on every backup in the in-sync set (their fetch asked
   for an offset past it), or - ``one_copy`` mode only - after the primary has written an
-  in-sync set of just itself to ZooKeeper with a conditional set (so a later takeover cannot
-  pick a backup that misses acknowledged records).
-* After :meth:`close` nothing is acknowledged any more: every waiter gets ``not_primary``
-  (a deposed primary, frozen rather than dead, cannot acknowledge a write).
-* A backup's fetch carries the epoch it follows (the ``czxid`` of the primary znode); a fetch
-  with another epoch is refused.  One claiming a *newer* epoch is checked against ZooKeeper
-  first (a ``sync`` and a read of the primary znode): the term ends only if the znode is
-  gone or is another node; a forged or confused frame changes nothing (``broker.
-  newer_epoch_refused``; one check at a time, at most one per second per term).
-* A fetch also names the backup's *copy* (a token the backup draws each time it starts its
-  copy of the log afresh).  A new copy from a server supersedes its earlier one at once: the
-  server leaves the in-sync set (in ZooKeeper first) and must catch up again; fetches of a
-  superseded copy are refused.  So a backup restarted under the same name, or one whose old
-  connection is still half-open here, is never counted in sync with records it lacks.
-* A term starts with ``hw`` at the offset known to be on every in-sync replica (``committed``:
-  the previous term's ``hw`` as this server last learnt it), not at the end of its own log:
-  records beyond it become visible only once a backup of this term holds them.
-* **Lag limit** (Kafka's ``replica.lag.time.max.ms``): a counted backup that has not fetched
-  up to the log end it was shown at its previous fetch (nor to the current end) for
-  ``lag_limit`` seconds is removed from the in-sync set - in ZooKeeper first, as for a closed
-  link - so ``hw`` moves with the others; a hung backup (SIGSTOP, a stuck disk, a half-open
-  link) holds acknowledgements back for at most ``lag_limit``.  A backup that is no longer in
-  the topic's ``placement`` is removed too, and its fetches are refused (``not_placed``).
-  Dropped backups that are still placed are listed in :attr:`PrimaryTopic.dropped` (the
-  server shows them in its status; the controller places a replacement).
-* Before acknowledging, the primary checks that its ZooKeeper session is still trusted
-  (``Session.ensure_trusted``, synchronous): a process paused past its trust deadline ends
-  the term instead of acknowledging (the pause-safe check; the term's scope is cancelled at
-  that deadline too, but trio may not have run that task yet).
-* ``hw`` only grows.  The in-sync set grows only with a backup whose fetch reached ``hw``
-  *and* the log end this term started with (``start_end``): records of an earlier term that
-  were acknowledged beyond the ``hw`` this server learnt are all below ``start_end``, so a
-  backup counted in sync holds every acknowledged record of every term (Kafka's leader-epoch
-  start offset).  Without it a backup counted early could take over, after a second failure,
-  with acknowledged records missing.
+  in-sync set of just itself to ZooKeeper with a conditional set.
+* Right before an acknowledgement the session that owns the primary znode must still be
+  trusted (``Session.ensure_trusted``, synchronous): a connection SUSPENDED past the trust
+  deadline, a LOST session or a pause of this process ends the term instead
+  (``broker.primary_untrusted``).  After :meth:`PrimaryTopic.close` nothing is acknowledged
+  or delivered: every waiter gets ``not_primary``.
+* A fetch carries the epoch its backup follows (the ``czxid`` of the primary znode); another
+  epoch is refused (``stale_epoch``).  One claiming a *newer* epoch ends the term only if
+  ZooKeeper (a ``sync`` and a read) says the znode is gone or another node
+  (``broker.deposed_by_fetch``); otherwise nothing changes (``broker.newer_epoch_refused``;
+  one check at a time, at most one per second per term).
+* A fetch names the backup's *copy* of the log.  A new copy from a server supersedes its
+  earlier one at once: the server leaves the in-sync set (in ZooKeeper first) and must catch
+  up again; fetches of a superseded copy are refused (``stale_copy``).
+* A term starts with ``hw`` at the offset known to be on every in-sync replica
+  (``committed``), not at its own log end; a backup joins the in-sync set (in ZooKeeper
+  first) only once its fetch reached both ``hw`` and the log end this term started with
+  (``start_end``).  So a backup counted in sync holds every acknowledged record of every
+  term.  ``hw`` only grows.
+* Lag limit: a counted backup that has not been caught up (its fetch at the log end, or at
+  the end it was shown at its previous fetch) for ``lag_limit`` seconds is removed from the
+  in-sync set, in ZooKeeper first; so a hung backup holds acknowledgements back for at most
+  ``lag_limit``.  Time this process itself did not run is not counted against the backups.
+  A backup no longer in the topic's placement is removed too, and its fetches are refused
+  (``not_placed``).  Placed backups that were dropped, or are silent and behind for half the
+  limit, are listed in :attr:`PrimaryTopic.dropped` (the server reports them; the controller
+  places a replacement).
+* A change of the in-sync set is a conditional set of ``isr`` with the version this term
+  holds: if another term wrote it (a takeover), or it cannot be read as a record, the term
+  ends (``not_primary``); if ZooKeeper cannot be reached, ``hw`` stands still until the
+  write succeeds.
+
+Raises :class:`RequestError` (sent back as an error reply), never anything else for a
+request's content.  Why these rules (Kafka's leader-epoch start offset and
+``replica.lag.time.max.ms``, the double failure they prevent) is in docs/architecture.md,
+"Message broker".
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import NamedTuple
 
 import attrs
 import trio
 
-from examples.message_broker.layout import Isr, decode_replicas
+from examples.message_broker.layout import Isr, Mode, decode, decode_replicas
 from examples.message_broker.log import Record, TopicLog
-from framework import errors
+from examples.message_broker.protocol import ErrorCode, Fetch, Fetched
+from framework import errors, records
 from framework.logs import get_logger
 from framework.zk import Session, watch_data
 
@@ -64,11 +67,31 @@ log = get_logger("examples.message_broker.primary")
 
 
 class RequestError(Exception):
-    """A request refused with a protocol error ``code``."""
+    """A request refused with a protocol error ``code`` (sent back as an ``ErrorReply``)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class DropReason(enum.Enum):
+    """Why a backup is in :attr:`PrimaryTopic.dropped` (or left the in-sync set)."""
+
+    #: its link closed, or its copy was superseded by a new one
+    LINK = "link"
+    #: behind the log end for longer than the lag limit
+    LAG = "lag"
+    #: still counted, but silent and behind for half the lag limit (reported, not dropped)
+    SLOW = "slow"
+    #: no longer in the topic's placement (never reported: the controller moved it)
+    UNPLACED = "unplaced"
+
+
+class FetchMark(NamedTuple):
+    """A backup's last fetch: the log end it was shown, and when (trio time)."""
+
+    end: int
+    at: float
 
 
 @attrs.define(eq=False)
@@ -79,7 +102,7 @@ class PrimaryTopic:
     server: str
     log: TopicLog
     epoch: int
-    mode: str
+    mode: Mode
     session: Session
     isr_path: str
     isr: Isr
@@ -110,11 +133,11 @@ class PrimaryTopic:
     placement: frozenset[str] | None = None
     #: backup -> trio time it was last caught up; backup -> (log end, time) at its last fetch
     caught_up: dict[str, float] = attrs.field(factory=dict)
-    last_fetch: dict[str, tuple[int, float]] = attrs.field(factory=dict)
-    #: placed backups dropped from the in-sync set, with the reason (``lag``, ``link``), or
-    #: still counted but silent and behind for half the lag limit (``slow``): the controller
-    #: places a replacement for each, so one is catching up by the time a hung backup drops
-    dropped: dict[str, str] = attrs.field(factory=dict)
+    last_fetch: dict[str, FetchMark] = attrs.field(factory=dict)
+    #: placed backups dropped from the in-sync set (``LAG``, ``LINK``), or still counted but
+    #: silent and behind for half the lag limit (``SLOW``): the controller places a
+    #: replacement for each, so one is catching up by the time a hung backup drops
+    dropped: dict[str, DropReason] = attrs.field(factory=dict)
     _appended: trio.Event = attrs.field(factory=trio.Event)
     #: called when :attr:`dropped` gains a backup (the server reports it at once)
     on_dropped: Callable[[], None] | None = None
@@ -144,7 +167,8 @@ class PrimaryTopic:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise RequestError("not_primary", f"this server is no longer primary for {self.name}")
+            raise RequestError(ErrorCode.NOT_PRIMARY,
+                               f"this server is no longer primary for {self.name}")
 
     def _ensure_owner(self) -> None:
         """Right before an acknowledgement: the term is open and the session that owns the
@@ -156,8 +180,8 @@ class PrimaryTopic:
             log.warning("broker.primary_untrusted", topic=self.name, epoch=self.epoch,
                         reason=exc.reason)
             self.close()
-            raise RequestError("not_primary", "this server's session is no longer trusted") \
-                from None
+            raise RequestError(ErrorCode.NOT_PRIMARY,
+                               "this server's session is no longer trusted") from None
 
     def _advance(self) -> None:
         """Move ``hw`` to what every counted backup holds (never while the in-sync set is
@@ -179,27 +203,31 @@ class PrimaryTopic:
                   {s: self.copies[s] for s in in_sync if s in self.copies}, hw=self.hw)
         try:
             try:
-                stat = await self.session.set(self.isr_path, new.encode(),
+                stat = await self.session.set(self.isr_path, records.encode(new),
                                               version=self.isr_version)
             except errors.BadVersionError:
                 # our own earlier write may have landed with its reply lost (a ZooKeeper
                 # leader change): only another term (a takeover bumps it) deposes us
                 data, seen = await self.session.get(self.isr_path)
-                record = Isr.decode(data)
+                record = decode(data, Isr)
                 if record.term != self.isr.term or record.leader != self.server:
                     self.deposed.set()
                     self.close()
-                    raise RequestError("not_primary", "a newer primary took over") from None
+                    raise RequestError(ErrorCode.NOT_PRIMARY,
+                                       "a newer primary took over") from None
                 log.info("broker.isr_reread", topic=self.name, version=seen.version,
                          in_sync=list(record.in_sync), epoch=self.epoch)
-                stat = await self.session.set(self.isr_path, new.encode(), version=seen.version)
-        except errors.BadVersionError:
+                stat = await self.session.set(self.isr_path, records.encode(new),
+                                              version=seen.version)
+        except (errors.BadVersionError, records.CorruptRecord) as exc:
+            # another term's record, or one nobody can read: our term cannot be proven
+            log.warning("broker.isr_lost", topic=self.name, epoch=self.epoch, error=str(exc))
             self.deposed.set()
             self.close()
-            raise RequestError("not_primary", "a newer primary took over") from None
+            raise RequestError(ErrorCode.NOT_PRIMARY, "a newer primary took over") from None
         except errors.ZooKeeperError as exc:
             self.isr_dirty = True
-            raise RequestError("no_in_sync_backup",
+            raise RequestError(ErrorCode.NO_IN_SYNC_BACKUP,
                                f"cannot record the in-sync set: {exc}") from None
         self._check_open()
         self.isr, self.isr_version, self.isr_dirty = new, stat.version, False
@@ -212,14 +240,15 @@ class PrimaryTopic:
         """Append and wait until acknowledged (module doc); returns the log end."""
         self._check_open()
         if self.handing_over:
-            raise RequestError("shutting_down", f"primary for {self.name} is handing over")
+            raise RequestError(ErrorCode.SHUTTING_DOWN,
+                               f"primary for {self.name} is handing over")
         async with self._isr_lock:
             self._check_open()
             if not self.synced:
-                if self.mode == "refuse":
-                    log.info("broker.produce_refused", topic=self.name, code="no_in_sync_backup",
-                             epoch=self.epoch)
-                    raise RequestError("no_in_sync_backup",
+                if self.mode is Mode.REFUSE:
+                    log.info("broker.produce_refused", topic=self.name,
+                             code=ErrorCode.NO_IN_SYNC_BACKUP.value, epoch=self.epoch)
+                    raise RequestError(ErrorCode.NO_IN_SYNC_BACKUP,
                                        f"topic {self.name} has no in-sync backup (mode refuse)")
                 # one_copy: ZooKeeper must say "only the primary" before a one-copy ack
                 await self._set_isr((self.server,))
@@ -240,26 +269,32 @@ class PrimaryTopic:
 
     # ------------------------------------------------------------ replication
 
-    async def fetch(self, follower: str, epoch: int, offset: int, wait: float,
-                    copy: str = "") -> dict[str, Any]:
-        """A backup pulls from ``offset`` (which also acknowledges everything before it).
+    async def fetch(self, request: Fetch, wait: float) -> Fetched:
+        """A backup pulls from ``request.offset`` (which also acknowledges everything before
+        it); waits up to ``wait`` seconds for records beyond it.
 
         A backup counts as in sync once it holds everything acknowledged (``offset >= hw``)
         and ZooKeeper's in-sync set names it; ``hw`` stands still meanwhile.  ``copy`` names
-        the backup's copy of the log (module doc)."""
+        the backup's copy of the log (module doc).  Raises :class:`RequestError`:
+        ``stale_epoch``, ``bad_request`` (an offset beyond the log end), ``not_placed``,
+        ``stale_copy``, ``not_primary``."""
+        follower, epoch, offset, copy = request.server, request.epoch, request.offset, \
+            request.copy
         self._check_open()
         if epoch != self.epoch:
             if epoch > self.epoch:
                 await self._check_newer_epoch(epoch)
-            raise RequestError("stale_epoch", f"epoch {epoch} is not {self.epoch}")
-        if offset > self.log.end:
-            raise RequestError("bad_request", f"offset {offset} beyond log end {self.log.end}")
+            raise RequestError(ErrorCode.STALE_EPOCH, f"epoch {epoch} is not {self.epoch}")
+        if not 0 <= offset <= self.log.end:
+            raise RequestError(ErrorCode.BAD_REQUEST,
+                               f"offset {offset} outside the log (end {self.log.end})")
         if self.placement is not None and follower not in self.placement:
             if follower in self.synced:
-                await self._drop(follower, "unplaced")
-            raise RequestError("not_placed", f"{follower} is not placed for {self.name}")
+                await self._drop(follower, DropReason.UNPLACED)
+            raise RequestError(ErrorCode.NOT_PLACED, f"{follower} is not placed for {self.name}")
         if (follower, copy) in self.retired:
-            raise RequestError("stale_copy", f"copy {copy!r} of {follower} was superseded")
+            raise RequestError(ErrorCode.STALE_COPY,
+                               f"copy {copy!r} of {follower} was superseded")
         current = self.copies.get(follower)
         if current == copy:
             self.followers[follower] = max(offset, self.followers.get(follower, 0))
@@ -290,10 +325,9 @@ class PrimaryTopic:
         with trio.move_on_after(wait):
             await self.log.wait_beyond(offset)
         self._check_open()
-        records = self.log.read(offset, 2000)
         in_sync = follower in self.synced and self.copies.get(follower) == copy
-        return {"start": offset, "records": records, "end": self.log.end, "epoch": self.epoch,
-                "hw": self.hw, "in_sync": in_sync}
+        return Fetched(request.id, offset, self.log.read(offset, 2000), self.log.end,
+                       self.epoch, self.hw, in_sync)
 
     async def follower_gone(self, follower: str, copy: str = "") -> None:
         """The link of ``follower``'s ``copy`` closed: drop it from the in-sync set (in
@@ -336,10 +370,10 @@ class PrimaryTopic:
         previous = self.last_fetch.get(follower)
         if offset >= self.log.end:
             self.caught_up[follower] = now
-        elif previous is not None and offset >= previous[0]:
-            self.caught_up[follower] = max(self.caught_up.get(follower, previous[1]),
-                                           previous[1])
-        self.last_fetch[follower] = (self.log.end, now)
+        elif previous is not None and offset >= previous.end:
+            self.caught_up[follower] = max(self.caught_up.get(follower, previous.at),
+                                           previous.at)
+        self.last_fetch[follower] = FetchMark(self.log.end, now)
 
     async def watch_lag(self) -> None:
         """Run for the term: drop a counted backup that stayed behind the log end for longer
@@ -361,21 +395,22 @@ class PrimaryTopic:
             deadline = math.inf
             for backup in sorted(self.synced):
                 if self.followers.get(backup, 0) >= self.log.end:
-                    if self.dropped.get(backup) == "slow":  # it caught up after all
+                    if self.dropped.get(backup) is DropReason.SLOW:  # caught up after all
                         self._report(backup, None)
                     continue  # holds everything: not behind
                 since = self.caught_up.get(backup, now)
-                silent = now - self.last_fetch.get(backup, (0, now))[1]
+                mark = self.last_fetch.get(backup)
+                silent = now - (now if mark is None else mark.at)
                 if since + self.lag_limit / 2 <= now and silent >= self.lag_limit / 2 \
                         and backup not in self.dropped:
                     log.info("broker.backup_slow", topic=self.name, backup=backup,
                              silent=round(silent, 3), lag_limit=self.lag_limit)
-                    self._report(backup, "slow")
+                    self._report(backup, DropReason.SLOW)
                 if since + self.lag_limit <= now:
                     log.warning("broker.backup_lagging", topic=self.name, backup=backup,
                                 behind=self.log.end - self.followers.get(backup, 0),
                                 seconds=round(now - since, 3), lag_limit=self.lag_limit)
-                    await self._drop(backup, "lag")
+                    await self._drop(backup, DropReason.LAG)
                 else:
                     deadline = min(deadline, since + self.lag_limit)
             if math.isinf(deadline):
@@ -394,10 +429,10 @@ class PrimaryTopic:
                              seconds=round(late, 3))
                     for backup in self.caught_up:
                         self.caught_up[backup] += late
-                    for backup, (end, fetched) in self.last_fetch.items():
-                        self.last_fetch[backup] = (end, fetched + late)
+                    for backup, mark in self.last_fetch.items():
+                        self.last_fetch[backup] = FetchMark(mark.end, mark.at + late)
 
-    def _report(self, backup: str, reason: str | None) -> None:
+    def _report(self, backup: str, reason: DropReason | None) -> None:
         """Set or clear ``backup``'s entry in :attr:`dropped` and tell the server."""
         if reason is None:
             self.dropped.pop(backup, None)
@@ -409,21 +444,26 @@ class PrimaryTopic:
     async def follow_placement(self, path: str) -> None:
         """Run for the term: keep :attr:`placement` from the topic's placement (``plan/<t>``, a
         data watch; a connection-state event re-reads and changes nothing) and drop counted
-        backups that are no longer placed."""
+        backups that are no longer placed.  A placement that is not a list of names is
+        logged (``broker.record_corrupt``) and changes nothing."""
         async for snap in watch_data(self.session, path):
-            replicas = frozenset(decode_replicas(snap.data)) if snap.exists \
-                else frozenset()
+            try:
+                replicas = frozenset(decode_replicas(snap.data))
+            except records.CorruptRecord as exc:
+                log.error("broker.record_corrupt", path=path, error=str(exc))
+                continue
             self.placement = replicas
             for backup in sorted(self.synced - replicas):
-                await self._drop(backup, "unplaced")
+                await self._drop(backup, DropReason.UNPLACED)
             for backup in set(self.dropped) - replicas:
                 self.dropped.pop(backup, None)
 
-    async def _drop(self, follower: str, reason: str = "link") -> None:
+    async def _drop(self, follower: str, reason: DropReason = DropReason.LINK) -> None:
         if follower not in self.synced or self.closed:
             return
-        log.warning("broker.backup_lost", topic=self.name, backup=follower, reason=reason)
-        if reason != "unplaced":
+        log.warning("broker.backup_lost", topic=self.name, backup=follower,
+                    reason=reason.value)
+        if reason is not DropReason.UNPLACED:
             self.dropped[follower] = reason
             if self.on_dropped is not None:
                 self.on_dropped()

@@ -1,4 +1,4 @@
-"""The broker's wire protocol: msgpack frames over TCP (trio streams).
+"""The broker's wire protocol: typed messages in msgpack frames over TCP (trio streams).
 
 Frame layout (every direction, every message)::
 
@@ -7,61 +7,71 @@ Frame layout (every direction, every message)::
     | 1 byte  | 4 bytes              | ``length`` bytes               |
     +---------+----------------------+-------------------------------+
 
-``version`` is :data:`VERSION`; ``length`` is at most :data:`MAX_FRAME` bytes.  A peer that
-receives a frame with another version, a length above the maximum or a body that is not a
-msgpack map answers with one ``error`` frame (``code`` = ``bad_version``, ``too_large`` or
-``bad_frame``) and closes *that* connection; every other connection is unaffected.  A frame cut
-short by the peer closing its sending side (a truncated frame) is answered the same way
-(``bad_frame``, naming how many bytes arrived): a peer that only half-closed still reads why.
+``version`` is :data:`VERSION` (:data:`SIGNED_VERSION` for a signed frame, below); ``length``
+is at most :data:`MAX_FRAME` bytes.  The body is one message: an attrs class of this module
+turned into plain values by :mod:`framework.records` (field names as keys, enums as their
+values), with its kind (:class:`Op`) under ``op``.  A record of a log travels as the array
+``[producer, seq, payload]`` (:class:`~examples.message_broker.log.Record`).
 
-Requests carry ``op`` and a client-chosen ``id`` echoed in the reply:
+Messages (``id`` is chosen by the requester and echoed in the reply):
 
-* ``produce`` {topic, producer, seq, msgs: [bytes]} -> {ok, end}: ``msgs[i]`` has sequence
-  number ``seq + i`` for that producer; the reply comes once every message is on the primary's
-  log *and* on the in-sync backup's (or, for a topic in ``one_copy`` mode with no in-sync
-  backup, on the primary alone).  Messages whose sequence number the topic already holds are
-  not appended again (an idempotent retry).
-* ``fetch`` {topic, epoch, offset, server, copy} -> {start, records, end, epoch, hw, in_sync}:
-  replication (the backup pulls; ``offset`` also acknowledges everything before it; ``copy``
-  is a token the backup draws whenever it starts its copy of the log afresh; ``hw`` is the
-  primary's high watermark; ``in_sync`` tells the backup whether the primary counts this
-  copy).  Refused with ``stale_epoch`` unless ``epoch`` is the primary's own, and with
-  ``stale_copy`` for a copy that a newer copy from the same server superseded.
-* ``subscribe`` {topic, offset} -> a stream of {op: "msgs", start, records} frames with the
-  records from ``offset`` up to the high watermark, until an ``error`` frame or the close.
+* :class:`Produce` -> :class:`Produced` (the log end): ``msgs[i]`` has sequence number
+  ``seq + i`` for that producer; the reply comes once every message is on the primary's log
+  *and* on the in-sync backup's (or, for a topic in ``one_copy`` mode with no in-sync backup,
+  on the primary alone).  Messages whose sequence number the topic already holds are not
+  appended again (an idempotent retry).
+* :class:`Fetch` -> :class:`Fetched`: replication (the backup pulls; ``offset`` also
+  acknowledges everything before it).  Refused with ``stale_epoch`` unless ``epoch`` is the
+  primary's own, with ``stale_copy`` for a copy a newer copy from the same server
+  superseded, with ``not_placed`` from a server outside the topic's placement.
+* :class:`Subscribe` -> :class:`Subscribed` (the high watermark now), then a stream of
+  :class:`Msgs` with the records from ``offset`` up to the high watermark, until an error or
+  the close.
+* :class:`ErrorReply` answers any request the server refuses (:class:`ErrorCode`).
 
-Deadlines: every link has TCP keepalive (:func:`keep_alive`: a peer whose machine or network
-went away is noticed in about :data:`KEEPALIVE_IDLE` + 3 x :data:`KEEPALIVE_INTERVAL` seconds
-even on an idle link), a frame that has begun must be complete within :data:`FRAME_DEADLINE`
-(else :class:`LinkTimeout`), and a reader may bound the silence before the next frame
-(``read(idle=...)``: the replication links use the lag limit on both ends).  A fetch from a
-server that is not in the topic's placement is refused with ``not_placed``.
+Errors, as a reader sees them (:meth:`Connection.read`):
 
-Authenticated frames (links between servers): with a shared secret (``$BROKER_SECRET``, the
-same on every server; :func:`link_secret`), a server signs what it sends on a replication
-link: version :data:`SIGNED_VERSION`, and the body is followed by a 32-byte keyed BLAKE2b tag
-(a MAC from the standard library's ``hashlib``) over the header and the body.  A reader
-holding the secret checks the tag (a bad one: ``bad_mac``, the connection is closed); a
-server with a secret accepts a ``fetch`` only in a signed frame (else ``unauthenticated``) and
-answers a signed request with signed frames.  Clients (produce, subscribe) need no secret.
-A signed frame proves who sent it, not that what it says is true: a fetch claiming a newer
-epoch is still checked against ZooKeeper before the primary's term ends.
+* a frame with another version, a length above the maximum, a body that is not a msgpack
+  map, or a frame cut short by the peer closing its sending side: :class:`ProtocolError`
+  (``bad_version``, ``too_large``, ``bad_frame``, ``bad_mac``); the server answers with one
+  :class:`ErrorReply` and closes *that* connection, every other connection is unaffected;
+* a whole frame whose body is not one of the messages (an unknown ``op``, a missing or
+  mistyped field): :class:`BadMessage` (``bad_request``), naming the request's ``id`` when
+  it had one; the frame boundary is intact, so the server answers and keeps the connection;
+* the end of the stream between frames: :class:`PeerClosed`; silence past a deadline:
+  :class:`LinkTimeout`.
 
-A record is ``[producer, seq, payload]``.  Error replies are {id, error: code, message}.
+Deadlines: every link has TCP keepalive (:func:`keep_alive`), a frame that has begun must be
+complete within :data:`FRAME_DEADLINE`, and a reader may bound the silence before the next
+frame (``read(idle=...)``).
+
+Signed frames (links between servers): with a shared secret (``$BROKER_SECRET``, the same on
+every server; :func:`link_secret`), a server signs what it sends on a replication link:
+version :data:`SIGNED_VERSION`, the body followed by a keyed BLAKE2b tag of
+:data:`MAC_SIZE` bytes over header and body.  A reader holding the secret checks the tag
+(``bad_mac``, the connection is closed); a server with a secret serves a :class:`Fetch` only
+in a signed frame (else ``unauthenticated``) and answers a signed request in kind.  Clients
+(produce, subscribe) need no secret.  A signed frame proves who sent it, not that what it
+says is true (see :mod:`~examples.message_broker.primary` for the epoch check).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import math
 import os
 import socket
 import struct
-from typing import Any
+from typing import Any, NewType
 
+import attrs
 import msgpack
 import trio
+
+from examples.message_broker.log import Record, records_from
+from framework import records
 
 #: Protocol version carried in every frame's first byte.
 VERSION = 1
@@ -93,20 +103,188 @@ MAX_MESSAGE = 1024 * 1024
 
 _HEADER = struct.Struct(">BI")
 
-#: Error codes a server may answer with.
-ERROR_CODES = frozenset({
-    "bad_version", "bad_frame", "too_large", "unknown_topic", "not_primary", "stale_epoch",
-    "stale_copy", "no_in_sync_backup", "bad_request", "shutting_down", "not_placed",
-    "bad_mac", "unauthenticated",
-})
+#: A message's payload on the wire: bytes, and only bytes (never a str or int turned into
+#: bytes by the codec).
+Payload = NewType("Payload", bytes)
+
+
+class ErrorCode(enum.Enum):
+    """Why a request was refused or a frame rejected (an :class:`ErrorReply`'s ``error``)."""
+
+    BAD_VERSION = "bad_version"
+    BAD_FRAME = "bad_frame"
+    TOO_LARGE = "too_large"
+    BAD_MAC = "bad_mac"
+    BAD_REQUEST = "bad_request"
+    UNAUTHENTICATED = "unauthenticated"
+    UNKNOWN_TOPIC = "unknown_topic"
+    NOT_PRIMARY = "not_primary"
+    NOT_PLACED = "not_placed"
+    STALE_EPOCH = "stale_epoch"
+    STALE_COPY = "stale_copy"
+    NO_IN_SYNC_BACKUP = "no_in_sync_backup"
+    SHUTTING_DOWN = "shutting_down"
+
+    @property
+    def permanent(self) -> bool:
+        """Whether asking again (another primary, later) cannot help."""
+        return self in _PERMANENT
+
+
+_PERMANENT = frozenset({ErrorCode.TOO_LARGE, ErrorCode.BAD_REQUEST, ErrorCode.BAD_FRAME,
+                        ErrorCode.BAD_VERSION, ErrorCode.UNKNOWN_TOPIC})
+
+
+class Op(enum.Enum):
+    """A message's kind: its ``op`` on the wire (a field every message class sets itself,
+    never passed to its constructor)."""
+
+    PRODUCE = "produce"
+    FETCH = "fetch"
+    SUBSCRIBE = "subscribe"
+    PRODUCED = "produced"
+    FETCHED = "fetched"
+    SUBSCRIBED = "subscribed"
+    MSGS = "msgs"
+    ERROR = "error"
+
+
+@attrs.frozen
+class Produce:
+    """Append ``msgs`` (sequence numbers ``seq``, ``seq + 1``, ... of ``producer``)."""
+
+    id: int
+    topic: str
+    producer: str
+    seq: int
+    msgs: list[Payload]
+    op: Op = attrs.field(default=Op.PRODUCE, init=False)
+
+
+@attrs.frozen
+class Produced:
+    """Every message of the :class:`Produce` ``id`` is acknowledged; ``end``: the log end."""
+
+    id: int
+    end: int
+    op: Op = attrs.field(default=Op.PRODUCED, init=False)
+
+
+@attrs.frozen
+class Fetch:
+    """A backup's pull from ``offset`` (acknowledging everything before it) for the primary
+    term ``epoch``; ``copy`` names the backup's copy of the log (drawn afresh whenever the
+    backup starts its copy from offset 0)."""
+
+    id: int
+    topic: str
+    epoch: int
+    offset: int
+    server: str
+    copy: str = ""
+    op: Op = attrs.field(default=Op.FETCH, init=False)
+
+
+@attrs.frozen
+class Fetched:
+    """Records from ``start``; the primary's log ``end`` and high watermark ``hw``, and
+    whether the primary counts this copy in sync."""
+
+    id: int
+    start: int
+    records: list[Record]
+    end: int
+    epoch: int
+    hw: int
+    in_sync: bool
+    op: Op = attrs.field(default=Op.FETCHED, init=False)
+
+
+@attrs.frozen
+class Subscribe:
+    """Stream the topic's acknowledged records from ``offset``."""
+
+    id: int
+    topic: str
+    offset: int = 0
+    op: Op = attrs.field(default=Op.SUBSCRIBE, init=False)
+
+
+@attrs.frozen
+class Subscribed:
+    """The subscription is served by the primary of ``epoch``; ``hw``: where a reader that
+    does not follow stops."""
+
+    id: int
+    epoch: int
+    hw: int
+    op: Op = attrs.field(default=Op.SUBSCRIBED, init=False)
+
+
+@attrs.frozen
+class Msgs:
+    """A batch of a subscription: ``records`` from offset ``start``."""
+
+    id: int
+    start: int
+    records: list[Record]
+    op: Op = attrs.field(default=Op.MSGS, init=False)
+
+
+@attrs.frozen
+class ErrorReply:
+    """A refusal: the request ``id`` (``None`` for a frame that had none), the code, a
+    sentence for people."""
+
+    id: int | None
+    code: ErrorCode = attrs.field(metadata=records.wire("error"))
+    message: str = ""
+    op: Op = attrs.field(default=Op.ERROR, init=False)
+
+
+Request = Produce | Fetch | Subscribe
+Message = Produce | Produced | Fetch | Fetched | Subscribe | Subscribed | Msgs | ErrorReply
+
+_CLASSES: dict[str, type[Any]] = {cls.__attrs_attrs__.op.default.value: cls  # type: ignore
+                                  for cls in (Produce, Produced, Fetch, Fetched, Subscribe,
+                                              Subscribed, Msgs, ErrorReply)}
+
+
+def _records(value: Any, _cls: type) -> list[Record]:
+    try:
+        return records_from(value)
+    except ValueError as exc:
+        raise TypeError(str(exc)) from None
+
+
+def _payload(value: Any, _cls: type) -> bytes:
+    if type(value) is not bytes:
+        raise TypeError(f"a payload must be bytes, not {type(value).__name__}")
+    return value
+
+
+# the per-record path: a list of arrays, checked by one loop (log.records_from), not one
+# converter dispatch per record; payloads are taken as they are (never str or int turned
+# into bytes)
+records.converter.register_structure_hook_func(lambda cls: cls == list[Record], _records)
+records.converter.register_structure_hook(Payload, _payload)
 
 
 class ProtocolError(Exception):
-    """A frame that breaks the protocol; ``code`` is the error code sent to the peer."""
+    """A frame that breaks the protocol; ``code`` is the error sent to the peer."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class BadMessage(ProtocolError):
+    """A whole frame whose body is not a message (``bad_request``); ``request_id`` is its
+    ``id`` if it had one.  The connection can go on."""
+
+    def __init__(self, message: str, request_id: int | None) -> None:
+        super().__init__(ErrorCode.BAD_REQUEST, message)
+        self.request_id = request_id
 
 
 class PeerClosed(Exception):
@@ -118,7 +296,9 @@ class LinkTimeout(PeerClosed):
 
 
 def keep_alive(stream: trio.SocketStream) -> None:
-    """Turn on TCP keepalive (see the module doc) and disable Nagle on ``stream``."""
+    """Turn on TCP keepalive (a peer whose machine or network went away is noticed in about
+    :data:`KEEPALIVE_IDLE` + 3 x :data:`KEEPALIVE_INTERVAL` seconds, even on an idle link)
+    and disable Nagle on ``stream``."""
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
@@ -138,20 +318,37 @@ def _mac(secret: bytes, data: bytes) -> bytes:
     return hashlib.blake2b(data, key=secret[:64], digest_size=MAC_SIZE).digest()
 
 
-def encode(body: dict[str, Any], secret: bytes | None = None) -> bytes:
-    """One frame holding ``body``, signed with ``secret`` if given; raises
+def encode(message: Message, secret: bytes | None = None) -> bytes:
+    """One frame holding ``message``, signed with ``secret`` if given; raises
     :class:`ProtocolError` (``too_large``) if too big."""
+    body = records.unstructure(message)
+    body["op"] = message.op.value  # the codec leaves fields the constructor does not take
     payload = msgpack.packb(body, use_bin_type=True)
     if len(payload) > MAX_FRAME:
-        raise ProtocolError("too_large", f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+        raise ProtocolError(ErrorCode.TOO_LARGE,
+                            f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     if secret is None:
         return _HEADER.pack(VERSION, len(payload)) + payload
     signed = _HEADER.pack(SIGNED_VERSION, len(payload) + MAC_SIZE) + payload
     return signed + _mac(secret, signed)
 
 
-def error_frame(code: str, message: str, request_id: Any = None) -> bytes:
-    return encode({"id": request_id, "error": code, "message": message})
+def decode(body: dict[Any, Any]) -> Message:
+    """The message in a frame's body (a msgpack map); :class:`BadMessage` if it is none."""
+    request_id = body.get("id")
+    request_id = request_id if type(request_id) is int else None
+    cls = _CLASSES.get(body.get("op"))  # type: ignore[arg-type]
+    if cls is None:
+        raise BadMessage(f"unknown op {body.get('op')!r}", request_id)
+    try:
+        return records.structure(body, cls)  # type: ignore[no-any-return]
+    except records.CorruptRecord as exc:
+        raise BadMessage(str(exc), request_id) from None
+
+
+def error_frame(code: ErrorCode, message: str, request_id: int | None = None) -> bytes:
+    """An unsigned frame holding an :class:`ErrorReply`."""
+    return encode(ErrorReply(request_id, code, message))
 
 
 class FrameReader:
@@ -170,16 +367,16 @@ class FrameReader:
             chunk = await self._stream.receive_some(65536)
             if not chunk:
                 if self._buffer:
-                    raise ProtocolError("bad_frame", f"truncated frame: the connection closed "
-                                                     f"after {len(self._buffer)} of {size} bytes")
+                    raise ProtocolError(ErrorCode.BAD_FRAME,
+                                        f"truncated frame: the connection closed after "
+                                        f"{len(self._buffer)} of {size} bytes")
                 raise PeerClosed("connection closed")
             self._buffer += chunk
 
-    async def read(self, idle: float | None = None) -> dict[str, Any]:
-        """The next frame's body; :class:`ProtocolError` for a bad or truncated frame,
-        :class:`PeerClosed` at the end of the stream between frames, :class:`LinkTimeout`
-        when no frame begins within ``idle`` seconds (``None``: wait for ever) or a begun
-        frame is not complete within :data:`FRAME_DEADLINE`."""
+    async def read(self, idle: float | None = None) -> Message:
+        """The next frame's message (see the module doc for what it raises):
+        :class:`LinkTimeout` when no frame begins within ``idle`` seconds (``None``: wait
+        for ever) or a begun frame is not complete within :data:`FRAME_DEADLINE`."""
         if not self._buffer:
             with trio.move_on_after(math.inf if idle is None else idle):
                 await self._fill(1)
@@ -191,19 +388,21 @@ class FrameReader:
             if not self._buffer:
                 raise LinkTimeout(f"no frame from the peer for {idle:g} s")
         with trio.move_on_after(FRAME_DEADLINE):
-            return await self._read_frame()
+            body = await self._read_frame()
+            return decode(body)
         raise LinkTimeout(f"a frame was not completed within {FRAME_DEADLINE:g} s")
 
-    async def _read_frame(self) -> dict[str, Any]:
+    async def _read_frame(self) -> dict[Any, Any]:
         await self._fill(_HEADER.size)
         version, length = _HEADER.unpack_from(self._buffer)
         if version not in (VERSION, SIGNED_VERSION):
-            raise ProtocolError("bad_version",
+            raise ProtocolError(ErrorCode.BAD_VERSION,
                                 f"protocol version {version} not supported (this is {VERSION})")
         if length > MAX_FRAME + (MAC_SIZE if version == SIGNED_VERSION else 0):
-            raise ProtocolError("too_large", f"frame of {length} bytes exceeds {MAX_FRAME}")
+            raise ProtocolError(ErrorCode.TOO_LARGE,
+                                f"frame of {length} bytes exceeds {MAX_FRAME}")
         if version == SIGNED_VERSION and length < MAC_SIZE:
-            raise ProtocolError("bad_frame", "signed frame shorter than its MAC")
+            raise ProtocolError(ErrorCode.BAD_FRAME, "signed frame shorter than its MAC")
         await self._fill(_HEADER.size + length)
         end = _HEADER.size + length
         self.authenticated = False
@@ -213,21 +412,23 @@ class FrameReader:
                 expected = _mac(self._secret, bytes(self._buffer[:end]))
                 if not hmac.compare_digest(expected, bytes(self._buffer[end:end + MAC_SIZE])):
                     del self._buffer[:_HEADER.size + length]
-                    raise ProtocolError("bad_mac", "frame signed with another secret")
+                    raise ProtocolError(ErrorCode.BAD_MAC, "frame signed with another secret")
                 self.authenticated = True
         raw = bytes(self._buffer[_HEADER.size:end])
         del self._buffer[:_HEADER.size + length]
         try:
             body = msgpack.unpackb(raw, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types
-            raise ProtocolError("bad_frame", f"frame body is not msgpack: {exc}") from None
+            raise ProtocolError(ErrorCode.BAD_FRAME,
+                                f"frame body is not msgpack: {exc}") from None
         if not isinstance(body, dict):
-            raise ProtocolError("bad_frame", "frame body must be a msgpack map")
+            raise ProtocolError(ErrorCode.BAD_FRAME, "frame body must be a msgpack map")
         return body
 
 
 class Connection:
-    """A framed, bidirectional connection: serialised sends, one reader."""
+    """A framed, bidirectional connection: sends serialised (one frame at a time, in the
+    order :meth:`send` was called), one reader."""
 
     def __init__(self, stream: trio.abc.Stream, secret: bytes | None = None, *,
                  sign: bool = False) -> None:
@@ -238,14 +439,17 @@ class Connection:
         self.sign = sign and secret is not None
         self._send_lock = trio.Lock()
 
-    async def send(self, body: dict[str, Any]) -> None:
-        await self.send_raw(encode(body, self.secret if self.sign else None))
+    async def send(self, message: Message) -> None:
+        """Send ``message`` (signed if :attr:`sign`); ``trio.BrokenResourceError`` or
+        ``OSError`` if the link is gone."""
+        await self.send_raw(encode(message, self.secret if self.sign else None))
 
     async def send_raw(self, frame: bytes) -> None:
         async with self._send_lock:
             await self.stream.send_all(frame)
 
-    async def read(self, idle: float | None = None) -> dict[str, Any]:
+    async def read(self, idle: float | None = None) -> Message:
+        """The next message (:meth:`FrameReader.read`)."""
         return await self.reader.read(idle)
 
     async def aclose(self) -> None:

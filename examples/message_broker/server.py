@@ -1,29 +1,44 @@
 """A broker server: ``python -m framework run examples.message_broker.app:BrokerServer``.
 
 It listens on TCP (``$BROKER_PORT``, default any free port on 127.0.0.1; see
-:mod:`examples.message_broker.protocol`), joins ``nodes/`` with its address, load and status,
-and runs as a runtime :class:`~framework.runtime.Worker` in the replicated push mode: the
-runtime follows its assignments (``assignments/<server>/``, written by the controller's
-replicated placement) and runs :meth:`BrokerServer.serve_shard` for each assigned topic,
-inside the session's guard.  For each topic it runs this state machine on the topic's
-``primary`` znode (one data watch, plus the ``isr`` znode while nobody is primary):
+:mod:`examples.message_broker.protocol`), joins ``nodes/`` with its
+:class:`~examples.message_broker.layout.NodeRecord`, and runs as a runtime
+:class:`~framework.runtime.Worker` in the replicated push mode: the runtime follows its
+assignments (``assignments/<server>/``, written by the controller) and runs
+:meth:`BrokerServer.serve_shard` for each assigned topic.  For each topic it runs this state
+machine on the topic's ``primary`` znode (one data watch, plus ``isr`` while nobody is
+primary):
 
-* no primary, and we are in the in-sync set -> take over: one multi sets ``isr`` (term + 1,
-  with the version just read) and creates the ephemeral ``primary``; exactly one contender
-  can win, and the ``czxid`` of the new node is the new epoch;
-* the primary znode is ours -> serve as primary (:class:`PrimaryTopic`) inside a scope that
-  ends when the node is gone, when the session can no longer be trusted (before the server
-  could expire it), or when a fetch from a newer epoch arrives; on the way out the term is
-  closed so nothing more is acknowledged;
-* the primary znode is someone else's -> back it up: reset the local log, then pull from the
-  primary (``fetch`` with the epoch) until the znode changes.
+* no primary, and we are in the in-sync set with a log that provably holds every
+  acknowledged record -> take over: one multi sets ``isr`` (term + 1, with the version just
+  read) and creates the ephemeral ``primary``; exactly one contender can win, and the
+  ``czxid`` of the new node is the new epoch;
+* the primary znode is ours -> serve as primary
+  (:class:`~examples.message_broker.primary.PrimaryTopic`) until the node is gone, the
+  session can no longer be trusted, or a fetch from a newer epoch proves us deposed;
+* the primary znode is someone else's -> back it up: a new epoch starts a new copy of the
+  log from offset 0, then pull from the primary (``fetch`` with the epoch) until the znode
+  changes.
 
-Every server also watches ``migration_prohibited`` (and shows it in its ``nodes/`` record;
-moves themselves are the controller's decision) and ``shutdown``.
+Guarantees:
 
-Messages never touch ZooKeeper.  Graceful stop (SIGTERM, or the ``shutdown`` znode naming this
-server or all servers): stop taking over, hand every primary to its in-sync backup once it
-holds the whole log, then leave.
+* Messages never touch ZooKeeper.
+* On SUSPENDED the topics keep being served until the session's trust deadline (the
+  runtime's guard, 2/3 of the negotiated timeout after the last reply); past it, and at once
+  on LOST, every topic scope is cancelled: each primary term is closed before anything else
+  (nothing more is acknowledged) and its ``primary`` znode is left alone (it goes with a
+  lost session; a session that survived serves the same epoch again once connected).  A
+  backup's replication ends only with a new epoch or no primary: a disconnection the session
+  survives changes nothing for it.
+* A topic whose ``topics/<t>``, ``isr`` or ``primary`` node does not hold its record is not
+  served until the node is rewritten (``broker.record_corrupt``); a ``shutdown`` node that
+  does not hold its record is ignored, logged the same way.
+* A malformed request gets an error reply (``bad_request``) and the connection goes on; a
+  broken frame gets one and the connection is closed (see the protocol).
+* Graceful stop (SIGTERM, or the ``shutdown`` znode naming this server or all servers): no
+  more takeovers, every primary is handed to its in-sync backup once that holds the whole
+  log (at most :data:`HAND_OVER_LIMIT` seconds), then the server leaves.  Every server also
+  follows ``migration_prohibited`` and shows it in its record (moves are the controller's).
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from examples.message_broker import protocol
@@ -44,14 +60,28 @@ from examples.message_broker.layout import (
     APP_NAME,
     BrokerPaths,
     Isr,
+    NodeRecord,
+    PrimaryRecord,
+    ServerState,
+    ShutdownRequest,
     TopicSettings,
-    dumps,
-    loads,
+    decode,
 )
 from examples.message_broker.log import TopicLog
 from examples.message_broker.primary import PrimaryTopic, RequestError
+from examples.message_broker.protocol import (
+    ErrorCode,
+    ErrorReply,
+    Fetch,
+    Fetched,
+    Msgs,
+    Produce,
+    Produced,
+    Subscribe,
+    Subscribed,
+)
 from examples.message_broker.watching import wait_epoch_changed, wait_watch
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives import Group, Membership
 from framework.retry import Backoff
@@ -70,6 +100,36 @@ FETCH_WAIT = 1.0
 
 #: Longest a graceful stop waits for its primaries' hand-over (seconds).
 HAND_OVER_LIMIT = 30.0
+
+
+@attrs.define
+class Term:
+    """One primary term this server served (trio times; ``ended`` is ``None`` while it
+    lasts)."""
+
+    topic: str
+    epoch: int
+    started: float
+    ended: float | None = None
+
+
+@attrs.define
+class BackupInfo:
+    """A topic this server backs up: the primary it follows, the term's epoch, and how far
+    behind the primary's log end its copy was at the last fetch (``None``: not fetched)."""
+
+    primary: str
+    epoch: int
+    lag: int | None = None
+
+
+@attrs.frozen
+class Follower:
+    """A backup's copy fetching over one connection."""
+
+    topic: str
+    server: str
+    copy: str
 
 
 class BrokerServer(Worker):
@@ -91,8 +151,8 @@ class BrokerServer(Worker):
         #: the address published to clients and backups (default: where we listen)
         self.advertise = address or os.environ.get("BROKER_ADVERTISE", "")
         self.listen_address = ""
-        #: every primary term served: (topic, epoch, started, ended) in trio time
-        self.terms: list[list[Any]] = []
+        #: every primary term served, in order
+        self.terms: list[Term] = []
         self.paths = BrokerPaths(self.app)
         root = Path(data_dir or os.environ.get("BROKER_DATA_DIR") or "out/broker")
         self.data_dir = root / self.name
@@ -116,7 +176,7 @@ class BrokerServer(Worker):
         #: topics with no primary that we cannot take over: our recovered log's end (shown in
         #: our ``nodes/`` record, for ``ctl force-leader``)
         self.stranded: dict[str, int] = {}
-        self.backups: dict[str, dict[str, Any]] = {}
+        self.backups: dict[str, BackupInfo] = {}
         self.logs: dict[str, TopicLog] = {}
         #: per topic, the offset every in-sync replica is known to hold: the high watermark
         #: of our last primary term, or the one our primary last reported to us as backup
@@ -149,27 +209,26 @@ class BrokerServer(Worker):
 
     async def wait_terms(self, topic: str, count: int) -> None:
         """Return once this server has started ``count`` primary terms of ``topic``."""
-        while sum(1 for term in self.terms if term[0] == topic) < count:
+        while sum(1 for term in self.terms if term.topic == topic) < count:
             await self._term_changed.wait()
 
-    def node_record(self) -> dict[str, Any]:
+    def node_record(self) -> NodeRecord:
         """Our ``nodes/`` record: what the controller and ``ctl status`` read."""
-        return {
-            "name": self.name,
-            "address": self.address,
-            "pid": os.getpid(),
-            "state": "stopping" if self.stopping else "running",
-            "migration_prohibited": self.migration_prohibited,
-            "load": len(self.primaries) + len(self.backups),
-            "primaries": sorted(self.primaries),
-            "backups": sorted(self.backups),
-            "lag": {t: s.lag() for t, s in self.primaries.items()},
+        return NodeRecord(
+            name=self.name,
+            address=self.address,
+            state=ServerState.STOPPING if self.stopping else ServerState.RUNNING,
+            migration_prohibited=self.migration_prohibited,
+            load=len(self.primaries) + len(self.backups),
+            primaries=tuple(sorted(self.primaries)),
+            backups=tuple(sorted(self.backups)),
+            lag={t: s.lag() for t, s in sorted(self.primaries.items())},
             # placed backups our primaries dropped from the in-sync set (lag or link): the
             # controller places a replacement for them
-            "out_of_sync": {t: sorted(s.dropped) for t, s in sorted(self.primaries.items())
-                            if s.dropped},
-            "stranded": dict(sorted(self.stranded.items())),
-        }
+            out_of_sync={t: tuple(sorted(s.dropped)) for t, s in sorted(self.primaries.items())
+                         if s.dropped},
+            stranded=dict(sorted(self.stranded.items())),
+        )
 
     @asynccontextmanager
     async def lifetime(self, session: Session) -> AsyncIterator[None]:
@@ -189,7 +248,7 @@ class BrokerServer(Worker):
         # a restarted server waits for its previous incarnation's session to expire (its
         # ``workers/`` member, joined by the runtime after this, goes with the same session)
         try:
-            async with group.join(self.name, dumps(self.node_record()),
+            async with group.join(self.name, records.encode(self.node_record()),
                                   wait_if_taken=True) as member:
                 log.info("broker.serving", server=self.name, address=self.address)
                 async with trio.open_nursery() as nursery:
@@ -241,7 +300,12 @@ class BrokerServer(Worker):
     async def _watch_shutdown(self, session: Session) -> None:
         async for snap in watch_data(session, self.paths.shutdown):
             if snap.exists:
-                names = loads(snap.data).get("servers")
+                try:
+                    names = decode(snap.data, ShutdownRequest).servers
+                except records.CorruptRecord as exc:
+                    log.error("broker.record_corrupt", path=self.paths.shutdown,
+                              error=str(exc))
+                    continue
                 if not names or self.name in names:
                     log.info("broker.shutdown_requested", server=self.name)
                     self.request_stop()
@@ -268,7 +332,8 @@ class BrokerServer(Worker):
         counters."""
         return {
             "name": self.name, "address": self.address, "host": socket.gethostname(),
-            "pid": os.getpid(), "state": "stopping" if self.stopping else "running",
+            "pid": os.getpid(),
+            "state": (ServerState.STOPPING if self.stopping else ServerState.RUNNING).value,
             "kind": "broker server",
             "shards": sorted(self.primaries) + [f"{t} (backup)" for t in sorted(self.backups)],
             "counters": {"primaries": len(self.primaries), "backups": len(self.backups),
@@ -280,14 +345,14 @@ class BrokerServer(Worker):
         """Rewrite our ``nodes/`` record when it changed, and have the runtime republish our
         ``workers/`` record when it changed (checked every ``status_interval``)."""
         last = b""
-        last_worker = ""
+        last_worker: dict[str, Any] = {}
         while True:
-            data = dumps({k: v for k, v in self.node_record().items() if k != "pid"})
+            data = records.encode(self.node_record())
             if data != last:
                 await member.update(data)
                 last = data
-            record = self.worker_record()
-            shape = dumps({k: v for k, v in record.items() if k != "at"}).decode()
+            shape = self.worker_record()
+            del shape["at"]
             if shape != last_worker:
                 self.status_changed()
                 last_worker = shape
@@ -346,14 +411,14 @@ class BrokerServer(Worker):
             generation = session.snapshot().generation
             try:
                 raw, topic_stat = await session.get(paths.topic(topic))
-                settings = TopicSettings.decode(raw)
+                settings = decode(raw, TopicSettings)
                 # a log left by another topic of this name (deleted and created again, or
                 # another cluster) is not this topic's: it starts afresh (see log.py)
                 topic_log.bind(settings.id or f"czxid-{topic_stat.czxid}")
                 stat = await session.exists(paths.primary(topic), watch=wake)
                 if stat is None:
                     data, isr_stat = await session.get(paths.isr(topic), watch=wake)
-                    isr = Isr.decode(data)
+                    isr = decode(data, Isr)
                     if self._may_take_over(topic, isr):
                         self.stranded.pop(topic, None)
                         await self._take_over(session, topic, isr, isr_stat.version)
@@ -364,6 +429,7 @@ class BrokerServer(Worker):
                     continue
                 self.stranded.pop(topic, None)
                 data, stat = await session.get(paths.primary(topic), watch=wake)
+                primary = decode(data, PrimaryRecord)
             except (errors.ConnectionLossError, errors.SessionExpiredError,
                     errors.NotConnectedError):
                 await session.wait_connected()
@@ -372,10 +438,17 @@ class BrokerServer(Worker):
                 if await session.exists(paths.topic(topic)) is None:
                     return  # topic deleted
                 continue
+            except records.CorruptRecord as exc:
+                # nothing to serve by: wait until one of the topic's nodes is rewritten
+                log.error("broker.record_corrupt", topic=topic, error=str(exc))
+                with contextlib.suppress(errors.ZooKeeperError):
+                    await session.exists(paths.topic(topic), watch=wake)
+                await wait_watch(session, fired, generation)
+                continue
             if stat.ephemeralOwner == session.session_id:
                 await self._be_primary(session, topic, topic_log, stat.czxid, settings)
             else:
-                await self._be_backup(session, topic, topic_log, loads(data), stat.czxid,
+                await self._be_backup(session, topic, topic_log, primary, stat.czxid,
                                       fired, generation)
 
     def _may_take_over(self, topic: str, isr: Isr) -> bool:
@@ -403,9 +476,9 @@ class BrokerServer(Worker):
         # durably first: if we win, a restart of ours can prove this log served the term
         self._log(topic).mark_primary(new.term)
         txn = session.transaction()
-        txn.set(self.paths.isr(topic), new.encode(), version=version)
+        txn.set(self.paths.isr(topic), records.encode(new), version=version)
         txn.create(self.paths.primary(topic),
-                   dumps({"server": self.name, "address": self.address}), ephemeral=True)
+                   records.encode(PrimaryRecord(self.name, self.address)), ephemeral=True)
         try:
             await txn.commit()
             log.info("broker.took_over", topic=topic, server=self.name, term=new.term,
@@ -419,9 +492,12 @@ class BrokerServer(Worker):
                           epoch: int, settings: TopicSettings) -> None:
         try:
             data, isr_stat = await session.get(self.paths.isr(topic))
+            isr = decode(data, Isr)
         except errors.ZooKeeperError:
             return
-        isr = Isr.decode(data)
+        except records.CorruptRecord as exc:
+            log.error("broker.record_corrupt", topic=topic, error=str(exc))
+            return
         committed = self.committed.get(topic, 0)
         if isr.in_sync == (self.name,):
             # nobody else may take over (nor could hold more): every record of our log -
@@ -438,7 +514,7 @@ class BrokerServer(Worker):
         self.primaries[topic] = state
         self.complete.add(topic)
         self.following.pop(topic, None)  # our log now grows as primary: no copy of anyone's
-        term: list[Any] = [topic, epoch, trio.current_time(), None]
+        term = Term(topic, epoch, trio.current_time())
         self.terms.append(term)
         self._term_changed.set()
         self._term_changed = trio.Event()
@@ -459,7 +535,7 @@ class BrokerServer(Worker):
             interrupted = None
         finally:
             state.close()  # first of all: nothing more is acknowledged in this term
-            term[3] = state.closed_at
+            term.ended = state.closed_at
             self.primaries.pop(topic, None)
             self.committed[topic] = state.hw
             self._term_changed.set()
@@ -470,9 +546,9 @@ class BrokerServer(Worker):
             await session.wait_connected()
 
     async def _be_backup(self, session: Session, topic: str, topic_log: TopicLog,
-                         primary: dict[str, Any], epoch: int, fired: trio.Event,
+                         primary: PrimaryRecord, epoch: int, fired: trio.Event,
                          generation: int) -> None:
-        address = primary.get("address")
+        address = primary.address
         if not address:
             await wait_watch(session, fired, generation)
             return
@@ -485,14 +561,14 @@ class BrokerServer(Worker):
             self.committed[topic] = 0
             self.copies[topic] = topic_log.copy
             self.following[topic] = epoch
-        info: dict[str, Any] = {"primary": primary.get("server"), "epoch": epoch, "lag": None}
+        info = BackupInfo(primary.server, epoch)
         self.backups[topic] = info
-        log.info("broker.backup", topic=topic, server=self.name, primary=info["primary"],
+        log.info("broker.backup", topic=topic, server=self.name, primary=info.primary,
                  epoch=epoch)
         try:
             async with trio.open_nursery() as nursery:
                 # only a new epoch (or no primary) ends this backup's replication: a dropped
-                # ZooKeeper connection that the session survives changes nothing (#30)
+                # ZooKeeper connection that the session survives changes nothing
                 nursery.start_soon(_cancel_after,
                                    wait_epoch_changed(session, self.paths.primary(topic),
                                                       epoch, fired, generation),
@@ -506,8 +582,9 @@ class BrokerServer(Worker):
                             trio.BrokenResourceError, trio.TooSlowError) as exc:
                         log.info("broker.replication_retry", topic=topic, error=str(exc))
                     except RequestError as exc:
-                        log.info("broker.replication_refused", topic=topic, code=exc.code)
-                        if exc.code in ("stale_epoch", "stale_copy"):
+                        log.info("broker.replication_refused", topic=topic,
+                                 code=exc.code.value)
+                        if exc.code in (ErrorCode.STALE_EPOCH, ErrorCode.STALE_COPY):
                             await trio.sleep_forever()  # until the primary znode changes
                     # back off before reconnecting to the same primary (anew after a link
                     # that lasted)
@@ -517,26 +594,28 @@ class BrokerServer(Worker):
             self.backups.pop(topic, None)
 
     async def _replicate(self, topic: str, topic_log: TopicLog, address: str, epoch: int,
-                         info: dict[str, Any]) -> None:
+                         info: BackupInfo) -> None:
         conn = await protocol.connect(address, self.secret)
         try:
             while True:
-                await conn.send({"op": "fetch", "id": 0, "topic": topic, "epoch": epoch,
-                                 "offset": topic_log.end, "server": self.name,
-                                 "copy": self.copies[topic]})
+                await conn.send(Fetch(0, topic, epoch, topic_log.end, self.name,
+                                      self.copies[topic]))
                 # the primary answers within FETCH_WAIT unless it hangs (LinkTimeout)
                 reply = await conn.read(idle=FETCH_WAIT + (self.lag_limit or 5.0))
                 if self.secret is not None and not conn.reader.authenticated:
-                    raise RequestError("unauthenticated", "unsigned reply from the primary")
-                if "error" in reply:
-                    raise RequestError(reply["error"], reply.get("message", ""))
-                if reply.get("epoch") != epoch or reply.get("start") != topic_log.end:
-                    raise RequestError("stale_epoch", "reply from another term")
-                records = [(p, s, bytes(b)) for p, s, b in reply["records"]]
-                topic_log.append(records)
-                self.committed[topic] = min(int(reply.get("hw", 0)), topic_log.end)
-                info["lag"] = reply["end"] - topic_log.end
-                if reply.get("in_sync"):
+                    raise RequestError(ErrorCode.UNAUTHENTICATED,
+                                       "unsigned reply from the primary")
+                if isinstance(reply, ErrorReply):
+                    raise RequestError(reply.code, reply.message)
+                if not isinstance(reply, Fetched):
+                    raise protocol.ProtocolError(ErrorCode.BAD_FRAME,
+                                                 f"a {reply.op.value} frame answered a fetch")
+                if reply.epoch != epoch or reply.start != topic_log.end:
+                    raise RequestError(ErrorCode.STALE_EPOCH, "reply from another term")
+                topic_log.append(reply.records)
+                self.committed[topic] = min(reply.hw, topic_log.end)
+                info.lag = reply.end - topic_log.end
+                if reply.in_sync:
                     self.complete.add(topic)
         finally:
             await conn.aclose()
@@ -546,7 +625,7 @@ class BrokerServer(Worker):
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         protocol.keep_alive(stream)
         conn = protocol.Connection(stream, self.secret)
-        followers: set[tuple[str, str, str]] = set()
+        followers: set[Follower] = set()
         try:
             async with trio.open_nursery() as nursery:
                 while True:
@@ -558,113 +637,98 @@ class BrokerServer(Worker):
                             idle=self.lag_limit if followers else None)
                     except protocol.LinkTimeout as exc:
                         log.warning("broker.link_timeout", error=str(exc),
-                                    followers=sorted(f[1] for f in followers))
+                                    followers=sorted(f.server for f in followers))
                         break
+                    except protocol.BadMessage as exc:  # a whole frame: the link goes on
+                        log.info("broker.bad_request", error=str(exc))
+                        await conn.send(ErrorReply(exc.request_id, exc.code, str(exc)))
+                        continue
                     except protocol.ProtocolError as exc:
-                        log.info("broker.bad_frame", code=exc.code, error=str(exc))
+                        log.info("broker.bad_frame", code=exc.code.value, error=str(exc))
                         with contextlib.suppress(trio.BrokenResourceError, OSError):
                             await conn.send_raw(protocol.error_frame(exc.code, str(exc)))
                         break
                     except (protocol.PeerClosed, OSError, trio.BrokenResourceError):
                         break
-                    op = request.get("op")
-                    if op == "produce":
+                    if isinstance(request, Produce):
                         nursery.start_soon(_quietly, self._produce, conn, request)
-                    elif op == "fetch":
+                    elif isinstance(request, Fetch):
                         if self.secret is not None and not conn.reader.authenticated:
-                            log.warning("broker.unauthenticated_fetch",
-                                        topic=str(request.get("topic")),
-                                        server=str(request.get("server")))
-                            await self._reply_error(conn, request, "unauthenticated",
-                                                    "fetch needs a frame signed with the "
-                                                    "servers' secret")
+                            log.warning("broker.unauthenticated_fetch", topic=request.topic,
+                                        server=request.server)
+                            await conn.send(ErrorReply(
+                                request.id, ErrorCode.UNAUTHENTICATED,
+                                "fetch needs a frame signed with the servers' secret"))
                             continue
                         conn.sign = conn.reader.authenticated  # answer a server in kind
-                        followers.add((str(request.get("topic")), str(request.get("server")),
-                                       str(request.get("copy", ""))))
+                        followers.add(Follower(request.topic, request.server, request.copy))
                         await _quietly(self._fetch, conn, request)
-                    elif op == "subscribe":
+                    elif isinstance(request, Subscribe):
                         nursery.start_soon(_quietly, self._subscribe, conn, request)
                     else:
-                        await self._reply_error(conn, request, "bad_request",
-                                                f"unknown op {op!r}")
+                        await conn.send(ErrorReply(
+                            getattr(request, "id", None), ErrorCode.BAD_REQUEST,
+                            f"a {request.op.value} frame is not a request"))
                 nursery.cancel_scope.cancel()
         except (protocol.PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                for topic, server, copy in followers:
-                    state = self.primaries.get(topic)
+                for follower in followers:
+                    state = self.primaries.get(follower.topic)
                     if state is not None:
-                        await state.follower_gone(server, copy)
+                        await state.follower_gone(follower.server, follower.copy)
             await conn.aclose()
 
-    def _primary_for(self, request: dict[str, Any]) -> PrimaryTopic:
-        topic = request.get("topic")
-        if not isinstance(topic, str):
-            raise RequestError("bad_request", "topic must be a string")
+    def _primary_for(self, topic: str) -> PrimaryTopic:
         state = self.primaries.get(topic)
         if state is None:
             if topic in self.logs:
-                raise RequestError("not_primary", f"{self.name} is not primary for {topic}")
-            raise RequestError("unknown_topic", f"{self.name} does not serve topic {topic!r}")
+                raise RequestError(ErrorCode.NOT_PRIMARY,
+                                   f"{self.name} is not primary for {topic}")
+            raise RequestError(ErrorCode.UNKNOWN_TOPIC,
+                               f"{self.name} does not serve topic {topic!r}")
         return state
 
-    async def _reply_error(self, conn: protocol.Connection, request: dict[str, Any],
-                           code: str, message: str) -> None:
-        # signed on a signed link: the backup trusts only signed answers
-        await conn.send({"id": request.get("id"), "error": code, "message": message})
-
-    async def _produce(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
+    async def _produce(self, conn: protocol.Connection, request: Produce) -> None:
         try:
-            state = self._primary_for(request)
-            msgs = request.get("msgs")
-            producer, seq = request.get("producer"), request.get("seq")
-            if not isinstance(msgs, list) or not isinstance(producer, str) or \
-                    not isinstance(seq, int) or not all(isinstance(m, bytes) for m in msgs):
-                raise RequestError("bad_request", "produce needs producer, seq and msgs (bytes)")
-            for m in msgs:
+            state = self._primary_for(request.topic)
+            for m in request.msgs:
                 if len(m) > protocol.MAX_MESSAGE:
-                    raise RequestError("too_large", f"message of {len(m)} bytes exceeds "
-                                                    f"{protocol.MAX_MESSAGE}")
-            end = await state.produce(producer, seq, msgs)
+                    raise RequestError(ErrorCode.TOO_LARGE, f"message of {len(m)} bytes "
+                                                            f"exceeds {protocol.MAX_MESSAGE}")
+            end = await state.produce(request.producer, request.seq, request.msgs)
         except RequestError as exc:
-            await self._reply_error(conn, request, exc.code, str(exc))
+            await conn.send(ErrorReply(request.id, exc.code, str(exc)))
             return
-        await conn.send({"id": request.get("id"), "ok": True, "end": end})
+        await conn.send(Produced(request.id, end))
 
-    async def _fetch(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
+    async def _fetch(self, conn: protocol.Connection, request: Fetch) -> None:
+        # the reply (or refusal) is signed on a signed link: the backup trusts nothing else
         try:
-            state = self._primary_for(request)
-            reply = await state.fetch(str(request.get("server")), int(request.get("epoch", -1)),
-                                      int(request.get("offset", -1)), FETCH_WAIT,
-                                      str(request.get("copy", "")))
+            reply = await self._primary_for(request.topic).fetch(request, FETCH_WAIT)
         except RequestError as exc:
-            await self._reply_error(conn, request, exc.code, str(exc))
+            await conn.send(ErrorReply(request.id, exc.code, str(exc)))
             return
-        except (TypeError, ValueError):
-            await self._reply_error(conn, request, "bad_request", "bad fetch")
-            return
-        reply["id"] = request.get("id")
         await conn.send(reply)
 
-    async def _subscribe(self, conn: protocol.Connection, request: dict[str, Any]) -> None:
+    async def _subscribe(self, conn: protocol.Connection, request: Subscribe) -> None:
         try:
-            state = self._primary_for(request)
-            offset = int(request.get("offset", 0))
+            state = self._primary_for(request.topic)
+            offset = request.offset
+            if offset < 0:
+                raise RequestError(ErrorCode.BAD_REQUEST, f"offset {offset} is negative")
             # the high watermark now: where a reader that does not follow stops
-            await conn.send({"id": request.get("id"), "ok": True, "epoch": state.epoch,
-                             "hw": state.hw})
+            await conn.send(Subscribed(request.id, state.epoch, state.hw))
             while True:
-                records = await state.deliverable(offset)
-                await conn.send({"op": "msgs", "id": request.get("id"), "start": offset,
-                                 "records": records})
-                offset += len(records)
+                batch = await state.deliverable(offset)
+                await conn.send(Msgs(request.id, offset, batch))
+                offset += len(batch)
         except RequestError as exc:
-            await self._reply_error(conn, request, exc.code, str(exc))
+            await conn.send(ErrorReply(request.id, exc.code, str(exc)))
 
 
-async def _quietly(handler: Any, conn: protocol.Connection, request: dict[str, Any]) -> None:
+async def _quietly(handler: Any, conn: protocol.Connection, request: Any) -> None:
     """Run one request handler; a client that went away is not the server's problem."""
     try:
         await handler(conn, request)

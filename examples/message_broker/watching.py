@@ -1,14 +1,16 @@
-"""One-shot watches that survive disconnects, and a connection-state event that is not a change.
+"""Waiting on one-shot watches across disconnects.
 
-kazoo drops a watch when the connection drops and fires it with a NONE event, so a caller
-waiting for a one-shot watch must also wake on a change of connection state and read again.
-:func:`wait_watch` does exactly that: take ``session.snapshot().generation`` *before* the read
-that sets the watch, then wait.
+* :func:`wait_watch` returns when the watch fired, or once the session is connected again
+  after any change of connection state since the caller's read (the watch may be lost: the
+  caller reads again).  Take ``session.snapshot().generation`` *before* the read that sets
+  the watch.
+* :func:`wait_epoch_changed` returns only once the broker's ``primary`` znode is gone or is
+  another node than the one of the caller's epoch: a wake-up that is not a change (the
+  connection dropped and came back, the session survived) re-reads and keeps waiting
+  (``broker.watch_rearmed``).
 
-A wake-up is not a change: after a NONE event (the connection dropped; the session may well
-survive, as it does through a ZooKeeper leader election) the node must be read again and
-compared with what the caller holds.  :func:`wait_epoch_changed` does that for the broker's
-``primary`` znode, whose ``czxid`` is the epoch of a primary term.
+Neither polls; both are cancelled by their caller.  Why a wake-up is not a change (kazoo
+drops watches on a disconnect): docs/architecture.md, "Watches".
 """
 
 from __future__ import annotations
