@@ -33,14 +33,15 @@ class BenchMaster(Master):
         if mode == "backlog":
             start = time.perf_counter()
             for offset in range(0, total, 5000):
-                await ctx.submit_many([{"n": i} for i in range(offset, min(offset + 5000, total))])
+                await ctx.submit_many(
+                    "handle", [{"n": i} for i in range(offset, min(offset + 5000, total))])
             print(f"SUBMITTED {time.perf_counter() - start:.6f}", flush=True)
             await trio.sleep_forever()
         if mode == "latency":
             await ctx.wait_idle()
             for n in range(total):
                 start = time.perf_counter()
-                task = await ctx.submit({"n": n})
+                task = await ctx.submit("handle", {"n": n})
                 await ctx.result(task.id, wait=True)
                 visible = time.perf_counter()
                 await ctx.wait_idle()
@@ -49,7 +50,8 @@ class BenchMaster(Master):
             return
         start = time.perf_counter()
         for offset in range(0, total, 500):
-            await ctx.submit_many([{"n": i} for i in range(offset, min(offset + 500, total))])
+            await ctx.submit_many(
+                "handle", [{"n": i} for i in range(offset, min(offset + 500, total))])
         await ctx.wait_idle()
         print(f"ELAPSED {time.perf_counter() - start:.6f}", file=sys.stdout, flush=True)
 

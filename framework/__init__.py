@@ -70,6 +70,7 @@ _LAZY: dict[str, str] = {
     "configure_logging": "framework.logs",
     "get_logger": "framework.logs",
     "single_body_error": "framework.zk.scopes",
+    "task": "framework.runtime",
     "watch_children": "framework.zk",
     "watch_data": "framework.zk",
 }
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
         Task,
         TaskResult,
         Worker,
+        task,
     )
     from framework.zk import (
         ChildrenSnapshot,
@@ -194,6 +196,7 @@ __all__ = [
     "errors",
     "get_logger",
     "single_body_error",
+    "task",
     "watch_children",
     "watch_data",
 ]

@@ -272,16 +272,34 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _payload_text(args: argparse.Namespace) -> tuple[str, str]:
+    """The payload's JSON text and where it came from (the argument, a file, stdin)."""
+    if args.payload_file is not None and args.payload is not None:
+        raise FrameworkError("give PAYLOAD_JSON or --payload-file, not both")
+    if args.payload_file is None:
+        return (args.payload if args.payload is not None else "null"), "PAYLOAD_JSON"
+    if args.payload_file == "-":
+        return sys.stdin.read(), "standard input"
+    try:
+        with open(args.payload_file, encoding="utf-8") as file:
+            return file.read(), args.payload_file
+    except OSError as exc:
+        raise FrameworkError(f"cannot read --payload-file {args.payload_file}: "
+                             f"{exc.strerror}") from None
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     from framework.runtime import Client
 
+    text, source = _payload_text(args)
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(text)
     except ValueError as exc:
-        raise FrameworkError(f"PAYLOAD_JSON is not JSON ({exc}): {args.payload!r}") from None
+        raise FrameworkError(f"the payload in {source} is not JSON ({exc})") from None
     _app(args.app)
     task = _connect(args, lambda s: Client(s, args.app).submit(
-        payload, key=args.key, priority=args.priority, time_limit=args.time_limit),
+        args.task, payload, key=args.key, priority=args.priority,
+        time_limit=args.time_limit, countdown=args.countdown),
         deadline=args.timeout)
     print(task.id)
     return 0
@@ -453,11 +471,18 @@ def build_parser() -> argparse.ArgumentParser:
     submit = command("submit", _cmd_submit, "queue one task for an application's workers "
                                             "and print its task id")
     submit.add_argument("app", metavar="APP")
-    submit.add_argument("payload", metavar="PAYLOAD_JSON", help="the task's payload, as JSON")
+    submit.add_argument("task", metavar="TASK",
+                        help="the task type (a worker's @task method, or 'handle')")
+    submit.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", default=None,
+                        help="the task's payload, as JSON (default: null)")
+    submit.add_argument("--payload-file", metavar="F", default=None,
+                        help="read the payload's JSON from file F ('-': standard input)")
+    submit.add_argument("--countdown", type=_non_negative_seconds, default=None, metavar="S",
+                        help="queue it S seconds from now (a delayed task)")
     submit.add_argument("--key", help="task id and idempotency key (default: a new id; a key "
                                       "with a successful result is not run again)")
-    submit.add_argument("--priority", type=int, default=0,
-                        help="lower is taken first (default 0)")
+    submit.add_argument("--priority", type=int, default=None,
+                        help="lower is taken first (default: the task type's, else 0)")
     submit.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
                         help="seconds the handler may take (default: the worker's)")
     add_connection_arguments(submit)
@@ -509,6 +534,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
     return value
 
 

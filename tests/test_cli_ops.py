@@ -103,8 +103,8 @@ async def test_client_submits_and_waits_for_results(zk_hosts: str, chroot: str,
                 got.set()
 
             nursery.start_soon(waiter)
-            task = await client.submit({"n": 1}, key="k1")
-            again = await client.submit({"n": 1}, key="k1")  # same key: runs once
+            task = await client.submit("handle", {"n": 1}, key="k1")
+            again = await client.submit("handle", {"n": 1}, key="k1")  # same key: runs once
             assert task.id == again.id == "k1"
             worker = Echo(APP, name="w1")
             await serve(nursery, zk_hosts, chroot, worker)
@@ -115,7 +115,7 @@ async def test_client_submits_and_waits_for_results(zk_hosts: str, chroot: str,
             worker.request_stop()
             nursery.cancel_scope.cancel()
     with pytest.raises(ConfigurationError):
-        await client.submit({"x": object()})
+        await client.submit("handle", {"x": object()})
     with pytest.raises(ConfigurationError):
         await client.result("bad/key")
 
@@ -126,7 +126,7 @@ async def test_client_submits_and_waits_for_results(zk_hosts: str, chroot: str,
 async def test_submit_and_result_commands(zk_hosts: str, chroot: str, session: Session,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     with trio.fail_after(60):
-        code, out, err = await cli(capsys, "submit", APP, '{"n": 7}', "--key", "img-7",
+        code, out, err = await cli(capsys, "submit", APP, "handle", '{"n": 7}', "--key", "img-7",
                                    "--priority", "-1", *zk(zk_hosts, chroot))
         assert (code, out, err) == (0, "img-7\n", "")
         code, out, err = await cli(capsys, "result", APP, "img-7", *zk(zk_hosts, chroot))
@@ -144,9 +144,9 @@ async def test_submit_and_result_commands(zk_hosts: str, chroot: str, session: S
     code, out, err = await cli(capsys, "result", APP, "never", "--wait", "--timeout", "0.3",
                                *zk(zk_hosts, chroot))
     assert code == 1 and "no result for task 'never' of 'ops' within 0.3s" in err
-    code, _out, err = await cli(capsys, "submit", APP, "{not json", *zk(zk_hosts, chroot))
-    assert code == 2 and err.startswith("framework: error: PAYLOAD_JSON is not JSON")
-    code, _out, err = await cli(capsys, "submit", "bad/app", "{}", *zk(zk_hosts, chroot))
+    code, _out, err = await cli(capsys, "submit", APP, "handle", "{not json", *zk(zk_hosts, chroot))
+    assert code == 2 and err.startswith("framework: error: the payload in PAYLOAD_JSON is not JSON")
+    code, _out, err = await cli(capsys, "submit", "bad/app", "handle", "{}", *zk(zk_hosts, chroot))
     assert code == 2 and len(err.splitlines()) == 1
 
 
@@ -162,7 +162,7 @@ async def test_dead_letters_list_requeue_purge(zk_hosts: str, chroot: str, sessi
             worker = Echo(APP, name="w1")
             await serve(nursery, zk_hosts, chroot, worker)
             for key in ("d1", "d2", "d3"):
-                await client.submit({"fail": key}, key=key)
+                await client.submit("handle", {"fail": key}, key=key)
             await wait_children(session, app.dead, 3)
             worker.request_stop()
             nursery.cancel_scope.cancel()
@@ -191,7 +191,7 @@ async def test_dead_letters_list_requeue_purge(zk_hosts: str, chroot: str, sessi
         code, out, _ = await cli(capsys, "dead", APP, "requeue", "--all", *zk(zk_hosts, chroot))
         assert code == 0 and out.splitlines()[-1] == "requeued 2 dead letter(s) of 'ops'"
         assert await client.dead_letters() == []
-        await client.submit({"fail": "d4"}, key="d4")
+        await client.submit("handle", {"fail": "d4"}, key="d4")
         async with trio.open_nursery() as nursery:
             worker = Echo(APP, name="w2")
             await serve(nursery, zk_hosts, chroot, worker)
@@ -210,7 +210,7 @@ async def test_purge_refuses_while_processes_are_alive(
         zk_hosts: str, chroot: str, session: Session,
         capsys: pytest.CaptureFixture[str]) -> None:
     app = App(APP)
-    await Client(session, APP).submit({"n": 1})
+    await Client(session, APP).submit("handle", {"n": 1})
     await session.ensure_path(app.workers)
     await session.create(f"{app.workers}/w1", b"{}", ephemeral=True)
     code, out, err = await cli(capsys, "purge", APP, *zk(zk_hosts, chroot))
@@ -229,8 +229,8 @@ async def test_cancel_is_shown_by_apps_and_status(zk_hosts: str, chroot: str,
                                                   session: Session,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     client = Client(session, APP)
-    await client.submit({"n": 1}, key="a")
-    await client.submit({"n": 2}, key="b")
+    await client.submit("handle", {"n": 1}, key="a")
+    await client.submit("handle", {"n": 2}, key="b")
     code, out, err = await cli(capsys, "cancel", "absent", *zk(zk_hosts, chroot))
     assert code == 2 and err == "framework: error: no application 'absent' in this ZooKeeper\n"
     assert await session.exists("/apps/absent") is None
@@ -247,7 +247,7 @@ async def test_cancel_is_shown_by_apps_and_status(zk_hosts: str, chroot: str,
     assert code == 0 and json.loads(out)["state"] == "cancelled"
     code, out, _ = await cli(capsys, "status", APP, *zk(zk_hosts, chroot))
     assert "cancelled" in out
-    code, _out, err = await cli(capsys, "submit", APP, "{}", *zk(zk_hosts, chroot))
+    code, _out, err = await cli(capsys, "submit", APP, "handle", "{}", *zk(zk_hosts, chroot))
     assert code == 2 and "is cancelled: it takes no new tasks" in err
     with pytest.raises(FrameworkError):
         await Client(session, "absent").cancel()
@@ -268,8 +268,8 @@ async def test_apps_and_status_show_leader_standbys_workers_and_progress(
             await wait_children(session, App(APP).masters, 2)
             worker = Echo(APP, name=long_name)
             await serve(nursery, zk_hosts, chroot, worker)
-            await Client(session, APP).submit({"progress": True}, key="long-task")
-            await Client(session, "other").submit({"n": 1})
+            await Client(session, APP).submit("handle", {"progress": True}, key="long-task")
+            await Client(session, "other").submit("handle", {"n": 1})
             await wait_exists(session, f"{App(APP).running}/long-task")
             await wait_progress(session, f"{App(APP).running}/long-task")
             apps = await cli(capsys, "apps", "--json", *zk(zk_hosts, chroot))
@@ -305,7 +305,7 @@ async def wait_progress(session: Session, path: str) -> None:
 async def test_status_watch_renders_again_on_changes(zk_hosts: str, chroot: str,
                                                      session: Session) -> None:
     app = App(APP)
-    await Client(session, APP).submit({"n": 1})
+    await Client(session, APP).submit("handle", {"n": 1})
     env = {k: v for k, v in os.environ.items() if k != "FRAMEWORK_ZK_HOSTS"}
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "framework", "status", APP, "--watch", "--json",
@@ -320,7 +320,7 @@ async def test_status_watch_renders_again_on_changes(zk_hosts: str, chroot: str,
             while "w9" not in json.loads(await lines.next())["workers"]:
                 pass
             started = time.monotonic()
-            await Client(session, APP).submit({"n": 2})
+            await Client(session, APP).submit("handle", {"n": 2})
             while json.loads(await lines.next())["queue_depth"] != 2:
                 pass
             assert time.monotonic() - started < 10
@@ -361,7 +361,7 @@ def test_split_chroot() -> None:
 
 async def test_chroot_in_the_connect_string(zk_hosts: str, chroot: str, session: Session,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = await cli(capsys, "submit", APP, "[1, 2]", "--key", "in-chroot",
+    code, out, err = await cli(capsys, "submit", APP, "handle", "[1, 2]", "--key", "in-chroot",
                                "--zk", f"{zk_hosts}{chroot}")
     assert (code, out) == (0, "in-chroot\n"), err
     assert await session.exists(App(APP).tasks) is not None  # in the fixture's chroot
@@ -375,7 +375,7 @@ async def test_chroot_in_the_connect_string(zk_hosts: str, chroot: str, session:
     ("REFUSED", "connection refused by 127.0.0.1:"),
 ])
 @pytest.mark.parametrize("command", [["apps"], ["status", "a"], ["result", "a", "k"],
-                                     ["submit", "a", "{}"], ["dead", "a", "list"]])
+                                     ["submit", "a", "handle", "{}"], ["dead", "a", "list"]])
 def test_connection_mistakes_are_one_line_at_once(
         hosts: str, message: str, command: list[str],
         capsys: pytest.CaptureFixture[str]) -> None:

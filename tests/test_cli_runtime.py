@@ -125,7 +125,7 @@ def test_load_class_accepts_masters_and_workers() -> None:
 async def test_status_table_and_json(zk_hosts: str, chroot: str) -> None:
     class Idle(Master):
         async def lead(self, ctx: MasterContext) -> None:
-            await ctx.submit({"x": 1})
+            await ctx.submit("handle", {"x": 1})
             await trio.sleep_forever()
 
     async with Session(zk_hosts, chroot=chroot) as s:

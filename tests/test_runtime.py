@@ -27,7 +27,7 @@ class Jobs(Master):
         self.results: dict[str, TaskResult | None] = {}
 
     async def lead(self, ctx: MasterContext) -> None:
-        tasks = [await ctx.submit(p, task_id=f"t{i}", time_limit=p.get("limit"))
+        tasks = [await ctx.submit("handle", p, task_id=f"t{i}", time_limit=p.get("limit"))
                  for i, p in enumerate(self.payloads)]
         await ctx.wait_idle()
         self.results = {t.id: await ctx.result(t.id) for t in tasks}
@@ -154,9 +154,9 @@ async def test_duplicate_delivery_is_skipped_by_idempotency_key(zk_hosts: str,
                                                                 chroot: str) -> None:
     class Twice(Master):
         async def lead(self, ctx: MasterContext) -> None:
-            await ctx.submit({"n": 1}, task_id="a", idempotency_key="same")
+            await ctx.submit("handle", {"n": 1}, task_id="a", idempotency_key="same")
             await ctx.wait_idle()
-            await ctx.submit({"n": 2}, task_id="b", idempotency_key="same")
+            await ctx.submit("handle", {"n": 2}, task_id="b", idempotency_key="same")
             await ctx.wait_idle()
             self.record = await ctx.result("same")
 
@@ -197,15 +197,16 @@ async def test_deposed_master_write_is_refused(zk_hosts: str, chroot: str) -> No
                 assert await contexts[1].publish_config({"v": "fresh"}) >= 1
                 # submits are fenced too: a deposed master queues nothing
                 with pytest.raises(LeadershipLost):
-                    await contexts[0].submit({"n": "stale"})
+                    await contexts[0].submit("handle", {"n": "stale"})
                 with pytest.raises(LeadershipLost):
-                    await contexts[0].submit_many([{"n": i} for i in range(3)])
+                    await contexts[0].submit_many("handle", [{"n": i} for i in range(3)])
                 assert await contexts[0].queue.size() == 0
-                await contexts[1].submit({"n": "fresh"})
-                await contexts[1].submit_many([{"n": i} for i in range(1100)])  # 3 batches
+                await contexts[1].submit("handle", {"n": "fresh"})
+                # 3 batches:
+                await contexts[1].submit_many("handle", [{"n": i} for i in range(1100)])
                 assert await contexts[1].queue.size() == 1101
                 with pytest.raises(LeadershipLost):  # pipelined batches: all refused
-                    await contexts[0].submit_many([{"n": i} for i in range(1100)])
+                    await contexts[0].submit_many("handle", [{"n": i} for i in range(1100)])
                 assert await contexts[1].queue.size() == 1101
                 nursery.cancel_scope.cancel()
     assert master.terms_led == 2

@@ -34,7 +34,7 @@ class Tasks(Master):
 
     async def lead(self, ctx: MasterContext) -> None:
         for task_id, (payload, limit) in self.specs.items():
-            await ctx.submit(payload, task_id=task_id, time_limit=limit)
+            await ctx.submit("handle", payload, task_id=task_id, time_limit=limit)
         await ctx.wait_idle()
         for task_id in self.specs:
             result = await ctx.result(task_id)
@@ -128,6 +128,10 @@ def test_a_plain_def_handler_is_accepted() -> None:
     assert Blocking("app").takes_tasks and Crunch("app").takes_tasks
 
 
+async def _async_handle(self: Any, task: Any) -> None:
+    return None
+
+
 def _hidden(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
@@ -142,7 +146,7 @@ def _hidden(fn: Any) -> Any:
         ({"handle": _hidden(Worker.handle)}, "plain function wrapping an 'async def'"),
         ({"handle": 42}, "handle must be a method ('async def' or 'def'), got a int"),
         ({"handler_pool": "fork"}, "handler_pool must be 'thread' or 'process', got 'fork'"),
-        ({"handle": Worker.handle, "handler_pool": "process"},
+        ({"handle": _async_handle, "handler_pool": "process"},
          "is 'async def' but handler_pool is 'process'"),
         ({"handle": Blocking.handle, "handler_pool": "process"}, "importable by name"),
         ({"on_config": lambda self, config: None}, "on_config must be 'async def'"),

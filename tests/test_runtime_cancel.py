@@ -22,7 +22,7 @@ class Endless(Master):
         self.lead_cancelled = False
 
     async def lead(self, ctx: MasterContext) -> None:
-        await ctx.submit_many(["busy", "busy"], keys=["t0", "t1"])
+        await ctx.submit_many("handle", ["busy", "busy"], keys=["t0", "t1"])
         self.leading.set()
         try:
             await trio.sleep_forever()

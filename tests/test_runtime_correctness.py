@@ -98,7 +98,7 @@ class Jobs(Master):
     async def lead(self, ctx: MasterContext) -> None:
         self.leads += 1
         for task_id, payload in self.submit:
-            await ctx.submit(payload, task_id=task_id)
+            await ctx.submit("handle", payload, task_id=task_id)
         await ctx.wait_idle()
         self.results = {task_id: await ctx.result(task_id) for task_id, _ in self.submit}
 
@@ -262,12 +262,12 @@ async def test_submit_many_with_keys_runs_a_resubmitted_job_once(
     class Twice(Master):
         async def lead(self, ctx: MasterContext) -> None:
             keys = [f"page-{i}" for i in range(5)]
-            await ctx.submit_many([{"n": i} for i in range(5)], keys=keys)
+            await ctx.submit_many("handle", [{"n": i} for i in range(5)], keys=keys)
             await ctx.wait_idle()
-            await ctx.submit_many([{"n": i} for i in range(5)], keys=keys)
+            await ctx.submit_many("handle", [{"n": i} for i in range(5)], keys=keys)
             await ctx.wait_idle()
             with pytest.raises(ConfigurationError, match="2 keys for 5 payloads"):
-                await ctx.submit_many([{}] * 5, keys=["a", "b"])
+                await ctx.submit_many("handle", [{}] * 5, keys=["a", "b"])
             self.results = [await ctx.result(k) for k in keys]
 
     master = Twice(app)

@@ -49,7 +49,7 @@ def test_bad_names_give_clear_errors(bad: str) -> None:
 def test_task_round_trip_and_validation() -> None:
     task = new_task({"url": "http://x"}, task_id="t1", idempotency_key="k1", time_limit=2)
     again = Task.decode(task.encode(), attempts=3)
-    assert again == Task("t1", {"url": "http://x"}, "k1", 2, 3) and again.key == "k1"
+    assert again == Task("t1", {"url": "http://x"}, "k1", 2, attempts=3) and again.key == "k1"
     with pytest.raises(ConfigurationError, match="JSON"):
         new_task({"bad": object()})
     with pytest.raises(ConfigurationError, match="time_limit"):
@@ -221,7 +221,9 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
             time.sleep(task.payload["takes"])
             return "ok"
 
-    consumer = Timed(name="w").tasks
+    worker = Timed(name="w")
+    consumer, rules = worker.tasks, worker.rules_for("handle")
+    assert rules is not None
 
     async def blocker() -> None:
         await trio.sleep(0.1)
@@ -229,7 +231,7 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(blocker)
-        done = await consumer._call_within(Task("t1", {"takes": 0.12}), 0.2)
+        done = await consumer._call_within(Task("t1", {"takes": 0.12}), rules, 0.2)
     assert done == "ok"
     with pytest.raises(trio.TooSlowError):
-        await consumer._call_within(Task("t2", {"takes": 0.4}), 0.1)
+        await consumer._call_within(Task("t2", {"takes": 0.4}), rules, 0.1)

@@ -18,6 +18,7 @@ from framework.runtime.status import (
     render_apps,
     render_status,
 )
+from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.runtime.worker import Worker
 
@@ -35,10 +36,12 @@ __all__ = [
     "Part",
     "PlacementRules",
     "Plan",
+    "RateLimit",
     "Readiness",
     "ReplicatedPlacement",
     "Service",
     "Task",
+    "TaskOptions",
     "TaskResult",
     "Watches",
     "Worker",
@@ -53,4 +56,5 @@ __all__ = [
     "render_apps",
     "render_status",
     "run_component",
+    "task",
 ]

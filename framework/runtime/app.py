@@ -15,6 +15,10 @@ from ZooKeeper, never from memory::
     pending/hh/     one node per task key submitted explicitly, naming its queued items
                     (a record is kept while one is still queued)
     failures/       recent task failures (a bounded ring of sequential nodes)
+    types           the app's task types (the catalog submitters check names against)
+    delayed/m/      tasks to queue at a later time, in minute buckets ``m``
+    revoked/        one node per revoked task id (until a worker has dealt with it)
+    schedules/      one record per periodic schedule: its last fired slot (fenced)
     shards/         desired long-lived shards (push mode), data = shard spec
     assignments/w/  shards assigned to worker ``w`` by the master (fenced writes)
     plan/<shard>    replicated push mode: the workers planned for the shard (JSON list)
@@ -93,6 +97,10 @@ class App:
     config = property(lambda self: f"{self.base}/config")
     done = property(lambda self: f"{self.base}/done")
     cancel = property(lambda self: f"{self.base}/cancel")
+    types = property(lambda self: f"{self.base}/types")
+    delayed = property(lambda self: f"{self.base}/delayed")
+    revoked = property(lambda self: f"{self.base}/revoked")
+    schedules = property(lambda self: f"{self.base}/schedules")
 
     def result_path(self, key: str) -> str:
         """Where the result record of task (or idempotency) ``key`` lives."""
@@ -131,20 +139,28 @@ async def ensure_layout(session: Session, app: App, *paths: str) -> None:
 
 
 async def ensure_result_buckets(session: Session, app: App) -> None:
-    """Create every result bucket that is missing (one listing once they all exist).  A
-    worker that takes tasks calls it when it starts: with the buckets in place, a task's
-    claim can probe that it has no result record yet and its result is written in the
-    same transaction as its acknowledgement, where a missing bucket would refuse those
-    and cost the slower paths (record read after the claim; result, bucket, result again,
-    ack alone).
-    Apps that record no results (push mode) never get the 256 nodes."""
-    await session.ensure_path(app.results)
-    present = set(await session.children(app.results))
+    """Create every result bucket that is missing, and every ``pending/`` bucket (two
+    listings once they all exist).  A worker that takes tasks calls it when it starts:
+    with the buckets in place, a task's claim can probe that it has no result record yet
+    and its result is written in the same transaction as its acknowledgement, where a
+    missing bucket would refuse those and cost the slower paths (record read after the
+    claim; result, bucket, result again, ack alone); retention's delete multis check the
+    queued markers under ``pending/`` (see :mod:`framework.runtime.result_index`).
+    Apps that record no results (push mode) never get the 2 x 256 nodes."""
+    for parent in (app.results, app.pending):
+        await ensure_buckets(session, parent, app.result_buckets)
+
+
+async def ensure_buckets(session: Session, parent: str, buckets: list[str]) -> None:
+    """Create ``parent`` and those of its children ``buckets`` that are missing (one
+    listing, then the creates sent together)."""
+    await session.ensure_path(parent)
+    present = set(await session.children(parent))
 
     async def create(bucket: str) -> None:
         try:
-            await session.create(f"{app.results}/{bucket}")
+            await session.create(f"{parent}/{bucket}")
         except errors.NodeExistsError:
             pass
 
-    await gather(*[functools.partial(create, b) for b in app.result_buckets if b not in present])
+    await gather(*[functools.partial(create, b) for b in buckets if b not in present])

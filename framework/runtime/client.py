@@ -28,8 +28,8 @@ from framework.records import CorruptRecord
 from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
 from framework.runtime.records import CancelRecord
-from framework.runtime.result_index import mark_queued
-from framework.runtime.tasks import Task, TaskResult, new_task, read_result
+from framework.runtime.submission import Submitter
+from framework.runtime.tasks import Task, TaskResult, read_result
 from framework.zk import Session, validate_name
 
 
@@ -58,6 +58,7 @@ class Client:
         self.session = session
         self.app = app if isinstance(app, App) else App(app)
         self._queue: WorkQueue | None = None
+        self._submit: Submitter | None = None
 
     async def _work_queue(self) -> WorkQueue:
         if self._queue is None:
@@ -65,27 +66,32 @@ class Client:
             self._queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
         return self._queue
 
-    async def submit(self, payload: Any, *, key: str | None = None,
-                     time_limit: float | None = None, priority: int = 0) -> Task:
-        """Queue one task (``payload``: any JSON value); returns it with its id.
+    async def _submitter(self) -> Submitter:
+        if self._submit is None:
+            self._submit = Submitter(self.session, self.app, await self._work_queue())
+        return self._submit
+
+    async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
+                     time_limit: float | None = None, priority: int | None = None,
+                     countdown: float | None = None, eta: Any = None) -> Task:
+        """Queue one task of type ``name`` (``payload``: any JSON value), now or at its time
+        (``countdown`` seconds from now, or ``eta``: an aware datetime or epoch seconds);
+        returns it with its id.
 
         ``key`` names the task (id and idempotency key): a key that already has a successful
-        result is not run again.  Lower ``priority`` values are taken first.  An app that
-        was cancelled (``framework cancel``) refuses new tasks (:class:`ConfigurationError`).
-        """
-        task = new_task(payload, task_id=key, idempotency_key=key, time_limit=time_limit)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise errors.ConfigurationError(f"priority must be an int, got {priority!r}")
+        result is not run again.  Lower ``priority`` values are taken first (default: the
+        task type's).  Raises :class:`ConfigurationError` for a task type the app's workers
+        do not have (once one has registered its types) and for an app that was cancelled
+        (``framework cancel``)."""
         if await self.session.exists(self.app.cancel) is not None:
             raise errors.ConfigurationError(
                 f"application {self.app.name!r} is cancelled: it takes no new tasks "
-                f"(delete {self.app.cancel} or purge the app to start again)"
+                f"(framework resume {self.app.name}, or purge the app to start again)"
             )
-        queue = await self._work_queue()
-        name = await queue.put(task.encode(), priority=priority)
-        if key is not None:  # another task of this key may come: its record must wait
-            await mark_queued(self.session, self.app, [(task.key, name)])
-        return task
+        submitter = await self._submitter()
+        return await submitter.submit(name, payload, task_id=key, idempotency_key=key,
+                                      time_limit=time_limit, priority=priority,
+                                      countdown=countdown, eta=eta)
 
     async def result(self, key: str, *, wait: bool = False,
                      timeout: float | None = None) -> TaskResult | None:

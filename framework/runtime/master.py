@@ -38,11 +38,12 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, app_of, check_name, ensure_layout, process_name
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
+from framework.runtime.delayed import DelayedMover
 from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
-from framework.runtime.result_index import mark_queued
 from framework.runtime.retention import Retention, limits_of
-from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, new_task, read_result
+from framework.runtime.submission import Submitter
+from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, read_result
 from framework.zk import Session, cleanup_scope, gather
 from framework.zk.scopes import single_body_error
 
@@ -60,6 +61,8 @@ class MasterContext:
     queue: WorkQueue
     config_store: ConfigStore[Any]
     retention: Retention
+    submitter: Submitter
+    delayed: DelayedMover
 
     async def apply_retention(self) -> dict[str, int]:
         """One retention pass now (the runtime runs one every ``retention_interval``);
@@ -68,35 +71,25 @@ class MasterContext:
 
     # ------------------------------------------------------------ tasks (pull mode)
 
-    async def submit(self, payload: Any, *, task_id: str | None = None,
+    async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
                      idempotency_key: str | None = None, time_limit: float | None = None,
-                     priority: int = 0) -> Task:
-        """Queue one task (JSON payload) for the workers; returns it with its id."""
-        task = new_task(payload, task_id=task_id, idempotency_key=idempotency_key,
-                        time_limit=time_limit)
-        name = await self.queue.put(task.encode(), priority=priority)
-        if task_id is not None or idempotency_key is not None:  # see mark_queued
-            await mark_queued(self.session, self.app, [(task.key, name)])
-        return task
+                     priority: int | None = None, countdown: float | None = None,
+                     eta: Any = None) -> Task:
+        """Queue one task of type ``name`` (JSON payload) for the workers, now or at its
+        time (``countdown`` seconds, ``eta``); returns it with its id.  An unknown type is
+        a :class:`~framework.errors.ConfigurationError` (see
+        :mod:`framework.runtime.submission`); ``priority`` defaults to the type's."""
+        return await self.submitter.submit(
+            name, payload, task_id=task_id, idempotency_key=idempotency_key,
+            time_limit=time_limit, priority=priority, countdown=countdown, eta=eta)
 
-    async def submit_many(self, payloads: list[Any], *, priority: int = 0,
+    async def submit_many(self, name: str, payloads: list[Any], *,
+                          priority: int | None = None,
                           keys: list[str] | None = None) -> list[Task]:
-        """Queue many tasks in one pipelined burst.  ``keys`` (one per payload) are their
-        task ids and idempotency keys: submitting the same keys again (a new leader
-        resubmitting the job, say) runs nothing twice."""
-        if keys is not None and len(keys) != len(payloads):
-            raise errors.ConfigurationError(
-                f"submit_many: {len(keys)} keys for {len(payloads)} payloads"
-            )
-        tasks = [new_task(p) for p in payloads] if keys is None else [
-            new_task(p, task_id=k, idempotency_key=k) for p, k in zip(payloads, keys,
-                                                                        strict=True)
-        ]
-        names = await self.queue.put_many([t.encode() for t in tasks], priority=priority)
-        if keys is not None:  # see mark_queued
-            await mark_queued(self.session, self.app,
-                              [(t.key, n) for t, n in zip(tasks, names, strict=True)])
-        return tasks
+        """Queue many tasks of type ``name`` in one pipelined burst.  ``keys`` (one per
+        payload) are their task ids and idempotency keys: submitting the same keys again
+        (a new leader resubmitting the job, say) runs nothing twice."""
+        return await self.submitter.submit_many(name, payloads, priority=priority, keys=keys)
 
     async def result(self, key: str, *, wait: bool = False) -> TaskResult | None:
         """The result record of a task id (or idempotency key), if it finished; with
@@ -382,11 +375,14 @@ class Master:
                 config_store=ConfigStore(session, self.app.config),
                 retention=Retention(session, self.app, term, queue,
                                     batch=self.retention_batch, **self.retention_limits),
+                submitter=Submitter(session, self.app, queue),
+                delayed=DelayedMover(session, self.app, queue),
             )
             with single_body_error():
                 async with trio.open_nursery() as nursery:
                     if self.retention_interval is not None:
                         nursery.start_soon(ctx.retention.run, self.retention_interval)
+                    nursery.start_soon(ctx.delayed.run)
                     await self.lead(ctx)
                     nursery.cancel_scope.cancel()
             self.summary = await _job_summary(session, self.app)

@@ -38,6 +38,7 @@ from framework.runtime.handlers import ThreadCall, handle_in_process, returned
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
 from framework.runtime.result_index import SlotKeeper, entry_path, write_record
+from framework.runtime.task_types import Catalog, TaskRules, TaskType, type_info
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone
 
@@ -94,6 +95,12 @@ class TaskConsumer:
     async def prepare(self, session: Session) -> None:
         if self.worker.takes_tasks:
             await ensure_result_buckets(session, self.worker.app)  # before the first probe
+            worker = self.worker
+            await Catalog(session, worker.app).register({
+                name: type_info(kind, max_attempts=worker.max_attempts,
+                                time_limit=worker.time_limit)
+                for name, kind in worker.task_types.items()
+            })
 
     async def run(self, session: Session) -> None:
         """Run the slots until the worker drains (or only wait for that, if the worker
@@ -103,7 +110,7 @@ class TaskConsumer:
             await worker.stop_requested.wait()
             return
         self._slots = SlotKeeper(session, worker.app)
-        queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.max_attempts,
+        queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.most_attempts,
                           dead_letter=worker.app.dead, lease=worker.lease,
                           claim_with=self._claim_extras)
         async with self._handler_pool(), trio.open_nursery() as timer:
@@ -271,11 +278,14 @@ class TaskConsumer:
         else:
             task = Task.decode(item.data, item.attempts)
             running = f"{self.worker.app.running}/{task.id}"
-        limit = task.time_limit or self.worker.time_limit
-        if limit:
+        rules = self.worker.rules_for(task.name)
+        limit = task.time_limit or (rules.time_limit if rules else self.worker.time_limit)
+        stuck_after = limit + (rules.backoff if rules else self.worker.backoff).cap + 1.0 \
+            if limit else None
+        if stuck_after:
             # past its limit (and the retry backoff) a handler that did not stop is stuck:
             # stop renewing the claim's lease, so the task goes to another worker
-            queue.renew_for(item, limit + self.worker.backoff_max + 1.0)
+            queue.renew_for(item, stuck_after)
         if item.extras is None:
             await self._mark_running(session, running, task, item, marker)
         self._markers[running] = marker[0]
@@ -291,14 +301,23 @@ class TaskConsumer:
                 previous_version = stat.version
             except errors.NoNodeError:
                 pass
+        refusal = self._refusal(task, rules)
+        if refusal is not None:
+            await self._failed(session, task, refusal, time.time(), rules)
+            raise _GivenUp() from refusal
+        assert rules is not None
+        if rules.limiter is not None:
+            await rules.limiter.acquire()  # the claim is held (and renewed) meanwhile
+            if stuck_after:
+                queue.renew_for(item, stuck_after)
         self._in_flight += 1
         self.worker.status_changed()
         metrics.task_started(self.worker.app.name)
         started = time.time()
         try:
-            value = await self._call_within(task, limit)
+            value = await self._call_within(task, rules, limit)
         except Exception as exc:
-            await self._failed(session, task, exc, started)
+            await self._failed(session, task, exc, started, rules)
             # leaving take() with an error hands the item back (or buries it for good)
             handed_back = _GivenUp() if isinstance(exc, errors.PermanentFailure) else _HandedBack()
             raise handed_back from exc
@@ -311,7 +330,7 @@ class TaskConsumer:
         try:
             encoded = result.encode()
         except errors.PermanentFailure as exc:
-            await self._failed(session, task, exc, started)
+            await self._failed(session, task, exc, started, rules)
             raise _GivenUp() from None
         # the result is written in the transaction that acknowledges the item (and deletes
         # our marker), combined with the other slots' acks, with its entry in the time
@@ -340,7 +359,24 @@ class TaskConsumer:
         log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
 
-    async def _call_within(self, task: Task, limit: float | None) -> Any:
+    def _refusal(self, task: Task, rules: TaskRules | None) -> errors.PermanentFailure | None:
+        """Why this delivery must fail for good without running: a task type this worker
+        does not have, or more deliveries than its type allows (the queue buries items
+        only past the largest ``max_attempts`` of the worker's types)."""
+        if rules is None:
+            known = ", ".join(sorted(self.worker.task_types)) or "none"
+            return errors.PermanentFailure(
+                f"worker {self.worker.name} has no task type {task.name!r} (its task types: "
+                f"{known})"
+            )
+        if task.attempts > rules.max_attempts:
+            return errors.PermanentFailure(
+                f"delivered {task.attempts} times, over the {rules.max_attempts} attempts of "
+                f"task type {task.name!r}"
+            )
+        return None
+
+    async def _call_within(self, task: Task, rules: TaskRules, limit: float | None) -> Any:
         """``handle(task)`` within ``limit`` seconds, or :class:`trio.TooSlowError`.
 
         A handler that did not stop at its limit (an ``async def`` blocked in a thread it
@@ -348,11 +384,11 @@ class TaskConsumer:
         returns: its result is never recorded as a success."""
         call = ThreadCall()
         if not limit:
-            return await self._call_handler(task, call)
+            return await self._call_handler(task, rules.kind, call)
         deadline = trio.current_time() + limit
         ends_by = time.monotonic() + limit
         with trio.CancelScope(deadline=deadline) as limited:
-            value = await self._call_handler(task, call)
+            value = await self._call_handler(task, rules.kind, call)
         if call.returned_at is not None and call.returned_at <= ends_by:
             # a thread that returned in time, picked up late (a busy event loop)
             if call.error is not None:
@@ -368,23 +404,24 @@ class TaskConsumer:
             raise trio.TooSlowError
         return value
 
-    async def _call_handler(self, task: Task, call: ThreadCall) -> Any:
-        """``handle(task)``: awaited, or a plain ``def`` run in the thread or process pool
-        (a thread records in ``call`` when it returned, and what)."""
-        if not self.worker.handle_blocks:
-            return await self.worker.handle(task)
+    async def _call_handler(self, task: Task, kind: TaskType, call: ThreadCall) -> Any:
+        """The task type's method on ``task``: awaited, or a plain ``def`` run in the
+        thread or process pool (a thread records in ``call`` when it returned, and what)."""
+        method = getattr(self.worker, kind.method)
+        if not kind.blocking:
+            return await method(task)
         if self._processes is not None:
             worker = self.worker
             fields = {"app": worker.app, "name": worker.name, "address": worker.address,
                       "config": worker.config}
             # cancelled (time limit, drain timeout): the process is killed
             return await self._processes.run_sync(handle_in_process, type(self.worker), fields,
-                                                  task, kill_on_cancel=True,
+                                                  kind.method, task, kill_on_cancel=True,
                                                   limiter=self._pool_limiter)
 
         def run() -> Any:
             try:
-                call.value = returned(type(self.worker), self.worker.handle(task))
+                call.value = returned(type(self.worker), kind.method, method(task))
                 return call.value
             except BaseException as exc:
                 call.error = exc
@@ -411,7 +448,7 @@ class TaskConsumer:
             raise
 
     async def _failed(self, session: Session, task: Task, exc: Exception,
-                      started: float) -> None:
+                      started: float, rules: TaskRules | None) -> None:
         ended = time.time()  # the record's time: not counting the traceback's formatting
         self.tasks_failed += 1
         if isinstance(exc, trio.TooSlowError):
@@ -422,8 +459,8 @@ class TaskConsumer:
             error = f"{type(exc).__name__}: {exc}"
         if len(error) > MAX_ERROR_CHARS:
             error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
-        final = (task.attempts >= self.worker.max_attempts
-                 or isinstance(exc, errors.PermanentFailure))
+        max_attempts = rules.max_attempts if rules else self.worker.max_attempts
+        final = task.attempts >= max_attempts or isinstance(exc, errors.PermanentFailure)
         metrics.task_finished(self.worker.app.name, False, time.time() - started, final=final,
                               owner=self)
         trace = "".join(traceback.format_exception(exc))
@@ -451,7 +488,7 @@ class TaskConsumer:
                 pass
         if not final:
             # hold the claim for a while so the retry is delayed (exponential backoff)
-            await self.worker.backoff.sleep(task.attempts)
+            await (rules.backoff if rules else self.worker.backoff).sleep(task.attempts)
 
     @asynccontextmanager
     async def _handler_pool(self) -> AsyncIterator[None]:
@@ -492,4 +529,3 @@ class TaskConsumer:
         except (errors.BadVersionError, errors.NoNodeError):
             return  # the marker is no longer ours: this delivery lost its claim
         marker.version = stat.version
-

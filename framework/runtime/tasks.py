@@ -14,6 +14,9 @@ from framework.errors import ConfigurationError, PermanentFailure
 from framework.runtime.app import check_name
 from framework.zk import MAX_DATA_BYTES, Session, wait_created
 
+#: The task type of a worker's ``handle`` method (and of a task that names none).
+DEFAULT_TASK = "handle"
+
 #: How many failure records the ``failures/`` ring keeps (each worker deletes the record
 #: this many before its own; the master's retention trims what a crash left behind).
 FAILURE_RING = 200
@@ -31,6 +34,7 @@ class Task:
     payload: Any = None
     idempotency_key: str | None = attrs.field(default=None, metadata=records.wire("key"))
     time_limit: float | None = None
+    name: str = DEFAULT_TASK  # its task type (see framework.runtime.task_types)
     attempts: int = attrs.field(default=0, metadata=records.local())  # from the queue item
 
     @property
@@ -50,11 +54,13 @@ class Task:
 def new_task(
     payload: Any,
     *,
+    name: str = DEFAULT_TASK,
     task_id: str | None = None,
     idempotency_key: str | None = None,
     time_limit: float | None = None,
 ) -> Task:
     """Build a task, validating what a user can get wrong."""
+    check_name("task name", name)
     task_id = check_name("task id", task_id) if task_id else uuid.uuid4().hex
     if idempotency_key is not None:
         check_name("idempotency key", idempotency_key)
@@ -64,7 +70,7 @@ def new_task(
         json.dumps(payload)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"task payload must be JSON-serialisable: {exc}") from None
-    return Task(task_id, payload, idempotency_key, time_limit)
+    return Task(task_id, payload, idempotency_key, time_limit, name)
 
 
 @attrs.frozen

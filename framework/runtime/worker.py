@@ -27,8 +27,10 @@ from framework.runtime.app import App
 from framework.runtime.handlers import HANDLER_POOLS, check_handler
 from framework.runtime.service import Part, Service
 from framework.runtime.shard_server import ShardServer
+from framework.runtime.submission import Submitter
 from framework.runtime.task_consumer import TaskConsumer
-from framework.runtime.tasks import Task, new_task
+from framework.runtime.task_types import TaskRules, collect, rules_of
+from framework.runtime.tasks import Task
 
 __all__ = ["HANDLER_POOLS", "Worker"]
 
@@ -72,8 +74,12 @@ class Worker(Service):
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
         super().__init__(app, name=name, address=address)
-        #: whether ``handle`` is a plain ``def`` (run in the handler pool)
-        self.handle_blocks = check_handler(type(self))
+        #: the task types this worker runs, by name (its ``@task`` methods, and ``handle``)
+        self.task_types = collect(type(self), default=Worker.handle)
+        #: whether a task type is a plain ``def`` (run in the handler pool)
+        self.handle_blocks = check_handler(type(self), self.task_types)
+        self._rules: dict[str, TaskRules] = {}
+        self._submitter: Submitter | None = None
         self.tasks = TaskConsumer(self)
         self.shard_server = ShardServer(self)
 
@@ -131,16 +137,20 @@ class Worker(Service):
         """Publish progress of a running task (shown by ``framework status``)."""
         await self.tasks.report_progress(task, done, total, message)
 
-    async def submit(self, payload: Any, *, task_id: str | None = None,
+    async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
                      idempotency_key: str | None = None, time_limit: float | None = None,
-                     priority: int = 0) -> Task:
-        """Queue a follow-up task (a crawler queues the links it found, say)."""
+                     priority: int | None = None, countdown: float | None = None,
+                     eta: Any = None) -> Task:
+        """Queue a follow-up task of type ``name`` (a crawler queues the links it found,
+        say); the same options and errors as ``MasterContext.submit``."""
         if self.session is None:
             raise errors.NotConnectedError("the worker is not running")
-        task = new_task(payload, task_id=task_id, idempotency_key=idempotency_key,
-                        time_limit=time_limit)
-        await WorkQueue(self.session, self.app.tasks).put(task.encode(), priority=priority)
-        return task
+        if self._submitter is None or self._submitter.session is not self.session:
+            self._submitter = Submitter(self.session, self.app,
+                                        WorkQueue(self.session, self.app.tasks))
+        return await self._submitter.submit(
+            name, payload, task_id=task_id, idempotency_key=idempotency_key,
+            time_limit=time_limit, priority=priority, countdown=countdown, eta=eta)
 
     @property
     def backoff(self) -> Backoff:
@@ -150,8 +160,23 @@ class Worker(Service):
 
     @property
     def takes_tasks(self) -> bool:
-        """Whether this worker pulls from the task queue (it does if it overrides handle)."""
-        return type(self).handle is not Worker.handle
+        """Whether this worker pulls from the task queue (it does if it has a task type:
+        a ``@task`` method, or ``handle`` overridden)."""
+        return bool(self.task_types)
+
+    def rules_for(self, name: str) -> TaskRules | None:
+        """How this worker runs task type ``name`` (``None``: it has no such type)."""
+        rules = self._rules.get(name)
+        if rules is None and name in self.task_types:
+            rules = self._rules[name] = rules_of(self.task_types[name], self)
+        return rules
+
+    @property
+    def most_attempts(self) -> int:
+        """The largest ``max_attempts`` of this worker's task types (the queue buries an
+        item only past it; each type's own limit is applied when its task is taken)."""
+        return max([self.max_attempts] + [self.rules_for(n).max_attempts  # type: ignore[union-attr]
+                                          for n in self.task_types])
 
     @property
     def tasks_done(self) -> int:

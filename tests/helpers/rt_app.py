@@ -27,7 +27,8 @@ class BatchMaster(Master):
         marker = f"/apps/{APP}/submitted"
         if await ctx.session.exists(marker) is None:
             for i in range(total):
-                await ctx.submit({"n": i}, task_id=f"t{i:04d}", idempotency_key=f"t{i:04d}")
+                await ctx.submit("handle", {"n": i}, task_id=f"t{i:04d}",
+                                 idempotency_key=f"t{i:04d}")
             await ctx.term.commit(lambda txn: txn.create(marker, b"%d" % total))
         await ctx.wait_idle()
 
@@ -61,7 +62,7 @@ class OversizedSubmitMaster(Master):
     app_name = APP
 
     async def lead(self, ctx: MasterContext) -> None:
-        await ctx.submit({"blob": "x" * 1_100_000})
+        await ctx.submit("handle", {"blob": "x" * 1_100_000})
 
 
 class PoisonMaster(Master):
@@ -70,7 +71,7 @@ class PoisonMaster(Master):
     app_name = "rt-poison"
 
     async def lead(self, ctx: MasterContext) -> None:
-        await ctx.submit_many([{"fail": False}, {"fail": True}, {"fail": False}],
+        await ctx.submit_many("handle", [{"fail": False}, {"fail": True}, {"fail": False}],
                               keys=["ok-1", "bad", "ok-2"])
         await ctx.wait_idle()
 

@@ -1,0 +1,254 @@
+"""Task types (several named handlers per worker, options per type), the app's catalog
+(an unknown name refused at submit), rate limits, and delayed tasks (countdown/eta, moved
+by the leader at their time, across a failover), against the real ZooKeeper."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import trio
+
+from framework import ConfigurationError, Session
+from framework.runtime import Client, Master, MasterContext, Task, Worker, task
+from framework.runtime.app import App
+from framework.runtime.delayed import BUCKET_SECONDS
+from framework.runtime.task_types import Catalog, RateLimit, collect
+from framework.testing import expire_session
+from framework.zk import wait_exists, wait_gone
+
+TIMEOUT = 4.0
+
+
+class Media(Worker):
+    """Three task types: ``handle``, ``resize`` (async) and ``ocr`` (a plain def, one
+    attempt only, a rate limit)."""
+
+    concurrency = 4
+    backoff_base = 0.01
+    max_attempts = 4
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.starts: dict[str, list[float]] = {}
+
+    def _start(self, name: str) -> None:
+        self.starts.setdefault(name, []).append(time.time())
+
+    async def handle(self, task: Task) -> Any:
+        self._start("handle")
+        return {"handled": task.payload}
+
+    @task(priority=-3, time_limit=5)
+    async def resize(self, task: Task) -> Any:
+        self._start("resize")
+        if task.payload.get("fail_until", 0) >= task.attempts:
+            raise RuntimeError(f"resize failed on attempt {task.attempts}")
+        return {"size": task.payload["size"] // 2, "attempt": task.attempts}
+
+    @task(name="ocr", max_attempts=1, rate_limit="4/s")
+    def read_text(self, task: Task) -> Any:
+        self._start("ocr")
+        if task.payload.get("fail"):
+            raise RuntimeError("unreadable")
+        return task.payload.get("text", "").upper()
+
+
+async def serve(nursery: trio.Nursery, hosts: str, chroot: str, worker: Worker) -> Session:
+    async def hold(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with Session(hosts, chroot=chroot, session_timeout=TIMEOUT) as session:
+            task_status.started(session)
+            await worker.run(session)
+
+    return await nursery.start(hold)
+
+
+def test_task_types_are_collected_with_their_options() -> None:
+    types = collect(Media, default=Worker.handle)
+    assert set(types) == {"handle", "resize", "ocr"}
+    assert types["ocr"].method == "read_text" and types["ocr"].blocking
+    assert types["ocr"].options.max_attempts == 1
+    assert types["ocr"].options.rate_limit == RateLimit(4, 1.0)
+    assert not types["resize"].blocking and types["resize"].options.priority == -3
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"rate_limit": "fast"}, "rate_limit must look like"),
+    ({"max_attempts": 0}, "max_attempts must be an int >= 1"),
+    ({"time_limit": -1}, "time_limit must be positive"),
+    ({"priority": 1.5}, "priority must be an int"),
+])
+def test_bad_task_options_are_one_line_errors(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        task(**options)
+
+
+def test_two_methods_of_one_name_are_refused() -> None:
+    class Twice(Worker):
+        @task(name="x")
+        async def a(self, task: Task) -> None: ...
+
+        @task(name="x")
+        async def b(self, task: Task) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="two methods are task 'x'"):
+        Twice("twice")
+
+
+async def test_each_type_runs_its_handler_with_its_options(zk_hosts: str, chroot: str) -> None:
+    worker = Media("media", name="w1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            async with Session(zk_hosts, chroot=chroot) as session:
+                await wait_exists(session, "/apps/media/workers/w1")
+                client = Client(session, "media")
+                await client.submit("handle", [1, 2], key="h")
+                await client.submit("resize", {"size": 640, "fail_until": 1}, key="r")
+                await client.submit("ocr", {"text": "hi"}, key="o")
+                await client.submit("ocr", {"fail": True}, key="bad")  # one attempt only
+                results = {k: await client.result(k, wait=True) for k in ("h", "r", "o", "bad")}
+                catalog = await Catalog(session, App("media")).read()
+            worker.request_stop()
+    assert results["h"].result == {"handled": [1, 2]}
+    assert results["r"].result == {"size": 320, "attempt": 2}  # retried once, then done
+    assert results["o"].result == "HI"
+    assert not results["bad"].ok and results["bad"].attempts == 1  # ocr: max_attempts=1
+    assert set(catalog.types) == {"handle", "resize", "ocr"}
+    assert catalog.types["resize"].priority == -3 and catalog.types["ocr"].max_attempts == 1
+    assert catalog.types["ocr"].rate_limit == "4/s" and catalog.types["handle"].max_attempts == 4
+
+
+async def test_an_unknown_task_name_is_refused_at_submit(zk_hosts: str, chroot: str) -> None:
+    worker = Media("typo", name="w1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            async with Session(zk_hosts, chroot=chroot) as session:
+                await wait_exists(session, "/apps/typo/workers/w1")
+                with pytest.raises(ConfigurationError) as refused:
+                    await Client(session, "typo").submit("resise", {"size": 1})
+                assert await session.exists("/apps/typo/delayed") is None
+            worker.request_stop()
+    assert str(refused.value) == ("application 'typo' has no task type 'resise'; its task "
+                                  "types: handle, ocr, resize")
+
+
+async def test_a_task_type_no_worker_has_fails_for_good_with_the_reason(
+        zk_hosts: str, chroot: str) -> None:
+    """Submitted before any worker registered types (so accepted), taken by a worker
+    without that type: one failure naming the worker's types, no retries."""
+    async with Session(zk_hosts, chroot=chroot) as session:
+        client = Client(session, "early")
+        await client.submit("transcode", {}, key="t")
+        worker = Media("early", name="w1")
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                await serve(nursery, zk_hosts, chroot, worker)
+                record = await client.result("t", wait=True)
+                worker.request_stop()
+    assert record is not None and not record.ok and record.attempts == 1
+    assert record.error == ("worker w1 has no task type 'transcode' (its task types: handle, "
+                            "ocr, resize)")
+
+
+async def test_a_rate_limit_spaces_the_starts_of_its_type(zk_hosts: str, chroot: str) -> None:
+    worker = Media("rate", name="w1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            async with Session(zk_hosts, chroot=chroot) as session:
+                client = Client(session, "rate")
+                for n in range(8):
+                    await client.submit("ocr", {"text": str(n)}, key=f"o{n}")
+                for n in range(8):
+                    await client.result(f"o{n}", wait=True)
+            worker.request_stop()
+    starts = sorted(worker.starts["ocr"])
+    # 4/s: a burst of 4, then one every 0.25 s: the 8th starts at least 0.9 s after the 1st
+    assert len(starts) == 8 and starts[-1] - starts[0] >= 0.9
+
+
+class Hold(Master):
+    """Leads until told to stop; records its contexts."""
+
+    def __init__(self, app: str, contexts: list[MasterContext], **kw: Any) -> None:
+        super().__init__(app, **kw)
+        self.contexts = contexts
+        self.elected = trio.Event()
+
+    async def lead(self, ctx: MasterContext) -> None:
+        self.contexts.append(ctx)
+        self.elected.set()
+        await trio.sleep_forever()
+
+
+async def test_a_delayed_task_is_queued_at_its_time_and_not_before(zk_hosts: str,
+                                                                   chroot: str) -> None:
+    contexts: list[MasterContext] = []
+    master = Hold("later", contexts)
+    worker = Media("later", name="w1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            async with Session(zk_hosts, chroot=chroot) as session, \
+                    trio.open_nursery() as leading:
+                leading.start_soon(master.run, session)
+                await master.elected.wait()
+                client = Client(session, "later")
+                submitted = time.time()
+                await client.submit("handle", "soon", key="soon", countdown=0.6)
+                eta = datetime.now(UTC) + timedelta(seconds=0.8)
+                await contexts[0].submit("resize", {"size": 8}, task_id="at", eta=eta)
+                buckets = await session.children("/apps/later/delayed")
+                assert await client.result("soon") is None  # waiting, not queued
+                soon = await client.result("soon", wait=True)
+                queued_late = contexts[0].delayed.latest_lateness
+                at = await client.result("at", wait=True)
+                for bucket in buckets:  # emptied, then dropped by the mover
+                    await wait_gone(session, f"/apps/later/delayed/{bucket}")
+                master.request_stop()
+            worker.request_stop()
+    assert soon is not None and soon.started_at >= submitted + 0.6
+    print(f"delayed task queued {queued_late:.3f} s and started "
+          f"{soon.started_at - submitted - 0.6:.3f} s after its time")
+    assert at is not None and at.started_at >= eta.timestamp()
+    assert min(worker.starts["handle"]) >= submitted + 0.6
+
+
+async def test_delayed_tasks_survive_a_master_failover(zk_hosts: str, chroot: str) -> None:
+    """Tasks due while the leader's session expires are queued by the next leader, once."""
+    contexts: list[MasterContext] = []
+    first, second = Hold("failover", contexts, name="m1"), Hold("failover", contexts,
+                                                                name="m2")
+    worker = Media("failover", name="w1")
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            async with Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s1, \
+                    Session(zk_hosts, chroot=chroot, session_timeout=TIMEOUT) as s2, \
+                    trio.open_nursery() as leading:
+                nursery = leading
+                nursery.start_soon(first.run, s1)
+                await first.elected.wait()
+                nursery.start_soon(second.run, s2)
+                client = Client(s2, "failover")
+                keys = [f"d{n}" for n in range(5)]
+                for n, key in enumerate(keys):
+                    await client.submit("handle", n, key=key, countdown=0.5 + 0.2 * n)
+                # one more due far later, in another minute's bucket
+                await client.submit("handle", "late", key="late", countdown=BUCKET_SECONDS + 1,
+                                    priority=5)
+                await expire_session(s1)  # the first leader is gone; the second moves on
+                await second.elected.wait()
+                results = [await client.result(k, wait=True) for k in keys]
+                late_waiting = [n for b in await s2.children("/apps/failover/delayed")
+                                for n in await s2.children(f"/apps/failover/delayed/{b}")]
+                first.request_stop()
+                second.request_stop()
+            worker.request_stop()
+    assert all(r is not None and r.ok for r in results)
+    assert len(worker.starts["handle"]) == 5  # each ran once
+    assert len(late_waiting) == 1
