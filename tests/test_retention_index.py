@@ -16,6 +16,7 @@ import trio
 from framework import LeadershipLost, Session
 from framework.primitives import Election, Term, WorkQueue
 from framework.runtime import App, Client, Task, TaskResult, Worker
+from framework.runtime.app import ensure_result_buckets
 from framework.runtime.result_index import (
     SlotKeeper,
     entry_path,
@@ -199,6 +200,7 @@ async def test_a_deposed_master_deletes_nothing(session: Session) -> None:
 async def requests_of_a_pass(session: Session, app: App, queued: int) -> tuple[int, int]:
     """(requests, records deleted) of one pass over 40 records with count limit 20 while
     ``queued`` tasks (half with an explicit key) wait in the queue."""
+    await ensure_result_buckets(session, app)  # as the first worker does
     await write_records(session, app, [f"r{n}" for n in range(40)])
     queue = WorkQueue(session, app.tasks)
     await queue.put_many([Task(f"t{n}", n).encode() for n in range(queued // 2)])

@@ -29,7 +29,7 @@ import attrs
 from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Term
-from framework.runtime.app import App, key_bucket
+from framework.runtime.app import App, ensure_buckets
 from framework.runtime.result_index import (
     SLOTS_PER_DAY,
     SlotKeeper,
@@ -78,7 +78,7 @@ class ResultTrimmer:
         self.count = count
         self.seconds = seconds
         self._slots = SlotKeeper(session, app)
-        self._pending_buckets: set[str] = set()  # pending/<hh> known to exist (<= 256)
+        self._pending_ready = False  # pending/<hh> known to exist
         #: requests and entries of the last pass (for the docs' cost figures and tests)
         self.looked_at = 0
 
@@ -187,7 +187,7 @@ class ResultTrimmer:
     async def _delete_records(self, slot: int, looks: list[_Look]) -> bool:
         """Delete each record at the version read, with its entry and its marker, in one
         fenced multi; ``False`` if the server refused it (nothing deleted)."""
-        await self._ensure_pending_buckets(looks)
+        await self._ensure_pending_buckets()
         txn = self.term.fenced()
         for look in looks:
             assert look.record is not None
@@ -220,11 +220,13 @@ class ResultTrimmer:
         """A slot or day node, if empty (refused if something is, or was put, in it)."""
         await self._commit(self.term.fenced().delete(path))
 
-    async def _ensure_pending_buckets(self, looks: list[_Look]) -> None:
-        missing = {key_bucket(look.key) for look in looks} - self._pending_buckets
-        for bucket in sorted(missing):
-            await self.session.ensure_path(f"{self.app.pending}/{bucket}")
-            self._pending_buckets.add(bucket)
+    async def _ensure_pending_buckets(self) -> None:
+        """The ``pending/`` buckets, once per term (workers make them when they start:
+        then one listing): a marker's create and delete in a delete multi needs its
+        parent."""
+        if not self._pending_ready:
+            await ensure_buckets(self.session, self.app.pending, self.app.result_buckets)
+            self._pending_ready = True
 
     async def _commit(self, txn: Transaction) -> bool:
         return await commit_fenced_delete(txn)
