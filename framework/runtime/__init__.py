@@ -8,6 +8,7 @@ from framework.runtime.placement_rules import PlacementRules, Readiness, confirm
 from framework.runtime.records import MasterIdentity, MemberState, MemberStatus, Plan
 from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
+from framework.runtime.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
 from framework.runtime.status import (
     AppStatus,
@@ -26,6 +27,7 @@ __all__ = [
     "App",
     "AppStatus",
     "AppSummary",
+    "CatchUp",
     "Client",
     "DeadLetter",
     "Master",
@@ -38,6 +40,7 @@ __all__ = [
     "Plan",
     "RateLimit",
     "Readiness",
+    "Schedule",
     "ReplicatedPlacement",
     "Service",
     "Task",
@@ -50,6 +53,8 @@ __all__ = [
     "load_class",
     "commit_fenced",
     "confirmed_records",
+    "cron",
+    "every",
     "new_task",
     "plan_assignment",
     "plan_replicas",

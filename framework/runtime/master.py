@@ -26,7 +26,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import attrs
 import trio
@@ -42,6 +42,7 @@ from framework.runtime.delayed import DelayedMover
 from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
 from framework.runtime.retention import Retention, limits_of
+from framework.runtime.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, read_result
 from framework.zk import Session, cleanup_scope, gather
@@ -101,7 +102,8 @@ class MasterContext:
         return await self.session.exists(f"{self.app.running}/{task_id}") is not None
 
     async def wait_idle(self) -> None:
-        """Return once the queue is empty and no task is running (watches, no polling).
+        """Return once the queue is empty, no task is running and no delayed task is still
+        to come (watches, no polling).
 
         Cost: while items are queued, two or three reads per wait for the newest item to
         go (not per task); then the last running tasks' ends, one listing each.
@@ -117,6 +119,16 @@ class MasterContext:
         while True:
             changed = trio.Event()
             try:
+                # delayed tasks still to come: wait until the mover has queued them all
+                # (it drops each minute's bucket once empty)
+                try:
+                    waiting = await session.children(self.app.delayed,
+                                                     watch=session.waker(changed))
+                except errors.NoNodeError:
+                    waiting = []
+                if waiting:
+                    await changed.wait()
+                    continue
                 # while the queue holds items, the moment to look again is when the newest
                 # one has gone (acknowledged or dead-lettered): one watch for a whole
                 # backlog, rather than a look at every task's start and end
@@ -265,6 +277,10 @@ class Master:
     records, ``dead_letters``: tasks that used up their deliveries), the master logs it, and
     :attr:`summary` holds it; ``framework run`` prints it and exits 1 if tasks were
     dead-lettered, unless ``fail_on_dead_letters`` is False.
+
+    ``schedules`` (:func:`~framework.runtime.schedules.every`,
+    :func:`~framework.runtime.schedules.cron`) are fired by the leader while it leads, each
+    slot exactly once across failovers (see :mod:`framework.runtime.schedules`).
     """
 
     app_name: str | None = None
@@ -282,6 +298,8 @@ class Master:
     retention_batch: int = 1000
     #: ``framework run`` exits 1 when the finished job dead-lettered tasks
     fail_on_dead_letters: bool = True
+    #: periodic jobs fired by the leader (``every(...)``, ``cron(...)``)
+    schedules: ClassVar[list[Schedule]] = []
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -294,6 +312,12 @@ class Master:
                 f"retention_interval must be positive seconds or None: "
                 f"{self.retention_interval!r}"
             )
+        names = [schedule.name for schedule in self.schedules]
+        if len(set(names)) != len(names) or not all(
+                isinstance(s, Schedule) for s in self.schedules):
+            raise errors.ConfigurationError(
+                f"{type(self).__name__}.schedules must be every()/cron() schedules with "
+                f"distinct names, got {self.schedules!r}")
         self.terms_led = 0
         #: how the job ended (set when ``lead`` returns in this process): results, dead letters
         self.summary: dict[str, int] | None = None
@@ -383,6 +407,8 @@ class Master:
                     if self.retention_interval is not None:
                         nursery.start_soon(ctx.retention.run, self.retention_interval)
                     nursery.start_soon(ctx.delayed.run)
+                    nursery.start_soon(Scheduler(session, self.app, queue, self.schedules,
+                                                 ctx.submitter).run)
                     await self.lead(ctx)
                     nursery.cancel_scope.cancel()
             self.summary = await _job_summary(session, self.app)

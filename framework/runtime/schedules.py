@@ -1,0 +1,244 @@
+"""Periodic jobs: interval and cron schedules fired by the elected master, with failover.
+
+A master class lists its schedules; while it leads, :class:`Scheduler` fires them::
+
+    class Boss(Master):
+        schedules = [every(60, "report"), cron("0 3 * * *", "cleanup", {"days": 30})]
+
+**Slots.** A schedule's fire times are its *slots*: multiples of ``seconds`` since the epoch
+for :func:`every`, the times its expression matches (UTC) for :func:`cron`.  The task of slot
+``s`` has the id ``<schedule>-<s>`` (it is also its idempotency key).
+
+**Exactly one fire per slot, across failovers.**  ``schedules/<name>`` records the last slot
+fired (:class:`ScheduleRecord`).  A fire is one fenced multi: the task's queue item is
+created and the record set to the new slot at the version read (:meth:`WorkQueue.put` with
+``also``).  So a deposed master fires nothing (the fence), two leaders never fire the same
+slot (the version), and a crash before the multi leaves the slot unfired for the next
+leader, after it leaves it fired.  A new leader reads the record and catches up the slots
+it missed according to the schedule's :class:`CatchUp` policy: ``LATEST`` (default) fires
+the latest missed slot once, ``ALL`` fires each missed slot in order (at most
+``MAX_CATCH_UP``), ``SKIP`` fires none and waits for the next slot.  A schedule seen for the
+first time starts at its next slot.
+
+SUSPENDED: writes are fenced by the term, so a fire either commits in this term or not at
+all.  LOST: the term ends, the scheduler is cancelled with it; the next leader resumes from
+the records.  Timing: the scheduler sleeps until the earliest next slot (a timer, no
+polling); a fire is queued a few milliseconds after its slot.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+import trio
+from cronsim import CronSim, CronSimError
+
+from framework import errors, records
+from framework.logs import get_logger
+from framework.primitives.queue import WorkQueue
+from framework.runtime.app import App, check_name
+from framework.runtime.tasks import new_task
+from framework.zk import Session
+
+log = get_logger("framework.runtime.schedules")
+
+#: Most missed slots ``CatchUp.ALL`` fires after a failover.
+MAX_CATCH_UP = 1000
+
+
+class CatchUp(enum.Enum):
+    """What a new leader does with the slots nobody fired while there was no leader."""
+
+    LATEST = "latest"  # fire the latest missed slot once
+    ALL = "all"        # fire every missed slot, in order (at most MAX_CATCH_UP)
+    SKIP = "skip"      # fire none: wait for the next slot
+
+
+@attrs.frozen
+class Schedule:
+    """A periodic job: task ``task`` with ``payload`` at each slot (see the module doc)."""
+
+    name: str
+    task: str
+    payload: Any = None
+    seconds: float | None = None
+    cron: str | None = None
+    catch_up: CatchUp = CatchUp.LATEST
+    priority: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        check_name("schedule name", self.name)
+        check_name("task name", self.task)
+        if (self.seconds is None) == (self.cron is None):
+            raise errors.ConfigurationError(f"schedule {self.name!r}: give seconds or cron")
+        if self.seconds is not None and (isinstance(self.seconds, bool)
+                                         or not self.seconds > 0):
+            raise errors.ConfigurationError(
+                f"schedule {self.name!r}: every() needs a positive number of seconds, got "
+                f"{self.seconds!r}")
+        if self.cron is not None:
+            try:
+                CronSim(self.cron, datetime.now(UTC))
+            except CronSimError as exc:
+                raise errors.ConfigurationError(
+                    f"schedule {self.name!r}: bad cron expression {self.cron!r} ({exc})"
+                ) from None
+        new_task(self.payload, name=self.task)  # a payload that is not JSON: refused now
+
+    def next_slot(self, after: float) -> float:
+        """The first slot strictly after ``after`` (seconds since the epoch)."""
+        if self.seconds is not None:
+            return (int(after // self.seconds) + 1) * self.seconds
+        assert self.cron is not None
+        start = datetime.fromtimestamp(after, UTC)
+        return next(CronSim(self.cron, start)).timestamp()
+
+    def slots(self, after: float, until: float, limit: int) -> list[float]:
+        """The slots in ``(after, until]``, the last ``limit`` of them."""
+        if self.seconds is not None:
+            first, last = int(after // self.seconds) + 1, int(until // self.seconds)
+            return [k * self.seconds for k in range(max(first, last - limit + 1), last + 1)]
+        found: list[float] = []
+        slot = self.next_slot(after)
+        while slot <= until:
+            found = [*found[-(limit - 1):], slot] if limit > 1 else [slot]
+            slot = self.next_slot(slot)
+        return found
+
+    def task_id(self, slot: float) -> str:
+        return f"{self.name}-{int(slot * 1000)}"
+
+
+def every(seconds: float, task: str, payload: Any = None, *, name: str | None = None,
+          catch_up: CatchUp = CatchUp.LATEST, priority: int | None = None) -> Schedule:
+    """Task ``task`` every ``seconds`` (slots at multiples of ``seconds`` since the epoch)."""
+    return Schedule(name or f"{task}-every-{seconds:g}s".replace(".", "_"), task, payload,
+                    seconds=seconds, catch_up=catch_up, priority=priority)
+
+
+def cron(expression: str, task: str, payload: Any = None, *, name: str | None = None,
+         catch_up: CatchUp = CatchUp.LATEST, priority: int | None = None) -> Schedule:
+    """Task ``task`` at the times cron ``expression`` matches, in UTC (``"0 3 * * *"``)."""
+    return Schedule(name or task, task, payload, cron=expression, catch_up=catch_up,
+                    priority=priority)
+
+
+@attrs.frozen
+class ScheduleRecord:
+    """``schedules/<name>``: the last slot fired (or passed over) and how many fired."""
+
+    slot: float = 0.0
+    fires: int = 0
+
+
+class Scheduler:
+    """Fires ``schedules`` for one term, into ``queue`` (fenced by that term)."""
+
+    def __init__(self, session: Session, app: App, queue: WorkQueue,
+                 schedules: list[Schedule], submitter: Any) -> None:
+        names = [s.name for s in schedules]
+        if len(set(names)) != len(names):
+            raise errors.ConfigurationError(f"two schedules share a name: {sorted(names)}")
+        self.session = session
+        self.app = app
+        self.queue = queue
+        self.schedules = schedules
+        self.submitter = submitter  # for the task types' default priorities
+        self.fired = 0
+
+    def path(self, schedule: Schedule) -> str:
+        return f"{self.app.schedules}/{schedule.name}"
+
+    async def run(self) -> None:
+        """Fire every schedule at its slots until cancelled (the end of the term)."""
+        if not self.schedules:
+            return
+        await self.session.ensure_path(self.app.schedules)
+        async with trio.open_nursery() as nursery:
+            for schedule in self.schedules:
+                nursery.start_soon(self._follow, schedule)
+
+    async def _follow(self, schedule: Schedule) -> None:
+        while True:
+            try:
+                await self._fire_forever(schedule)
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await self.session.wait_connected()  # then read the record again
+
+    async def _fire_forever(self, schedule: Schedule) -> None:
+        record, version = await self._read(schedule)
+        while True:
+            now = time.time()
+            missed = schedule.slots(record.slot, now, MAX_CATCH_UP)
+            if missed and schedule.catch_up is CatchUp.SKIP:
+                record, version = await self._pass_over(schedule, record, version, missed[-1])
+                missed = []
+            elif missed and schedule.catch_up is CatchUp.LATEST:
+                missed = missed[-1:]
+            for slot in missed:
+                record, version = await self._fire(schedule, record, version, slot)
+            slot = schedule.next_slot(max(record.slot, now))
+            await trio.sleep(max(0.0, slot - time.time()))
+            record, version = await self._fire(schedule, record, version, slot)
+
+    async def _read(self, schedule: Schedule) -> tuple[ScheduleRecord, int]:
+        """The schedule's record and version; a new schedule starts at its next slot (its
+        record is created with now as its last slot, at version 0)."""
+        path = self.path(schedule)
+        while True:
+            try:
+                data, stat = await self.session.get(path)
+            except errors.NoNodeError:
+                start = ScheduleRecord(time.time())  # no slot before now is owed
+                try:
+                    await self.session.create(path, records.encode(start))
+                except errors.NodeExistsError:
+                    pass  # ours with its reply lost, or a predecessor's: read it
+                continue
+            try:
+                return records.decode(data, ScheduleRecord), stat.version
+            except records.CorruptRecord as exc:
+                log.error("schedule.corrupt", schedule=schedule.name, error=str(exc))
+                return ScheduleRecord(time.time()), stat.version
+
+    async def _fire(self, schedule: Schedule, record: ScheduleRecord, version: int,
+                    slot: float) -> tuple[ScheduleRecord, int]:
+        """Queue the task of ``slot`` and record the slot, in one fenced multi."""
+        info = await self.submitter.catalog.check(schedule.task)
+        task = new_task(schedule.payload, name=schedule.task, task_id=schedule.task_id(slot),
+                        idempotency_key=schedule.task_id(slot))
+        priority = schedule.priority if schedule.priority is not None else info.priority
+        fired = ScheduleRecord(slot, record.fires + 1)
+        path = self.path(schedule)
+        try:
+            await self.queue.put(task.encode(), priority=priority,
+                                 also=lambda txn: txn.set(path, records.encode(fired),
+                                                          version=version))
+        except errors.TransactionFailedError as exc:
+            # the record changed under us: only another leader can do that (never while
+            # our fence holds), so read it again and go on from there
+            log.warning("schedule.fire_refused", schedule=schedule.name, error=str(exc))
+            return await self._read(schedule)
+        self.fired += 1
+        log.info("schedule.fired", schedule=schedule.name, task=task.id,
+                 late=round(time.time() - slot, 3))
+        return fired, version + 1
+
+    async def _pass_over(self, schedule: Schedule, record: ScheduleRecord, version: int,
+                         slot: float) -> tuple[ScheduleRecord, int]:
+        """Record ``slot`` as passed over without firing (``CatchUp.SKIP``), fenced."""
+        passed = ScheduleRecord(slot, record.fires)
+        try:
+            txn = self.session.transaction()
+            txn.set(self.path(schedule), records.encode(passed), version=version)
+            if self.queue.fence is not None:
+                txn.check(*self.queue.fence)
+            await txn.commit()
+        except errors.TransactionFailedError:
+            return await self._read(schedule)
+        log.info("schedule.skipped", schedule=schedule.name, until=slot)
+        return passed, version + 1
