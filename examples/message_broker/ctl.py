@@ -172,30 +172,32 @@ async def topic_info(session: Session, name: str, paths: BrokerPaths) -> TopicIn
     except errors.NoNodeError:
         raise errors.ConfigurationError(f"unknown topic {name!r}") from None
 
-    async def read(path: str) -> tuple[bytes, Any] | None:
+    async def read(path: str) -> tuple[bytes, Any]:
+        """The node's data and stat; ``(b"", None)`` for a node that does not exist."""
         try:
             return await session.get(path)  # type: ignore[no-any-return]
         except errors.NoNodeError:
-            return None
+            return b"", None
 
-    placement, isr, primary = [await read(path) for path in (
-        paths.placement(name), paths.isr(name), paths.primary(name))]
+    (placement, placed), (isr, isr_stat), (primary, primary_stat) = [
+        await read(path) for path in (paths.placement(name), paths.isr(name),
+                                      paths.primary(name))]
     subscribers: dict[str, int] = {}
     try:
         for sub in await session.children(paths.subscribers(name)):
-            found = await read(paths.subscriber(name, sub))
-            if found is not None:
-                subscribers[sub] = decode(found[0], Position).offset
+            position, stat = await read(paths.subscriber(name, sub))
+            if stat is not None:
+                subscribers[sub] = decode(position, Position).offset
     except errors.NoNodeError:
         pass
-    isr_record = None if isr is None else decode(isr[0], Isr)
-    primary_record = None if primary is None else decode(primary[0], PrimaryRecord)
+    in_sync = decode(isr, Isr)
+    serving = decode(primary, PrimaryRecord)
     return TopicInfo(
         name, decode(data, TopicSettings).mode,
-        placement=None if placement is None else PlacementView(decode_replicas(placement[0])),
-        isr=None if isr_record is None else IsrView(isr_record.in_sync, isr_record.term),
-        primary=None if primary is None or primary_record is None else PrimaryView(
-            primary_record.server, primary_record.address, primary[1].czxid),
+        placement=None if placed is None else PlacementView(decode_replicas(placement)),
+        isr=None if isr_stat is None else IsrView(in_sync.in_sync, in_sync.term),
+        primary=None if primary_stat is None else PrimaryView(
+            serving.server, serving.address, primary_stat.czxid),
         subscribers=subscribers)
 
 

@@ -148,7 +148,8 @@ class Tally:
 
     def on_ack(self, key: tuple[str, str, int]) -> None:
         self.acked.add(key)
-        topic, now = key[0], time.monotonic()
+        topic, _producer, _n = key
+        now = time.monotonic()
         if topic in self.last_ack:
             self.max_gap[topic] = max(self.max_gap.get(topic, 0.0), now - self.last_ack[topic])
         self.last_ack[topic] = now
