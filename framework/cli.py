@@ -253,6 +253,29 @@ def _cmd_purge(args: argparse.Namespace) -> int:
     return 0 if found else 1
 
 
+def _cmd_revoke(args: argparse.Namespace) -> int:
+    import socket
+
+    from framework import errors
+    from framework.runtime import Client, Revocation
+
+    app = _app(args.app)
+    by = f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        done = _connect(args, lambda s: Client(s, app).revoke(args.task_id, by=by),
+                        deadline=args.timeout)
+    except errors.NoNodeError:
+        raise FrameworkError(f"no application {app.name!r} in this ZooKeeper") from None
+    print({
+        Revocation.REVOKED: f"revoked task {args.task_id!r} of {app.name!r}: it will not run "
+                            "(cancelled now if it is running), recorded as revoked",
+        Revocation.ALREADY: f"task {args.task_id!r} of {app.name!r} was already revoked",
+        Revocation.FINISHED: f"task {args.task_id!r} of {app.name!r} has finished: nothing "
+                             f"to revoke (framework result {app.name} {args.task_id})",
+    }[done])
+    return 0
+
+
 def _cmd_cancel(args: argparse.Namespace) -> int:
     import socket
 
@@ -467,6 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("app", metavar="APP")
     add_connection_arguments(cancel)
     add_deadline_argument(cancel)
+
+    revoke = command("revoke", _cmd_revoke,
+                     "revoke one task: never run if queued, cancelled if running")
+    revoke.add_argument("app", metavar="APP")
+    revoke.add_argument("task_id", metavar="TASK_ID")
+    add_connection_arguments(revoke)
+    add_deadline_argument(revoke)
 
     submit = command("submit", _cmd_submit, "queue one task for an application's workers "
                                             "and print its task id")

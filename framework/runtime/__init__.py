@@ -5,7 +5,13 @@ from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
 from framework.runtime.placement_rules import PlacementRules, Readiness, confirmed_records
-from framework.runtime.records import MasterIdentity, MemberState, MemberStatus, Plan
+from framework.runtime.records import (
+    MasterIdentity,
+    MemberState,
+    MemberStatus,
+    Plan,
+    Revocation,
+)
 from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.schedules import CatchUp, Schedule, cron, every
@@ -20,7 +26,7 @@ from framework.runtime.status import (
     render_status,
 )
 from framework.runtime.task_types import RateLimit, TaskOptions, task
-from framework.runtime.tasks import Task, TaskResult, new_task
+from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
 
 __all__ = [
@@ -35,10 +41,12 @@ __all__ = [
     "MasterIdentity",
     "MemberState",
     "MemberStatus",
+    "Outcome",
     "Part",
     "PlacementRules",
     "Plan",
     "RateLimit",
+    "Revocation",
     "Readiness",
     "Schedule",
     "ReplicatedPlacement",

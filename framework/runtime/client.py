@@ -27,7 +27,7 @@ from framework.primitives.queue import WorkQueue
 from framework.records import CorruptRecord
 from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
-from framework.runtime.records import CancelRecord
+from framework.runtime.records import CancelRecord, Revocation, RevokeRecord
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import Task, TaskResult, read_result
 from framework.zk import Session, validate_name
@@ -116,6 +116,25 @@ class Client:
             return False
         return True
 
+    async def revoke(self, task_id: str, *, by: str = "") -> Revocation:
+        """Revoke task ``task_id``: a queued (or delayed) one is acknowledged without running
+        when a worker takes it, a running one has its handler cancelled at once (each
+        worker watches ``revoked/``); either way it is recorded with outcome ``revoked``
+        and never retried.  Returns what was done: :attr:`Revocation.FINISHED` (its result
+        record exists: nothing to revoke), :attr:`Revocation.ALREADY` or
+        :attr:`Revocation.REVOKED`.  :class:`NoNodeError` if there is no such app."""
+        validate_name("task id", task_id)
+        if await self.session.exists(self.app.base) is None:
+            raise errors.NoNodeError(f"no application {self.app.name!r} in this ZooKeeper")
+        if await self.session.exists(self.app.result_path(task_id)) is not None:
+            return Revocation.FINISHED
+        await self.session.ensure_path(self.app.revoked)
+        record = records.encode(RevokeRecord(time.time(), by))
+        try:
+            await self.session.create(f"{self.app.revoked}/{task_id}", record)
+        except errors.NodeExistsError:
+            return Revocation.ALREADY
+        return Revocation.REVOKED
 
     async def processes(self) -> tuple[int, int]:
         """How many masters (leader and standbys) and workers of the app are alive."""

@@ -5,6 +5,7 @@ Where each lives (see :mod:`framework.runtime.app` for the layout):
 * :class:`MasterIdentity`: a master's election node and, while it leads, ``rendezvous``;
 * :class:`JobDone`: ``done``, written once in the term that finished the job (fenced);
 * :class:`CancelRecord`: ``cancel``, written by ``framework cancel``;
+* :class:`RevokeRecord`: ``revoked/<task id>``, written by ``framework revoke``;
 * :class:`RunningRecord`: ``running/<task id>``, the ephemeral marker of a delivery;
 * :class:`MemberStatus`: ``workers/<name>``, a service's status, as readers see it (with
   its task consumer's :class:`~framework.metrics.TaskStats`);
@@ -73,6 +74,22 @@ class CancelRecord:
 
     at: float = 0.0
     by: str = ""
+
+
+@attrs.frozen
+class RevokeRecord:
+    """``revoked/<task id>``: when, and by whom, the task was revoked."""
+
+    at: float = 0.0
+    by: str = ""
+
+
+class Revocation(enum.Enum):
+    """What ``Client.revoke`` did."""
+
+    REVOKED = "revoked"    # recorded: the task will not run, or is cancelled if running
+    ALREADY = "already"    # it was revoked before
+    FINISHED = "finished"  # its result is recorded: there was nothing left to revoke
 
 
 @attrs.frozen

@@ -39,8 +39,8 @@ from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
 from framework.runtime.result_index import SlotKeeper, entry_path, write_record
 from framework.runtime.task_types import Catalog, TaskRules, TaskType, type_info
-from framework.runtime.tasks import FAILURE_RING, Task, TaskResult
-from framework.zk import Session, cleanup_scope, validate_path, wait_gone
+from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
+from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
 if TYPE_CHECKING:
     from framework.runtime.worker import Worker
@@ -83,6 +83,8 @@ class TaskConsumer:
         self._pool_limiter = trio.CapacityLimiter(math.inf)
         self._processes: Any = None  # the trio-parallel context of a process pool
         self._slots: SlotKeeper | None = None  # the result index's slots written into
+        self._revoked: frozenset[str] = frozenset()  # task ids under revoked/, as last seen
+        self._revocable: dict[str, trio.CancelScope] = {}  # running task id -> its handler
 
     @property
     def in_flight(self) -> int:
@@ -90,7 +92,7 @@ class TaskConsumer:
 
     def layout(self) -> Sequence[str]:
         app = self.worker.app
-        return (app.tasks, app.running, app.results, app.failures, app.dead)
+        return (app.tasks, app.running, app.results, app.failures, app.dead, app.revoked)
 
     async def prepare(self, session: Session) -> None:
         if self.worker.takes_tasks:
@@ -114,6 +116,7 @@ class TaskConsumer:
                           dead_letter=worker.app.dead, lease=worker.lease,
                           claim_with=self._claim_extras)
         async with self._handler_pool(), trio.open_nursery() as timer:
+            await timer.start(self._follow_revoked, session)  # known before the first take
             async with trio.open_nursery() as slots:
                 for _ in range(worker.concurrency):
                     slots.start_soon(self._slot, session, queue)
@@ -306,6 +309,10 @@ class TaskConsumer:
             await self._failed(session, task, refusal, time.time(), rules)
             raise _GivenUp() from refusal
         assert rules is not None
+        if task.id in self._revoked:
+            await self._finish(session, queue, item, task, marker, previous_version,
+                               self._revoked_result(task, time.time()), revoked=True)
+            return
         if rules.limiter is not None:
             await rules.limiter.acquire()  # the claim is held (and renewed) meanwhile
             if stuck_after:
@@ -314,24 +321,49 @@ class TaskConsumer:
         self.worker.status_changed()
         metrics.task_started(self.worker.app.name)
         started = time.time()
+        revocable = self._revocable[task.id] = trio.CancelScope()
         try:
-            value = await self._call_within(task, rules, limit)
+            with revocable:
+                value = await self._call_within(task, rules, limit)
         except Exception as exc:
             await self._failed(session, task, exc, started, rules)
             # leaving take() with an error hands the item back (or buries it for good)
             handed_back = _GivenUp() if isinstance(exc, errors.PermanentFailure) else _HandedBack()
             raise handed_back from exc
         finally:
+            self._revocable.pop(task.id, None)
             self._in_flight -= 1
             self.worker.status_changed()
             metrics.task_ended(self.worker.app.name)
+        if revocable.cancelled_caught:
+            await self._finish(session, queue, item, task, marker, previous_version,
+                               self._revoked_result(task, started), revoked=True)
+            return
         result = TaskResult(task.id, True, self.worker.name, task.attempts, value,
                             started_at=started, key=task.key)
         try:
-            encoded = result.encode()
+            await self._finish(session, queue, item, task, marker, previous_version, result)
         except errors.PermanentFailure as exc:
             await self._failed(session, task, exc, started, rules)
             raise _GivenUp() from None
+        self.tasks_done += 1
+        metrics.task_finished(self.worker.app.name, True, time.time() - started, owner=self)
+        log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
+                 seconds=round(time.time() - started, 3))
+
+    def _revoked_result(self, task: Task, started: float) -> TaskResult:
+        log.info("task.revoked", task=task.id, worker=self.worker.name, attempt=task.attempts)
+        return TaskResult(task.id, False, self.worker.name, task.attempts, None, "revoked",
+                          started_at=started, key=task.key, outcome=Outcome.REVOKED)
+
+    async def _finish(self, session: Session, queue: WorkQueue, item: QueueItem, task: Task,
+                      marker: list[Marker], previous_version: int | None,
+                      result: TaskResult, *, revoked: bool = False) -> None:
+        """Acknowledge ``item`` with ``result`` recorded (:class:`PermanentFailure`, before
+        anything is written, if the result cannot be stored); a ``revoked`` task's
+        ``revoked/`` node goes in the same multi."""
+        encoded = result.encode()
+        record = self.worker.app.result_path(task.key)
         # the result is written in the transaction that acknowledges the item (and deletes
         # our marker), combined with the other slots' acks, with its entry in the time
         # index when it is created; if the server refuses the record's part (a record
@@ -347,6 +379,8 @@ class TaskConsumer:
             else:
                 txn.set(record, encoded, version=previous_version)
             txn.delete(mine.path, version=mine.version)
+            if revoked:
+                txn.delete(f"{self.worker.app.revoked}/{task.id}")
 
         async def fallback() -> None:
             await write_record(session, self.worker.app, task.key, encoded, slot)
@@ -354,10 +388,20 @@ class TaskConsumer:
         finisher = Finisher(build, fallback)
         queue.finish_with(item, finisher)
         mine.finisher = finisher
-        self.tasks_done += 1
-        metrics.task_finished(self.worker.app.name, True, time.time() - started, owner=self)
-        log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
-                 seconds=round(time.time() - started, 3))
+
+    async def _follow_revoked(self, session: Session,
+                              task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep :attr:`_revoked` current (one children watch on ``revoked/`` per worker, so a
+        revoke costs each worker one listing and a task nothing) and cancel the handler of
+        a revoked task this worker is running."""
+        started = False
+        async for snap in watch_children(session, self.worker.app.revoked):
+            self._revoked = frozenset(snap.children)
+            for task_id in self._revoked & set(self._revocable):
+                self._revocable[task_id].cancel()
+            if not started:
+                task_status.started()
+                started = True
 
     def _refusal(self, task: Task, rules: TaskRules | None) -> errors.PermanentFailure | None:
         """Why this delivery must fail for good without running: a task type this worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 import uuid
@@ -73,9 +74,22 @@ def new_task(
     return Task(task_id, payload, idempotency_key, time_limit, name)
 
 
+class Outcome(enum.Enum):
+    """How a task ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"    # for good: its attempts used up, or a permanent failure
+    REVOKED = "revoked"  # revoked (``framework revoke``) before or while it ran
+
+
+def _outcome_of(result: TaskResult) -> Outcome:
+    return Outcome.SUCCEEDED if result.ok else Outcome.FAILED
+
+
 @attrs.frozen
 class TaskResult:
-    """What happened to a task: written once per successful run (or final failure)."""
+    """What happened to a task: written once per successful run (or final failure, or
+    revocation: ``outcome``)."""
 
     task_id: str
     ok: bool
@@ -87,6 +101,7 @@ class TaskResult:
     finished_at: float = attrs.field(factory=time.time)
     key: str | None = None  # the task's idempotency key (its id when it has none)
     traceback: str | None = None  # a failure's traceback (its last MAX_TRACEBACK_CHARS)
+    outcome: Outcome = attrs.field(default=attrs.Factory(_outcome_of, takes_self=True))
 
     def encode(self) -> bytes:
         """The record as JSON; :class:`PermanentFailure` if the result is not JSON or the
