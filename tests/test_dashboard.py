@@ -154,10 +154,14 @@ class Page:
         await self.run(lambda: self.driver.get(url))
 
     async def wait(self, condition: Callable[[Any], Any], what: str) -> Any:
+        """Wait for ``condition``; an element replaced while it was read (the page
+        re-renders what changed) is looked up again."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.support.ui import WebDriverWait
 
-        return await self.run(lambda: WebDriverWait(self.driver, UI_WAIT).until(
-            condition, message=f"the page never showed: {what}"))
+        return await self.run(lambda: WebDriverWait(
+            self.driver, UI_WAIT, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(condition, message=f"the page never showed: {what}"))
 
     async def shown(self, css: str, text: str | None = None) -> Any:
         from selenium.webdriver.common.by import By
@@ -169,6 +173,18 @@ class Page:
             return False
 
         return await self.wait(found, f"{css}" + (f" with {text!r}" if text else ""))
+
+    async def click(self, css: str) -> None:
+        """Click the element ``css`` once it is there (found again if it was replaced)."""
+        from selenium.webdriver.common.by import By
+
+        def clicked(driver: Any) -> bool:
+            elements = driver.find_elements(By.CSS_SELECTOR, css)
+            if elements:
+                elements[0].click()
+            return bool(elements)
+
+        await self.wait(clicked, f"{css} to click")
 
     async def gone(self, css: str) -> None:
         from selenium.webdriver.common.by import By
@@ -257,9 +273,7 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
 
             # requeue the dead letter from its button; the task then succeeds
             await session.create(CURE, b"")
-            button = await page.shown(f"{app} tr.dead-letter[data-task='poison'] "
-                                      "button.requeue")
-            await page.run(button.click)
+            await page.click(f"{app} tr.dead-letter[data-task='poison'] button.requeue")
             await page.gone(f"{app} tr.dead-letter[data-task='poison']")
             await succeeded(session, "poison")
             field = await page.shown(f"{app} form.lookup input[name='key']")
@@ -269,8 +283,7 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
                 await page.screenshot(path)
 
             # the stale app, chosen in the selector, says so
-            link = await page.shown(f"#selector a.app-link[data-app='{OLD.name}']")
-            await page.run(link.click)
+            await page.click(f"#selector a.app-link[data-app='{OLD.name}']")
             await page.shown(f"#app-{OLD.name} .job[data-state='stale']",
                              "stale: no live process")
             await page.gone(f"{app}:not([hidden])")

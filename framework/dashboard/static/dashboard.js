@@ -248,7 +248,7 @@ function deadTable(app, allowed) {
 }
 
 function chart(times, series) {
-  const W = 320, H = 110, L = 34, B = 16;
+  const W = 320, H = 110, L = 42, B = 16;
   const all = series.flatMap((s) => s.values);
   const max = Math.max(1, ...all);
   const n = times.length;
