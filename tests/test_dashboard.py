@@ -289,6 +289,24 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             await page.gone(f"{app}:not([hidden])")
 
 
+async def test_a_browser_sends_the_token_it_was_given(zk_hosts: str, chroot: str,
+                                                     browser: Any) -> None:
+    """With a token, the browser's basic credentials (any user, the token as password)
+    open the page, and the page's own event stream gets them too: it goes live."""
+    from framework.dashboard import serve_dashboard
+
+    page = Page(browser)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(lambda task_status: serve_dashboard(
+                zk_hosts, port=0, chroot=chroot, token="t0ken-for-the-test",
+                task_status=task_status))
+            await page.open(url.replace("http://", "http://viewer:t0ken-for-the-test@"))
+            await page.shown("#link.ok", "live")
+            await page.shown("#zk.ok", "connected")
+            nursery.cancel_scope.cancel()
+
+
 async def test_read_only_dashboard_refuses_actions_and_serves_metrics(
         zk_hosts: str, chroot: str) -> None:
     from framework.dashboard import serve_dashboard
