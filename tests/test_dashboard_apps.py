@@ -14,6 +14,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,6 +114,38 @@ async def test_states_running_first_stale_marked_members_of_every_kind(
             processes.cancel()
             await _until(model, lambda: live.state == "stale")
             assert _states(model)[-2:] == [("gone", "stale"), ("live", "stale")]
+            nursery.cancel_scope.cancel()
+
+
+async def test_broker_servers_are_listed_as_broker_servers(zk_hosts: str, chroot: str,
+                                                          tmp_path: Path) -> None:
+    """The message broker's servers (real ones, in this process) are members of the
+    broker's ``workers/`` group: listed with their kind and their topics, not as missing
+    workers."""
+    from examples.message_broker.cluster import LocalCluster
+    from examples.message_broker.layout import APP_NAME
+
+    model = Model()
+    with trio.fail_after(60):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(Feed(session, model).run)
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            await cluster.start_with_topics(session, ["orders"])
+            broker = model.app(APP_NAME)
+
+            def listed() -> bool:
+                kinds = {n: m.get("kind") for n, m in broker.workers.items()}
+                shards = {s for m in broker.workers.values() for s in m.get("shards", [])}
+                return kinds == {"s1": "broker server", "s2": "broker server"} and \
+                    {"orders", "orders (backup)"} <= shards
+
+            await _until(model, listed)
+            assert broker.state == "active"  # the controller leads
+            state = json.loads(model.snapshot_bytes())
+            members = next(a for a in state["apps"] if a["name"] == APP_NAME)["workers"]
+            assert [(m["name"], m["kind"]) for m in members] == [
+                ("s1", "broker server"), ("s2", "broker server")]
             nursery.cancel_scope.cancel()
 
 
