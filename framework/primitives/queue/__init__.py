@@ -18,7 +18,8 @@ Guarantees:
 * Idle consumers wait in a line and never poll: a put wakes two of them, not all.
 
 Design, costs and measurements: ``docs/architecture.md`` ("The work queue").  Modules:
-:mod:`.items` (records), :mod:`.producer` (puts), :mod:`.consumer` (takes, acks, dead
+:mod:`.items` (records), :mod:`.state` (what the halves share), :mod:`.producer` (puts),
+:mod:`.consumer` (takes), :mod:`.claims` (claim rounds), :mod:`.acks` (acks, releases, dead
 letters), :mod:`.line` (idle consumers), :mod:`.view` (the watched view and the names),
 :mod:`.lease` (leases); inspection (``size``, ``dead_letters``) is here.
 """

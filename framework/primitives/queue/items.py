@@ -9,6 +9,9 @@ import attrs
 from framework.primitives.queue.view import Entry
 from framework.zk import Transaction
 
+#: At most this many takes are served by one claim round, and acks by one commit.
+BATCH = 16
+
 
 @attrs.frozen
 class QueueItem:

@@ -4,7 +4,7 @@ pipelined, recovered after lost replies by the GUIDs in item names, and the buck
 from __future__ import annotations
 
 import uuid
-from typing import Awaitable, Callable, Iterable
+from typing import Callable, Iterable
 
 import trio
 
@@ -12,6 +12,7 @@ from framework import errors
 from framework.errors import ConfigurationError, DataTooLargeError
 from framework.logs import get_logger
 from framework.primitives.queue.items import Batch, Chain
+from framework.primitives.queue.state import QueueState
 from framework.primitives.queue.view import (
     bucket_index,
     bucket_name,
@@ -19,7 +20,7 @@ from framework.primitives.queue.view import (
     item_name_prefix,
     item_token,
 )
-from framework.zk import Session, Transaction, create_protected, delete_guid_nodes, new_guid
+from framework.zk import Transaction, create_protected, delete_guid_nodes, new_guid
 
 log = get_logger("framework.primitives.queue")
 
@@ -30,25 +31,8 @@ _BATCH_BYTES = 512 * 1024
 _PIPELINE = 4
 
 
-class Producer:
+class Producer(QueueState):
     """Puts (see the package doc for the guarantees)."""
-
-    # state shared with the other halves of WorkQueue (set in its __init__)
-    session: Session
-    path: str
-    items_root: str
-    claims_root: str
-    puts_root: str
-    dead_letter: str
-    bucket_size: int
-    max_item_bytes: int
-    max_attempts: int | None
-    lease: float | None
-    _owner: str
-    _setup: Callable[[], Awaitable[None]]
-    fence: tuple[str, int] | None
-    _bucket: str | None
-    _bucket_hint: int
 
     def _check(self, data: bytes) -> bytes:
         if not isinstance(data, (bytes, bytearray, memoryview)):

@@ -1,0 +1,54 @@
+"""What the halves of :class:`~framework.primitives.queue.WorkQueue` share: the attributes
+its ``__init__`` sets, declared once for :mod:`.producer`, :mod:`.claims`, :mod:`.acks` and
+:mod:`.consumer`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+import trio
+
+from framework.zk import Session
+
+if TYPE_CHECKING:
+    from framework.primitives.queue.acks import _Ack
+    from framework.primitives.queue.claims import _Round, _Ticket
+    from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
+    from framework.primitives.queue.lease import LeaseBreaker, Renewal
+    from framework.primitives.queue.line import WaitingLine
+    from framework.primitives.queue.view import QueueView
+
+
+class QueueState:
+    """The queue's paths, settings and in-process state (see ``WorkQueue.__init__``)."""
+
+    session: Session
+    path: str
+    items_root: str
+    claims_root: str
+    puts_root: str
+    dead_letter: str
+    bucket_size: int
+    max_item_bytes: int
+    max_attempts: int | None
+    lease: float | None
+    fence: tuple[str, int] | None
+    claim_with: Callable[[QueueItem], ClaimExtras | None] | None
+    _owner: str
+    _setup: Callable[[], Awaitable[None]]
+    # producer
+    _bucket: str | None
+    _bucket_hint: int
+    # consumer: claim rounds, idle line, leases, acks
+    _view: QueueView | None
+    _claiming: set[str]
+    _contended: int
+    _breaker: LeaseBreaker
+    _renewals: dict[str, Renewal]
+    _finishers: dict[str, Finisher]
+    _tickets: list[_Ticket]
+    _round: _Round | None
+    _line: WaitingLine
+    _turn: tuple[trio.Event, list[bool]] | None
+    _acks: list[_Ack]
+    _committing: trio.Event | None
