@@ -193,6 +193,10 @@ async def test_dashboard_sums_what_the_workers_timed(zk_hosts: str, chroot: str,
                 await client.submit("handle", {"n": 1000 + i})
             await _until(model, lambda: app.totals.done == done + 20)
             assert app.totals.durations.count == attempts + 20
+            # a task longer than the status interval, the last one: its count is published
+            # too (nothing else would make the worker publish again)
+            await client.submit("handle", {"n": "long", "seconds": 1.5})
+            await _until(model, lambda: app.totals.done == done + 21)
             nursery.cancel_scope.cancel()
     logs = "".join(w.log() for w in workers)
     assert "task.failed" in logs and "failed (the key is" in logs

@@ -348,6 +348,7 @@ class TaskConsumer:
             raise _GivenUp() from None
         self.tasks_done += 1
         metrics.task_finished(self.worker.app.name, True, time.time() - started, owner=self)
+        self.worker.status_changed()  # publish the count (the last one came before _finish)
         log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
 
