@@ -146,6 +146,9 @@ async def test_broker_servers_are_listed_as_broker_servers(zk_hosts: str, chroot
             members = next(a for a in state["apps"] if a["name"] == APP_NAME)["workers"]
             assert [(m["name"], m["kind"]) for m in members] == [
                 ("s1", "broker server"), ("s2", "broker server")]
+            # their replica counts are their counters: one primary, one backup in all
+            assert sum(m["counters"]["primaries"] for m in members) == 1
+            assert sum(m["counters"]["backups"] for m in members) == 1
             nursery.cancel_scope.cancel()
 
 

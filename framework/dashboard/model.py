@@ -51,13 +51,16 @@ def numbers_of(doc: Any) -> dict[str, float]:
 
 
 def worker_counters(status: dict[str, Any]) -> dict[str, float]:
-    """An app's own counters in a worker's status: ``health()["counters"]`` if the worker
-    returns such a dict, else the numeric fields of ``health()``."""
+    """An app's own counters in a member's status: ``health()["counters"]`` if the worker
+    returns such a dict, else the numeric fields of ``health()``; with the record's own
+    ``counters`` (a member that writes its status itself, like a broker server) over
+    them."""
     health = status.get("health")
+    own = numbers_of(status.get("counters"))
     if not isinstance(health, dict):
-        return {}
+        return own
     explicit = health.get("counters")
-    return numbers_of(explicit) if isinstance(explicit, dict) else numbers_of(health)
+    return (numbers_of(explicit) if isinstance(explicit, dict) else numbers_of(health)) | own
 
 
 #: Members whose last counts are remembered after they left (a member that joins again in a
