@@ -39,6 +39,7 @@ from framework.errors import (
 _LAZY: dict[str, str] = {
     "App": "framework.runtime",
     "Barrier": "framework.primitives",
+    "BlockingClient": "framework.runtime",
     "ChildrenSnapshot": "framework.zk",
     "Client": "framework.runtime",
     "ConfigStore": "framework.primitives",
@@ -99,6 +100,7 @@ if TYPE_CHECKING:
     )
     from framework.runtime import (
         App,
+        BlockingClient,
         Client,
         Master,
         MasterContext,
@@ -143,6 +145,7 @@ __all__ = [
     "App",
     "BadVersionError",
     "Barrier",
+    "BlockingClient",
     "ChildrenSnapshot",
     "ClaimLost",
     "Client",

@@ -49,17 +49,30 @@ def _cmd_zk(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import trio
 
-    from framework.runtime import load_class, run_component
+    from framework.runtime import Master, load_class, run_component
 
     hosts, chroot = split_chroot(zk_hosts_from(args.zk), args.chroot)
     cls = load_class(args.component)
     component = cls(args.app, name=args.name, address=args.address or "")
+    if args.concurrency is not None:
+        if isinstance(component, Master):
+            raise FrameworkError(f"--concurrency is for workers; {args.component} is a Master")
+        component.concurrency = args.concurrency  # this process's slots, not the class's
     if args.metrics_port is not None:
         from framework import metrics
 
         metrics.serve(args.metrics_port)
     trio.run(lambda: run_component(component, hosts, session_timeout=args.session_timeout,
                                    chroot=chroot))
+    done = getattr(component, "already_done", None)
+    if done is not None:  # a master elected after the job had finished: it did not lead
+        import time
+
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(done.at))
+        print(f"framework: the job of {component.app.name!r} is already done (by "
+              f"{done.master or '?'} at {when}: {done.results:,} result records, "
+              f"{done.dead_letters:,} dead-lettered); `framework rerun {component.app.name}` "
+              "starts a new generation", file=sys.stderr, flush=True)
     summary = getattr(component, "summary", None)
     if summary is not None:  # a master whose lead() returned in this process
         print(f"job done: {summary['results']:,} result records, "
@@ -105,13 +118,27 @@ def _print_json(value: Any) -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from framework.runtime import gather_status
+    from framework.runtime.actions import known_apps
 
     app = _app(args.app)
     if args.watch:
         return _connect(args, lambda s: _watch_status(s, app, args), deadline=None)
-    status = _connect(args, lambda s: gather_status(s, app), deadline=args.timeout)
+
+    async def work(session: Any) -> tuple[Any, list[str]]:
+        status = await gather_status(session, app)
+        return status, ([] if status.exists else await known_apps(session, app.root))
+
+    status, known = _connect(args, work, deadline=args.timeout)
+    if not status.exists and not args.json:
+        print(f"framework: {_unknown(app.name, known)}", file=sys.stderr)
+        return 1
     _show_status(status, args.json)
     return 0 if status.exists else 1
+
+
+def _unknown(name: str, known: list[str]) -> str:
+    listed = f"known: {', '.join(known)}" if known else "there are none"
+    return f"no application {name!r} in this ZooKeeper ({listed})"
 
 
 def _show_status(status: Any, as_json: bool, console: Any = None) -> None:
@@ -170,9 +197,11 @@ def _cmd_result(args: argparse.Namespace) -> int:
     import trio
 
     from framework.runtime import Client
+    from framework.runtime.actions import require_app
 
     async def work(session: Any) -> Any:
         client = Client(session, args.app)
+        await require_app(session, client.app)
         if not args.wait:
             return await client.result(args.key)
         try:
@@ -188,6 +217,10 @@ def _cmd_result(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     _print_json(attrs.asdict(record))
+    if not record.ok:
+        print(f"framework: task {args.key!r} of {args.app!r} {record.outcome.value}: "
+              f"{record.error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -202,8 +235,11 @@ def _cmd_dead(args: argparse.Namespace) -> int:
     if args.action == "requeue" and bool(args.all) == bool(args.keys):
         raise FrameworkError("dead requeue needs the KEYs of the dead letters, or --all")
 
+    from framework.runtime.actions import require_app
+
     async def work(session: Any) -> list[Any]:
         client = Client(session, args.app)
+        await require_app(session, client.app)
         letters = await client.dead_letters()
         if args.action == "list":
             return letters
@@ -245,12 +281,56 @@ def _cmd_dead(args: argparse.Namespace) -> int:
 
 def _cmd_purge(args: argparse.Namespace) -> int:
     from framework.runtime import Client
+    from framework.runtime.actions import known_apps
 
     app = _app(args.app)
-    found = _connect(args, lambda s: Client(s, app).purge(force=args.force),
-                     deadline=args.timeout)
-    print(f"deleted {app.base}" if found else f"No application {app.name!r} in this ZooKeeper.")
-    return 0 if found else 1
+
+    async def work(session: Any) -> list[str] | None:
+        if await Client(session, app).purge(force=args.force, grace=args.grace, by=_by()):
+            return None
+        return await known_apps(session, app.root)
+
+    known = _connect(args, work, deadline=args.timeout + (args.grace if args.force else 0))
+    if known is not None:
+        print(f"framework: {_unknown(app.name, known)}", file=sys.stderr)
+        return 1
+    print(f"deleted {app.base}")
+    return 0
+
+
+def _by() -> str:
+    """Who does it, for the records that say so: this host and process."""
+    import socket
+
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    import time
+
+    from framework.runtime import Client
+
+    app = _app(args.app)
+    record = _connect(args, lambda s: Client(s, app).resume(), deadline=args.timeout)
+    if record is None:
+        print(f"{app.name!r} was not cancelled: nothing to resume")
+        return 0
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.at)) if record.at else "?"
+    print(f"resumed {app.name!r}: deleted its cancel node (cancelled at {when} by "
+          f"{record.by or '?'}); it takes tasks again, start its masters and workers")
+    return 0
+
+
+def _cmd_rerun(args: argparse.Namespace) -> int:
+    from framework.runtime import Client
+
+    app = _app(args.app)
+    past = _connect(args, lambda s: Client(s, app).rerun(by=_by()), deadline=args.timeout)
+    print(f"{app.name!r}: generation {past.generation} kept in {app.base}/history "
+          f"({past.done.results:,} result records, {past.done.dead_letters:,} "
+          f"dead-lettered); its results, failures and dead letters are cleared and done is "
+          f"deleted: the next master started runs generation {past.generation + 1}")
+    return 0
 
 
 def _cmd_revoke(args: argparse.Namespace) -> int:
@@ -279,15 +359,11 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 def _cmd_cancel(args: argparse.Namespace) -> int:
     import socket
 
-    from framework import errors
     from framework.runtime import Client
 
     app = _app(args.app)
     by = f"{socket.gethostname()}-{os.getpid()}"
-    try:
-        new = _connect(args, lambda s: Client(s, app).cancel(by=by), deadline=args.timeout)
-    except errors.NoNodeError:
-        raise FrameworkError(f"no application {app.name!r} in this ZooKeeper") from None
+    new = _connect(args, lambda s: Client(s, app).cancel(by=by), deadline=args.timeout)
     if new:
         print(f"cancelled {app.name!r}: its masters and workers drain and stop ({app.cancel})")
     else:
@@ -320,10 +396,18 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise FrameworkError(f"the payload in {source} is not JSON ({exc})") from None
     _app(args.app)
-    task = _connect(args, lambda s: Client(s, args.app).submit(
-        args.task, payload, key=args.key, priority=args.priority,
-        time_limit=args.time_limit, countdown=args.countdown),
-        deadline=args.timeout)
+
+    async def work(session: Any) -> Any:
+        client = Client(session, args.app, create=args.create)
+        if args.key is not None:
+            found = await client.existing(args.key)
+            if found is not None and found.state in ("failed", "revoked"):
+                print(f"framework: task {args.key!r} of {args.app!r} {found.describe()}: "
+                      "queued again", file=sys.stderr)
+        return await client.submit(args.task, payload, key=args.key, priority=args.priority,
+                                   time_limit=args.time_limit, countdown=args.countdown)
+
+    task = _connect(args, work, deadline=args.timeout)
     print(task.id)
     return 0
 
@@ -434,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds (default 10)")
     run.add_argument("--metrics-port", type=_port, default=None,
                      help="serve this process's Prometheus metrics at :PORT/metrics")
+    run.add_argument("--concurrency", type=_positive_int, default=None, metavar="N",
+                     help="a worker's tasks at once in this process (default: the class's "
+                          "concurrency)")
 
     apps = command("apps", _cmd_apps, "list the applications with their leader, worker "
                                       "count, queue depth and state (active, done, cancelled)")
@@ -455,7 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_deadline_argument(status)
 
     result = command("result", _cmd_result, "print a task's result record as JSON "
-                                            "(exit status 1 if there is none)")
+                                            "(exit status 1 if there is none, or if the "
+                                            "task failed)")
     result.add_argument("app", metavar="APP")
     result.add_argument("key", metavar="KEY", help="the task's id or idempotency key")
     add_connection_arguments(result)
@@ -481,15 +569,27 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(refused while masters or workers are alive)")
     purge.add_argument("app", metavar="APP")
     purge.add_argument("--force", action="store_true",
-                       help="delete it even though masters or workers are alive")
+                       help="with live masters or workers: cancel the app, wait until they "
+                            "drained and left, then delete it")
+    purge.add_argument("--grace", type=_positive_seconds, default=30.0, metavar="S",
+                       help="with --force: wait at most S seconds for them to leave "
+                            "(default 30; past it nothing is deleted)")
     add_connection_arguments(purge)
     add_deadline_argument(purge)
 
-    cancel = command("cancel", _cmd_cancel,
-                     "cancel an application: its masters and workers drain and stop")
-    cancel.add_argument("app", metavar="APP")
-    add_connection_arguments(cancel)
-    add_deadline_argument(cancel)
+    for name, func, text in (
+        ("cancel", _cmd_cancel, "cancel an application: its masters and workers drain and "
+                                "stop"),
+        ("resume", _cmd_resume, "undo a cancel: delete the app's cancel node (then start its "
+                                "processes)"),
+        ("rerun", _cmd_rerun, "run a finished job again: a new generation (the old one's done "
+                              "record is kept in history/; its results, failures and dead "
+                              "letters are cleared)"),
+    ):
+        one = command(name, func, text)
+        one.add_argument("app", metavar="APP")
+        add_connection_arguments(one)
+        add_deadline_argument(one)
 
     revoke = command("revoke", _cmd_revoke,
                      "revoke one task: never run if queued, cancelled if running")
@@ -506,11 +606,17 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", default=None,
                         help="the task's payload, as JSON (default: null)")
     submit.add_argument("--payload-file", metavar="F", default=None,
-                        help="read the payload's JSON from file F ('-': standard input)")
+                        help="read the payload's JSON from file F ('-': standard input); a "
+                             "task is at most 64 KiB as JSON unless FRAMEWORK_PAYLOAD_STORE "
+                             "names a directory for larger payloads")
+    submit.add_argument("--create", action="store_true",
+                        help="create the application if it does not exist (default: refused, "
+                             "naming the known ones)")
     submit.add_argument("--countdown", type=_non_negative_seconds, default=None, metavar="S",
                         help="queue it S seconds from now (a delayed task)")
     submit.add_argument("--key", help="task id and idempotency key (default: a new id; a key "
-                                      "with a successful result is not run again)")
+                                      "that succeeded, is queued or is running is refused, "
+                                      "saying so; a failed one is queued again)")
     submit.add_argument("--priority", type=int, default=None,
                         help="lower is taken first (default: the task type's, else 0)")
     submit.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
@@ -564,6 +670,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
     return value
 
 

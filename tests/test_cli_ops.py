@@ -16,7 +16,7 @@ import trio
 
 from framework import Client, ConfigurationError, FrameworkError, PermanentFailure, Session
 from framework.cli import main, split_chroot
-from framework.runtime import App, Master, MasterContext, Task, Worker
+from framework.runtime import App, Master, MasterContext, Task, TaskExists, Worker
 from framework.zk import wait_exists, watch_children
 
 APP = "ops"
@@ -104,14 +104,19 @@ async def test_client_submits_and_waits_for_results(zk_hosts: str, chroot: str,
 
             nursery.start_soon(waiter)
             task = await client.submit("handle", {"n": 1}, key="k1")
-            again = await client.submit("handle", {"n": 1}, key="k1")  # same key: runs once
-            assert task.id == again.id == "k1"
+            assert task.id == "k1"
+            with pytest.raises(TaskExists, match="task 'k1' of 'ops' is queued: not queued"):
+                await client.submit("handle", {"n": 1}, key="k1")  # says what exists
             worker = Echo(APP, name="w1")
             await serve(nursery, zk_hosts, chroot, worker)
             await got.wait()  # woken by its watch on the result's path
             record = waited[0]
             assert record.ok and record.result == {"n": 1} and record.key == "k1"
             assert await client.result("k1") == record
+            with pytest.raises(TaskExists, match=r"'k1' of 'ops' succeeded at .* \(worker "
+                                                 r"w1\): not queued again \(framework result"):
+                await client.submit("handle", {"n": 1}, key="k1")
+            assert (await client.existing("k1")).state == "succeeded"
             worker.request_stop()
             nursery.cancel_scope.cancel()
     with pytest.raises(ConfigurationError):
@@ -127,7 +132,7 @@ async def test_submit_and_result_commands(zk_hosts: str, chroot: str, session: S
                                           capsys: pytest.CaptureFixture[str]) -> None:
     with trio.fail_after(60):
         code, out, err = await cli(capsys, "submit", APP, "handle", '{"n": 7}', "--key", "img-7",
-                                   "--priority", "-1", *zk(zk_hosts, chroot))
+                                   "--priority", "-1", "--create", *zk(zk_hosts, chroot))
         assert (code, out, err) == (0, "img-7\n", "")
         code, out, err = await cli(capsys, "result", APP, "img-7", *zk(zk_hosts, chroot))
         assert code == 1 and out == "" and "no result for task 'img-7'" in err
@@ -216,13 +221,21 @@ async def test_purge_refuses_while_processes_are_alive(
     code, out, err = await cli(capsys, "purge", APP, *zk(zk_hosts, chroot))
     assert code == 2 and out == ""
     assert err == ("framework: error: application 'ops' has 0 master(s) and 1 worker(s) "
-                   "alive: stop them first, or pass --force\n")
+                   "alive: stop them first, or pass --force (they are told to leave first)\n")
     assert await session.exists(app.base) is not None
+    # a member that never leaves (no process behind it to drain): nothing is deleted
+    code, out, err = await cli(capsys, "purge", APP, "--force", "--grace", "0.5",
+                               *zk(zk_hosts, chroot))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "still has 0 master(s) and 1 worker(s) alive 0.5s after it was cancelled" in err
+    assert await session.exists(app.cancel) is not None  # it was told to leave
+    await session.delete(f"{app.workers}/w1")
     code, out, err = await cli(capsys, "purge", APP, "--force", *zk(zk_hosts, chroot))
     assert (code, out, err) == (0, "deleted /apps/ops\n", "")
     assert await session.exists(app.base) is None
-    code, out, _ = await cli(capsys, "purge", APP, *zk(zk_hosts, chroot))
-    assert code == 1 and out == "No application 'ops' in this ZooKeeper.\n"
+    code, out, err = await cli(capsys, "purge", APP, *zk(zk_hosts, chroot))
+    assert code == 1 and out == ""
+    assert err == "framework: no application 'ops' in this ZooKeeper (there are none)\n"
 
 
 async def test_cancel_is_shown_by_apps_and_status(zk_hosts: str, chroot: str,
@@ -232,7 +245,8 @@ async def test_cancel_is_shown_by_apps_and_status(zk_hosts: str, chroot: str,
     await client.submit("handle", {"n": 1}, key="a")
     await client.submit("handle", {"n": 2}, key="b")
     code, out, err = await cli(capsys, "cancel", "absent", *zk(zk_hosts, chroot))
-    assert code == 2 and err == "framework: error: no application 'absent' in this ZooKeeper\n"
+    assert code == 2 and err == ("framework: error: no application 'absent' in this ZooKeeper "
+                                 "(known: ops)\n")
     assert await session.exists("/apps/absent") is None
     code, out, _ = await cli(capsys, "cancel", APP, *zk(zk_hosts, chroot))
     assert code == 0 and out.startswith("cancelled 'ops'")
@@ -362,7 +376,7 @@ def test_split_chroot() -> None:
 async def test_chroot_in_the_connect_string(zk_hosts: str, chroot: str, session: Session,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = await cli(capsys, "submit", APP, "handle", "[1, 2]", "--key", "in-chroot",
-                               "--zk", f"{zk_hosts}{chroot}")
+                               "--create", "--zk", f"{zk_hosts}{chroot}")
     assert (code, out) == (0, "in-chroot\n"), err
     assert await session.exists(App(APP).tasks) is not None  # in the fixture's chroot
     code, out, _ = await cli(capsys, "apps", "--json", "--zk", f"{zk_hosts}{chroot}")
@@ -395,7 +409,8 @@ def test_version_and_environment_in_help(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("framework ")
-    for command in ("apps", "status", "result", "dead", "purge", "cancel", "submit", "run",
+    for command in ("apps", "status", "result", "dead", "purge", "cancel", "resume", "rerun",
+                    "submit", "run",
                     "dashboard"):
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -2,8 +2,10 @@
 
 from framework.runtime.app import App
 from framework.runtime.assignment import plan_assignment, plan_replicas
+from framework.runtime.blocking import BlockingClient, ClientClosedError
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
+from framework.runtime.payloads import LocalDirectoryStore, PayloadMissing, PayloadStore
 from framework.runtime.placement_rules import PlacementRules, Readiness, confirmed_records
 from framework.runtime.records import (
     MasterIdentity,
@@ -25,6 +27,7 @@ from framework.runtime.status import (
     render_apps,
     render_status,
 )
+from framework.runtime.submission import Existing, TaskExists
 from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
@@ -33,9 +36,13 @@ __all__ = [
     "App",
     "AppStatus",
     "AppSummary",
+    "BlockingClient",
     "CatchUp",
     "Client",
+    "ClientClosedError",
     "DeadLetter",
+    "Existing",
+    "LocalDirectoryStore",
     "Master",
     "MasterContext",
     "MasterIdentity",
@@ -43,6 +50,8 @@ __all__ = [
     "MemberStatus",
     "Outcome",
     "Part",
+    "PayloadMissing",
+    "PayloadStore",
     "PlacementRules",
     "Plan",
     "RateLimit",
@@ -52,6 +61,7 @@ __all__ = [
     "ReplicatedPlacement",
     "Service",
     "Task",
+    "TaskExists",
     "TaskOptions",
     "TaskResult",
     "Watches",

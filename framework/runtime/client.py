@@ -5,12 +5,14 @@ and a ``Client`` for an app; no master or worker needs to run in that process::
 
     async with Session(hosts) as session:
         client = Client(session, "thumbnails")
-        task = await client.submit({"image": 7}, key="img-7")
+        task = await client.submit("resize", {"image": 7}, key="img-7")
         record = await client.result("img-7", wait=True, timeout=60)
 
 A submit is what :meth:`MasterContext.submit` does without the leader's fence: one item put
-in the app's work queue.  With ``key`` the task's id and idempotency key are ``key``, so
-submitting the same key twice runs the task once and ``result(key)`` finds its record.
+in the app's work queue.  With ``key`` the task's id and idempotency key are ``key``:
+``result(key)`` finds its record, and submitting a key that exists (succeeded, queued or
+running) raises :class:`~framework.runtime.submission.TaskExists` saying so (a failed one
+is queued again).  Code outside trio uses :class:`~framework.runtime.BlockingClient`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from framework.primitives.queue import WorkQueue
 from framework.records import CorruptRecord
 from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
-from framework.runtime.records import CancelRecord, Revocation, RevokeRecord
-from framework.runtime.submission import Submitter
+from framework.runtime.payloads import PayloadStore
+from framework.runtime.records import CancelRecord, PastRun, Revocation, RevokeRecord
+from framework.runtime.submission import Existing, Submitter
 from framework.runtime.tasks import Task, TaskResult, read_result
 from framework.zk import Session, validate_name
 
@@ -48,27 +51,40 @@ class DeadLetter:
 
 
 class Client:
-    """Submit tasks to application ``app`` and read their results, over ``session``."""
+    """Submit tasks to application ``app`` and read their results, over ``session``.
 
-    def __init__(self, session: Session, app: App | str) -> None:
+    ``create``: the first submit to an app that does not exist creates it (tasks may wait
+    for its first worker); ``False`` refuses it instead (:class:`~framework.runtime.actions.
+    UnknownApp`, naming the known apps: a typo does not make an app).  ``payload_store``:
+    where payloads over the queue's limit go (:mod:`framework.runtime.payloads`; default:
+    ``FRAMEWORK_PAYLOAD_STORE``, else they are refused)."""
+
+    def __init__(self, session: Session, app: App | str, *, create: bool = True,
+                 payload_store: PayloadStore | str | None = None) -> None:
         if not isinstance(session, Session):
             raise errors.ConfigurationError(
                 f"Client needs a framework Session, got {type(session).__name__}"
             )
         self.session = session
         self.app = app if isinstance(app, App) else App(app)
+        self.create = create
+        self.payload_store = payload_store
         self._queue: WorkQueue | None = None
         self._submit: Submitter | None = None
 
     async def _work_queue(self) -> WorkQueue:
         if self._queue is None:
+            if not self.create:
+                await actions.require_app(self.session, self.app,
+                                          hint="--create to create it")
             await ensure_layout(self.session, self.app, self.app.tasks, self.app.running)
             self._queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
         return self._queue
 
     async def _submitter(self) -> Submitter:
         if self._submit is None:
-            self._submit = Submitter(self.session, self.app, await self._work_queue())
+            self._submit = Submitter(self.session, self.app, await self._work_queue(),
+                                     payload_store=self.payload_store)
         return self._submit
 
     async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
@@ -78,11 +94,15 @@ class Client:
         (``countdown`` seconds from now, or ``eta``: an aware datetime or epoch seconds);
         returns it with its id.
 
-        ``key`` names the task (id and idempotency key): a key that already has a successful
-        result is not run again.  Lower ``priority`` values are taken first (default: the
-        task type's).  Raises :class:`ConfigurationError` for a task type the app's workers
-        do not have (once one has registered its types) and for an app that was cancelled
-        (``framework cancel``)."""
+        ``key`` names the task (id and idempotency key): a key that exists raises
+        :class:`~framework.runtime.submission.TaskExists` (its result succeeded, or it is
+        queued or running: see :meth:`existing`); one that failed for good is queued again.
+        Lower ``priority`` values are taken first (default: the task type's).  Raises
+        :class:`ConfigurationError` for a task type the app's workers do not have (once one
+        has registered its types) and for an app that was cancelled (``framework cancel``);
+        :class:`~framework.errors.DataTooLargeError` for a task over the queue's 64 KiB
+        without a payload store; :class:`~framework.runtime.actions.UnknownApp` for a
+        missing app with ``create=False``."""
         if await self.session.exists(self.app.cancel) is not None:
             raise errors.ConfigurationError(
                 f"application {self.app.name!r} is cancelled: it takes no new tasks "
@@ -91,7 +111,15 @@ class Client:
         submitter = await self._submitter()
         return await submitter.submit(name, payload, task_id=key, idempotency_key=key,
                                       time_limit=time_limit, priority=priority,
-                                      countdown=countdown, eta=eta)
+                                      countdown=countdown, eta=eta, check_existing=True)
+
+    async def existing(self, key: str) -> Existing | None:
+        """What exists of task key ``key``: its result (succeeded, failed, revoked), or
+        that it is running or queued; ``None`` if nothing (see
+        :meth:`Submitter.existing <framework.runtime.submission.Submitter.existing>`)."""
+        validate_name("task key", key)
+        return await Submitter(self.session, self.app,
+                               WorkQueue(self.session, self.app.tasks)).existing(key)
 
     async def result(self, key: str, *, wait: bool = False,
                      timeout: float | None = None) -> TaskResult | None:
@@ -106,15 +134,21 @@ class Client:
 
     async def cancel(self, *, by: str = "") -> bool:
         """Mark the app cancelled (its ``cancel`` node, which masters and workers watch);
-        ``False`` if it already was.  :class:`NoNodeError` if there is no such app."""
-        if await self.session.exists(self.app.base) is None:
-            raise errors.NoNodeError(f"no application {self.app.name!r} in this ZooKeeper")
-        record = records.encode(CancelRecord(time.time(), by))
-        try:
-            await self.session.create(self.app.cancel, record)
-        except errors.NodeExistsError:
-            return False
-        return True
+        ``False`` if it already was.  :class:`~framework.runtime.actions.UnknownApp` (a
+        :class:`NoNodeError`) if there is no such app."""
+        return await actions.cancel(self.session, self.app, by=by)
+
+    async def resume(self) -> CancelRecord | None:
+        """Undo a cancel (delete the ``cancel`` node): new tasks are taken again and masters
+        and workers started from now on run.  Returns the cancel record deleted, ``None``
+        if the app was not cancelled; :class:`~framework.runtime.actions.UnknownApp` if
+        there is no such app."""
+        return await actions.resume(self.session, self.app)
+
+    async def rerun(self, *, by: str = "") -> PastRun:
+        """Start a new generation of the app's finished job (see
+        :func:`framework.runtime.actions.rerun`); returns the generation kept in history."""
+        return await actions.rerun(self.session, self.app, by=by)
 
     async def revoke(self, task_id: str, *, by: str = "") -> Revocation:
         """Revoke task ``task_id``: a queued (or delayed) one is acknowledged without running
@@ -138,29 +172,15 @@ class Client:
 
     async def processes(self) -> tuple[int, int]:
         """How many masters (leader and standbys) and workers of the app are alive."""
-        counts = []
-        for path in (self.app.masters, self.app.workers):
-            try:
-                counts.append(len(await self.session.children(path)))
-            except errors.NoNodeError:
-                counts.append(0)
-        return counts[0], counts[1]
+        return await actions.processes(self.session, self.app)
 
-    async def purge(self, *, force: bool = False) -> bool:
+    async def purge(self, *, force: bool = False, grace: float = 30.0, by: str = "") -> bool:
         """Delete the app's whole subtree (queue, results, dead letters, config...);
-        ``False`` if there was none.  Refused (:class:`ConfigurationError`) while a master
-        or worker is alive, unless ``force``: a live process would re-create its nodes."""
-        if await self.session.exists(self.app.base) is None:
-            return False
-        if not force:
-            masters, workers = await self.processes()
-            if masters or workers:
-                raise errors.ConfigurationError(
-                    f"application {self.app.name!r} has {masters} master(s) and {workers} "
-                    "worker(s) alive: stop them first, or pass --force"
-                )
-        await self.session.delete_tree(self.app.base)
-        return True
+        ``False`` if there was none.  Refused (:class:`~framework.runtime.actions.
+        ActionError`) while a master or worker is alive, unless ``force``: then the app is
+        cancelled first and the delete waits (watches) until its processes have drained and
+        left, for at most ``grace`` seconds (see :func:`framework.runtime.actions.purge`)."""
+        return await actions.purge(self.session, self.app, force=force, grace=grace, by=by)
 
     async def requeue(self, dead_letter: str) -> str:
         """Put dead letter ``dead_letter`` (a :attr:`DeadLetter.name`) back in the queue

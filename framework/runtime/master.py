@@ -378,8 +378,11 @@ class Master:
             self._stopping = True  # returning resigns; the campaign ends
             return
         if finished is not None:
+            # `framework run` says so on the terminal; `framework rerun` starts a new
+            # generation (it deletes done), so a master started after it leads again
             log.info("master.job_already_done", app=self.app.name, master=self.name,
                      finished_by=finished.master, at=finished.at)
+            self.already_done = finished  # the record found: this master did not lead
             return
         self.terms_led += 1
         started = time.monotonic()

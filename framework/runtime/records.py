@@ -5,6 +5,7 @@ Where each lives (see :mod:`framework.runtime.app` for the layout):
 * :class:`MasterIdentity`: a master's election node and, while it leads, ``rendezvous``;
 * :class:`JobDone`: ``done``, written once in the term that finished the job (fenced);
 * :class:`CancelRecord`: ``cancel``, written by ``framework cancel``;
+* :class:`PastRun`: ``history/g-<n>``, a finished generation (``framework rerun``);
 * :class:`RevokeRecord`: ``revoked/<task id>``, written by ``framework revoke``;
 * :class:`RunningRecord`: ``running/<task id>``, the ephemeral marker of a delivery;
 * :class:`MemberStatus`: ``workers/<name>``, a service's status, as readers see it (with
@@ -73,6 +74,17 @@ class CancelRecord:
     """The cancel record: when, and by whom (free text from ``framework cancel --by``)."""
 
     at: float = 0.0
+    by: str = ""
+
+
+@attrs.frozen
+class PastRun:
+    """``history/g-<n>``: a finished generation of the job, kept when ``framework rerun``
+    starts the next one: its job-done record, and when and by whom it was rerun."""
+
+    generation: int = 0
+    done: JobDone = attrs.Factory(JobDone)
+    rerun_at: float = 0.0
     by: str = ""
 
 

@@ -8,37 +8,143 @@ queues it now, or at its time (``countdown=`` seconds, ``eta=`` an aware datetim
 seconds: :mod:`framework.runtime.delayed`).  ``priority`` defaults to the task type's.
 Costs: one read of the catalog per submitter (again only for a name it does not know), then
 the queue's put (one request) or the delayed node's create (one request).
+
+A task over :data:`~framework.runtime.payloads.MAX_TASK_BYTES` as JSON is refused
+(:class:`~framework.errors.DataTooLargeError`, saying the limit and the way out) unless the
+submitter has a payload store: its payload is then stored there and the task carries the
+reference (:mod:`framework.runtime.payloads`; one write to the store before the put).
+
+``submit(..., check_existing=True)`` (the ``Client`` and ``framework submit``) first looks
+whether the task key exists (:meth:`Submitter.existing`: one round trip of three reads) and
+raises :class:`TaskExists` saying what exists, instead of queueing a task that would not
+run: a success recorded, a task queued or running.  A key whose task failed for good (or
+was revoked) is queued again (its record is replaced when it runs).  A master's
+``submit_many(keys=...)`` never checks: submitting a job's keys again is how a new leader
+resumes, silently.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
+
+import attrs
+import trio
 
 from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.delayed import delay, due_time
-from framework.runtime.result_index import mark_queued
+from framework.runtime.payloads import PayloadStore, store_from, too_large
+from framework.runtime.result_index import mark_queued, read_mark, still_queued
 from framework.runtime.task_types import Catalog
-from framework.runtime.tasks import Task, new_task
-from framework.zk import Session
+from framework.runtime.tasks import Task, TaskResult, new_task
+from framework.zk import Session, gather
+
+
+@attrs.frozen
+class Existing:
+    """What exists of a task key: ``state`` is ``succeeded``, ``failed`` or ``revoked``
+    (its result ``record``), ``running`` or ``queued``."""
+
+    key: str
+    state: str
+    record: TaskResult | None = None
+
+    def describe(self) -> str:
+        """One phrase: what exists (with the record's error, for a failure)."""
+        record = self.record
+        if record is None:
+            return {"running": "is running now", "queued": "is queued"}[self.state]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.finished_at))
+        if self.state == "succeeded":
+            return f"succeeded at {when} (worker {record.worker})"
+        return f"{self.state} at {when} ({record.error or 'no error recorded'})"
+
+
+class TaskExists(errors.FrameworkError):
+    """A keyed submit found its key: a success recorded, or a task queued or running
+    (``existing`` says which); nothing was queued."""
+
+    def __init__(self, app: App, existing: Existing) -> None:
+        self.existing = existing
+        hint = (f"framework result {app.name} {existing.key}" if existing.record is not None
+                else f"framework status {app.name}")
+        super().__init__(f"task {existing.key!r} of {app.name!r} {existing.describe()}: not "
+                         f"queued again ({hint})")
 
 
 class Submitter:
     """Submits tasks of ``app`` into ``queue`` (the caller's: fenced for a master)."""
 
-    def __init__(self, session: Session, app: App, queue: WorkQueue) -> None:
+    def __init__(self, session: Session, app: App, queue: WorkQueue, *,
+                 payload_store: PayloadStore | str | None = None) -> None:
         self.session = session
         self.app = app
         self.queue = queue
         self.catalog = Catalog(session, app)
+        #: where payloads over the queue's limit go (None: they are refused)
+        self.payload_store = store_from(payload_store)
+
+    async def existing(self, key: str) -> Existing | None:
+        """What exists of task key ``key`` (``None``: nothing): a success recorded, else its
+        ``running/`` marker (the task id being the key), else a queued item named by its
+        ``pending/`` marker, else a failure (or revocation) recorded.  Three reads sent together (and one ``exists`` per item
+        the marker names).  A delayed task is not seen until it is queued."""
+        found: dict[str, Any] = {}
+
+        async def record() -> None:
+            try:
+                found["record"] = TaskResult.decode((await self.session.get(
+                    self.app.result_path(key)))[0])
+            except errors.NoNodeError:
+                pass
+
+        async def running() -> None:
+            found["running"] = await self.session.exists(
+                f"{self.app.running}/{key}") is not None
+
+        async def marker() -> None:
+            path = self.app.pending_path(key)
+            try:
+                found["marked"] = read_mark((await self.session.get(path))[0], path).items
+            except errors.NoNodeError:
+                pass
+
+        await gather(record, running, marker)
+        result: TaskResult | None = found.get("record")
+        if result is not None and result.ok:
+            return Existing(key, "succeeded", result)
+        # a failure recorded may be running or queued again (retried, requeued)
+        if found["running"]:
+            return Existing(key, "running")
+        if found.get("marked") and await still_queued(self.session, self.app,
+                                                      found["marked"]):
+            return Existing(key, "queued")
+        if result is not None:
+            return Existing(key, result.outcome.value, result)
+        return None
+
+    async def _stored(self, task: Task) -> tuple[Task, bytes]:
+        """The task as queued: itself, or (too large, with a store) its payload stored and
+        a reference in its place; :class:`DataTooLargeError` if too large without one."""
+        data = task.encode()
+        if len(data) <= self.queue.max_item_bytes:
+            return task, data
+        if self.payload_store is None:
+            raise too_large(len(data), self.queue.max_item_bytes)
+        payload = data_of(task)
+        ref = await trio.to_thread.run_sync(self.payload_store.put, payload)
+        task = attrs.evolve(task, payload=None, payload_ref=ref)
+        return task, task.encode()
 
     async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
                      idempotency_key: str | None = None, time_limit: float | None = None,
                      priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None) -> Task:
-        """Queue task ``name`` (see the module doc); returns it with its id."""
+                     eta: Any = None, check_existing: bool = False) -> Task:
+        """Queue task ``name`` (see the module doc); returns it with its id.
+        ``check_existing``: :class:`TaskExists` if its key exists (see the module doc)."""
         due = due_time(countdown, eta)
         info = await self.catalog.check(name)
         task = new_task(payload, name=name, task_id=task_id,
@@ -46,10 +152,15 @@ class Submitter:
         level = info.priority if priority is None else priority
         WorkQueue._check_priority(level)
         explicit = task_id is not None or idempotency_key is not None
+        if check_existing and explicit:
+            found = await self.existing(task.key)
+            if found is not None and found.state not in ("failed", "revoked"):
+                raise TaskExists(self.app, found)
+        task, data = await self._stored(task)
         if due is not None and due > time.time():
             await delay(self.session, self.app, task, level, due, explicit=explicit)
         else:
-            item = await self.queue.put(task.encode(), priority=level)
+            item = await self.queue.put(data, priority=level)
             if explicit:  # another task of this key may come: its record must wait
                 await mark_queued(self.session, self.app, [(task.key, item)])
         return task
@@ -69,8 +180,15 @@ class Submitter:
             for p, k in zip(payloads, keys, strict=True)
         ]
         level = info.priority if priority is None else priority
-        items = await self.queue.put_many([t.encode() for t in tasks], priority=level)
+        stored = [await self._stored(t) for t in tasks]
+        tasks = [t for t, _data in stored]
+        items = await self.queue.put_many([data for _t, data in stored], priority=level)
         if keys is not None:  # see mark_queued
             await mark_queued(self.session, self.app,
                               [(t.key, n) for t, n in zip(tasks, items, strict=True)])
         return tasks
+
+
+def data_of(task: Task) -> bytes:
+    """A task's payload as the JSON bytes a store keeps."""
+    return json.dumps(task.payload, separators=(",", ":")).encode()

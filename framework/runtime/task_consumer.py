@@ -33,6 +33,7 @@ import trio
 from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
+from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
 from framework.runtime.handlers import ThreadCall, handle_in_process, returned
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
@@ -154,6 +155,7 @@ class TaskConsumer:
                             self._waiting.discard(slot)
                             # an exception leaving this block hands the item back
                             await self._handle_item(session, queue, item, marker)
+                        await payloads.discard(item.data, self.worker)  # acknowledged
                         # the running/ marker outlives the ack or release, so an observer
                         # that sees no marker and an empty queue knows all is done
                     finally:
@@ -313,6 +315,12 @@ class TaskConsumer:
             await self._finish(session, queue, item, task, marker, previous_version,
                                self._revoked_result(task, time.time()), revoked=True)
             return
+        if task.payload_ref is not None:  # stored off ZooKeeper: read back for the handler
+            try:
+                task = await payloads.resolve(task, self.worker)
+            except errors.PermanentFailure as exc:
+                await self._failed(session, task, exc, time.time(), rules)
+                raise _GivenUp() from exc
         if rules.limiter is not None:
             await rules.limiter.acquire()  # the claim is held (and renewed) meanwhile
             if stuck_after:

@@ -37,6 +37,9 @@ class Task:
     time_limit: float | None = None
     name: str = DEFAULT_TASK  # its task type (see framework.runtime.task_types)
     attempts: int = attrs.field(default=0, metadata=records.local())  # from the queue item
+    #: the stored payload's reference, when it is kept off ZooKeeper (payload is then None;
+    #: see framework.runtime.payloads): the worker reads it back before the handler runs
+    payload_ref: str | None = attrs.field(default=None, metadata=records.wire("ref"))
 
     @property
     def key(self) -> str:

@@ -1,0 +1,233 @@
+"""``BlockingClient``: the :class:`~framework.runtime.Client` for code outside trio.
+
+A Django or Flask view, a script or a notebook cannot ``await``; they hold one
+``BlockingClient`` per app for the process's lifetime::
+
+    from framework import BlockingClient
+
+    client = BlockingClient("zk1:2181,zk2:2181", "thumbnails", chroot="/prod")
+    task = client.submit("resize", {"image": 7}, key="img-7")
+    record = client.result("img-7", wait=True, timeout=60)
+    client.close()                  # or: with BlockingClient(...) as client: ...
+
+It runs one background thread with its own trio loop and one
+:class:`~framework.zk.Session`; each call is handed to that loop
+(``trio.from_thread.run``) and blocks the calling thread until it is done.  Any number of
+threads may call it at once: their calls run concurrently on the one session.  The
+operations, arguments, return values and exceptions are those of ``Client`` (the same
+classes: :class:`~framework.errors.ConfigurationError`, :class:`trio.TooSlowError` from
+``result(wait=True, timeout=...)``...), raised in the calling thread.
+
+Guarantees and limits:
+
+* The constructor returns once the session is connected; it raises what connecting raised
+  (a bad hosts string, no server within ``connect_timeout``).
+* SUSPENDED: calls wait for the connection to come back, like the async ``Client``'s (give
+  ``timeout=`` to bound every call: :class:`trio.TooSlowError` past it).  LOST: the session
+  starts a new ZooKeeper session and calls go on in it.
+* :meth:`close` (or leaving the ``with`` block) cancels the calls still running (they raise
+  :class:`ClientClosedError`), closes the session and ends the thread; a call made after it
+  raises :class:`ClientClosedError`.  ``close`` is idempotent.
+* A call made from the client's own loop thread, or from inside a trio run, would deadlock
+  or block that loop: use the async ``Client`` there (a call from the loop thread raises
+  :class:`~framework.errors.ConfigurationError`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from framework import errors
+from framework.runtime.app import App
+from framework.runtime.client import Client, DeadLetter
+from framework.runtime.payloads import PayloadStore
+from framework.runtime.tasks import Task, TaskResult
+from framework.zk import Session
+
+T = TypeVar("T")
+
+
+class ClientClosedError(errors.NotConnectedError):
+    """The :class:`BlockingClient` was closed (before or during the call)."""
+
+
+class BlockingClient:
+    """``Client`` operations as plain blocking calls (see the module doc).
+
+    ``hosts``, ``chroot``, ``session_timeout`` and ``connect_timeout`` are the
+    :class:`~framework.zk.Session`'s; ``app``, ``create`` and ``payload_store`` the
+    ``Client``'s; ``timeout`` (seconds, ``None``: no limit) bounds every call."""
+
+    def __init__(self, hosts: str, app: App | str, *, chroot: str | None = None,
+                 session_timeout: float = 10.0, connect_timeout: float = 15.0,
+                 timeout: float | None = None, create: bool = True,
+                 payload_store: PayloadStore | str | None = None) -> None:
+        self.app = app if isinstance(app, App) else App(app)
+        self.timeout = timeout
+        # built here, so a bad argument raises in the caller before any thread starts
+        self._session = Session(hosts, chroot=chroot, session_timeout=session_timeout,
+                                connect_timeout=connect_timeout)
+        self._client_options = {"create": create, "payload_store": payload_store}
+        self._client: Client | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._calls: set[trio.CancelScope] = set()
+        self._idle: trio.Event | None = None  # set when the last call ends after a close
+        self._closed = False
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True,
+                                        name=f"framework-client-{self.app.name}")
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            self._thread.join()
+            self._closed = True
+            raise self._failure
+
+    # ------------------------------------------------------------ the loop thread
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._serve)
+        except BaseException as exc:  # connecting failed: raised in the constructor
+            self._failure = exc
+        finally:
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        async with self._session as session:
+            self._client = Client(session, self.app, **self._client_options)
+            self._stop = trio.Event()
+            self._token = trio.lowlevel.current_trio_token()
+            self._ready.set()
+            await self._stop.wait()
+            self._idle = trio.Event()
+            for scope in list(self._calls):
+                scope.cancel()
+            if self._calls:  # each cancelled call removes itself (then the last sets it)
+                await self._idle.wait()
+
+    async def _run(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> T:
+        assert self._stop is not None
+        if self._stop.is_set():  # handed over just as the client closed
+            raise ClientClosedError(f"the BlockingClient of {self.app.name!r} was closed")
+        with trio.CancelScope() as scope:
+            self._calls.add(scope)
+            try:
+                with trio.fail_after(self.timeout) if self.timeout is not None \
+                        else trio.CancelScope():
+                    return await fn(*args, **kwargs)
+            finally:
+                self._calls.discard(scope)
+                if self._idle is not None and not self._calls:
+                    self._idle.set()
+        raise ClientClosedError(f"the BlockingClient of {self.app.name!r} was closed "
+                                "during the call")
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is self._thread:
+            raise errors.ConfigurationError(
+                "BlockingClient called from its own event loop: use the async Client there")
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError(
+                    f"the BlockingClient of {self.app.name!r} is closed: make a new one")
+            token, client = self._token, self._client
+        assert token is not None and client is not None
+        try:
+            return trio.from_thread.run(self._run, getattr(client, name), args, kwargs,
+                                        trio_token=token)
+        except (trio.RunFinishedError, trio.Cancelled):
+            raise ClientClosedError(
+                f"the BlockingClient of {self.app.name!r} was closed during the call"
+            ) from None
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Cancel the calls in flight, close the session and end the loop thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if threading.current_thread() is self._thread:
+            raise errors.ConfigurationError("BlockingClient.close() from its own event loop")
+        stop, token = self._stop, self._token
+        if stop is not None and token is not None:
+            try:
+                trio.from_thread.run_sync(stop.set, trio_token=token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ Client's operations
+
+    def submit(self, name: str, payload: Any = None, *, key: str | None = None,
+               time_limit: float | None = None, priority: int | None = None,
+               countdown: float | None = None, eta: Any = None) -> Task:
+        """:meth:`Client.submit <framework.runtime.Client.submit>`."""
+        return self._call("submit", name, payload, key=key, time_limit=time_limit,
+                          priority=priority, countdown=countdown, eta=eta)
+
+    def existing(self, key: str) -> Any:
+        """:meth:`Client.existing <framework.runtime.Client.existing>`."""
+        return self._call("existing", key)
+
+    def result(self, key: str, *, wait: bool = False,
+               timeout: float | None = None) -> TaskResult | None:
+        """:meth:`Client.result <framework.runtime.Client.result>`
+        (:class:`trio.TooSlowError` after ``timeout`` with ``wait``)."""
+        return self._call("result", key, wait=wait, timeout=timeout)
+
+    def revoke(self, task_id: str, **options: Any) -> Any:
+        """:meth:`Client.revoke <framework.runtime.Client.revoke>`."""
+        return self._call("revoke", task_id, **options)
+
+    def cancel(self, *, by: str = "") -> bool:
+        """:meth:`Client.cancel <framework.runtime.Client.cancel>`."""
+        return self._call("cancel", by=by)
+
+    def resume(self) -> Any:
+        """:meth:`Client.resume <framework.runtime.Client.resume>`."""
+        return self._call("resume")
+
+    def rerun(self, *, by: str = "") -> Any:
+        """:meth:`Client.rerun <framework.runtime.Client.rerun>`."""
+        return self._call("rerun", by=by)
+
+    def processes(self) -> tuple[int, int]:
+        """:meth:`Client.processes <framework.runtime.Client.processes>`."""
+        return self._call("processes")
+
+    def purge(self, *, force: bool = False, grace: float = 30.0) -> bool:
+        """:meth:`Client.purge <framework.runtime.Client.purge>`."""
+        return self._call("purge", force=force, grace=grace)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """:meth:`Client.dead_letters <framework.runtime.Client.dead_letters>`."""
+        return self._call("dead_letters")
+
+    def requeue(self, dead_letter: str) -> str:
+        """:meth:`Client.requeue <framework.runtime.Client.requeue>`."""
+        return self._call("requeue", dead_letter)
+
+    def discard(self, dead_letter: str) -> None:
+        """:meth:`Client.discard <framework.runtime.Client.discard>`."""
+        self._call("discard", dead_letter)
