@@ -156,17 +156,37 @@ class Claimer(QueueState):
         the line of idle consumers, the same transaction deletes its node there: it leaves
         the line exactly when it gets work (so the worker that just started a handler,
         which may block its event loop, is never left a head)."""
-        session = self.session
+        found = await self._read_items(view, entries)
+        session_id = await self.session.wait_connected()
+        claims = await self._claims_for(entries, found, session_id)
+        place = self._line.place() if session_id == self._line.session_id else None
+        try:
+            return await self._commit_claims(view, claims, place)
+        except BaseException:
+            # interrupted (cancelled, most likely) while claims may exist: a claim left
+            # behind would block its item for everyone as long as this session lives
+            for claim in claims:
+                await self._abandon(claim)
+            raise
+
+    async def _read_items(self, view: QueueView,
+                          entries: list[Entry]) -> dict[str, tuple[bytes, Any]]:
+        """The data and stat of each entry's item, read at once (gone ones forgotten)."""
         found: dict[str, tuple[bytes, Any]] = {}
 
         async def read(entry: Entry) -> None:
             try:
-                found[entry.key] = await session.get(f"{self.items_root}/{entry.key}")
+                found[entry.key] = await self.session.get(f"{self.items_root}/{entry.key}")
             except errors.NoNodeError:
                 view.forget(entry)
 
         await gather(*[functools.partial(read, entry) for entry in entries])
-        session_id = await session.wait_connected()
+        return found
+
+    async def _claims_for(self, entries: list[Entry], found: dict[str, tuple[bytes, Any]],
+                          session_id: int) -> list[Claim]:
+        """The claims to make for the entries read (an item whose deliveries are used up
+        is dead-lettered instead)."""
         claims: list[Claim] = []
         for entry in entries:
             if entry.key not in found:
@@ -182,70 +202,76 @@ class Claimer(QueueState):
                 session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
                 extras,
             ))
-        place = self._line.place() if session_id == self._line.session_id else None
+        return claims
+
+    def _claim_transaction(self, claims: list[Claim], place: str | None,
+                           ) -> tuple[Transaction, list[tuple[int, int]]]:
+        """The multi that makes ``claims`` (and leaves the line at ``place``), and per
+        claim where its extras start and where it ends."""
+        txn = self.session.transaction()
+        spans = []
+        for claim in claims:
+            txn.create(claim.claim_path, claim.token, ephemeral=True)
+            txn.set(f"{self.items_root}/{claim.entry.key}", claim.data,
+                    version=claim.version - 1)
+            extras_at = len(txn.operations)
+            if claim.extras is not None:
+                claim.extras.build(txn)
+            spans.append((extras_at, len(txn.operations)))
+        if place is not None:
+            txn.delete(place)
+        return txn, spans
+
+    async def _commit_claims(self, view: QueueView, claims: list[Claim],
+                             place: str | None) -> list[Claim]:
+        """Commit the claims (``claims`` is changed in place: what is in it when this
+        raises may exist and is undone by the caller)."""
         races_lost = 0
-        try:
-            while claims:
-                txn = session.transaction()
-                spans = []  # per claim: where its extras start, where it ends
-                for claim in claims:
-                    txn.create(claim.claim_path, claim.token, ephemeral=True)
-                    txn.set(f"{self.items_root}/{claim.entry.key}", claim.data,
-                            version=claim.version - 1)
-                    extras_at = len(txn.operations)
-                    if claim.extras is not None:
-                        claim.extras.build(txn)
-                    spans.append((extras_at, len(txn.operations)))
-                if place is not None:
-                    txn.delete(place)
-                try:
-                    await txn.commit()
-                except errors.TransactionFailedError as exc:
-                    failed = exc.failed_index
-                    if place is not None and failed == len(txn.operations) - 1:
-                        place = None  # our place in line is gone: claim without it
-                        self._line.left()
-                        continue
-                    culprit = next((k for k, (_, end) in enumerate(spans) if failed < end), 0)
-                    if failed >= spans[culprit][0]:
-                        # its extras were refused (the server says why only to the
-                        # holder, who does that work itself): claim it without them
-                        claims[culprit] = attrs.evolve(claims[culprit], extras=None)
-                        continue
-                    lost = claims.pop(culprit)
-                    if isinstance(exc.cause, errors.NoNodeError):
-                        view.forget(lost.entry)  # gone (acked): claim the others
-                        continue
-                    # claimed by another consumer first: from now on rounds start at a
-                    # random place near the head, so competitors spread out; the others
-                    # are tried again once, then a new round reads a fresh list
-                    self._contended = _SPREAD_ROUNDS
-                    races_lost += 1
-                    if races_lost > 1:
-                        return []
-                    continue
-                except errors.SessionExpiredError:
-                    return []  # whatever it made went with that session
-                except errors.ConnectionLossError:
-                    claims = [claim for claim in claims if await self._holds(claim)]
-                    if place is not None and claims:
-                        self._line.left()  # applied: our place went with it
-                    _applied(claims)
-                    return claims
-                if place is not None:
+        while claims:
+            txn, spans = self._claim_transaction(claims, place)
+            try:
+                await txn.commit()
+            except errors.TransactionFailedError as exc:
+                failed = exc.failed_index
+                if place is not None and failed == len(txn.operations) - 1:
+                    place = None  # our place in line is gone: claim without it
                     self._line.left()
+                    continue
+                culprit = next((k for k, (_, end) in enumerate(spans) if failed < end), 0)
+                if failed >= spans[culprit][0]:
+                    # its extras were refused (the server says why only to the holder,
+                    # who does that work itself): claim it without them
+                    claims[culprit] = attrs.evolve(claims[culprit], extras=None)
+                    continue
+                lost = claims.pop(culprit)
+                if isinstance(exc.cause, errors.NoNodeError):
+                    view.forget(lost.entry)  # gone (acked): claim the others
+                    continue
+                # claimed by another consumer first: from now on rounds start at a random
+                # place near the head, so competitors spread out; the others are tried
+                # again once, then a new round reads a fresh list
+                self._contended = _SPREAD_ROUNDS
+                races_lost += 1
+                if races_lost > 1:
+                    claims.clear()
+                continue
+            except errors.SessionExpiredError:
+                claims.clear()  # whatever it made went with that session
+                return []
+            except errors.ConnectionLossError:
+                claims[:] = [claim for claim in claims if await self._holds(claim)]
+                if place is not None and claims:
+                    self._line.left()  # applied: our place went with it
                 _applied(claims)
-                for claim in claims:
-                    log.debug("queue.claimed", path=self.path, item=claim.entry.key,
-                              attempt=claim.version)
-                return claims
-            return []
-        except BaseException:
-            # interrupted (cancelled, most likely) while claims may exist: a claim left
-            # behind would block its item for everyone as long as this session lives
+                return list(claims)
+            if place is not None:
+                self._line.left()
+            _applied(claims)
             for claim in claims:
-                await self._abandon(claim)
-            raise
+                log.debug("queue.claimed", path=self.path, item=claim.entry.key,
+                          attempt=claim.version)
+            return list(claims)
+        return []
 
     def _extras_for(self, item: QueueItem) -> ClaimExtras | None:
         """``claim_with``'s extras for ``item``, built once here to catch what could never
