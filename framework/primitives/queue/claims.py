@@ -53,9 +53,7 @@ class Claimer(QueueState):
         (its claim's create finds the claim node) tries the round's other items once more
         without it, and its next ``_SPREAD_ROUNDS`` rounds start at a random place among the
         first items of the head's priority, so consumers spread out instead of colliding in
-        lockstep (measured: 4 workers x 4 slots made 2.7 claim rounds per task when every
-        round after a lost race went back to the head).  A lone consumer never collides and
-        so takes items in strict order.
+        lockstep.  A lone consumer never collides and so takes items in strict order.
         """
         ticket = _Ticket()
         self._tickets.append(ticket)

@@ -2,8 +2,7 @@
 
 Without it, every idle consumer of a queue watches the bucket it would take from, so each put
 wakes all of them: each lists the bucket, reads the item and sends a claim transaction, and
-all but one fail.  With 200 idle workers that was 1,340 requests and 207 write transactions
-per put (``bench/scale.py``).
+all but one fail (measurements: docs/architecture.md, "Idle consumers wait in line").
 
 Layout: ``<queue>/waiting/w-<guid>-NNNNNNNNNN``, ephemeral and sequential, one per
 :class:`~framework.primitives.queue.WorkQueue` object that has a take with nothing to take.

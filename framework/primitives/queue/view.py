@@ -76,7 +76,7 @@ def update_listing(
     """A bucket's new listing as (its names, its items in (priority, seq) order), given the
     ``previous`` one: only names not seen before are parsed and put in place, so a re-read
     after an ack or a put costs a set difference and a filter, not a parse and a sort of
-    the whole bucket (measured: 49 us instead of 358 us for 1,000 names)."""
+    the whole bucket."""
     current = set(names)
     if previous is None:
         added, listed = current, []
