@@ -34,6 +34,17 @@ async def deploy(session: Session, tmp: Path, shards: int, name: str = "docs") -
     await wait_balanced(session, name)  # no move in flight (a fault test starts settled)
 
 
+async def start(cluster: Cluster, session: Session, tmp: Path, *,
+                masters: tuple[str, ...] = ("m1",),
+                nodes: tuple[str, ...] = ("n1", "n2", "n3")) -> None:
+    """Start the masters and nodes as processes, and deploy 4 shards x 2 on them."""
+    for name in masters:
+        await cluster.start_master(name)
+    for name in nodes:
+        await cluster.start_node(name)
+    await deploy(session, tmp, shards=4)
+
+
 def checked(stats: LoadStats) -> None:
     assert stats.failed == 0, stats.errors
     assert stats.partial == 0
@@ -47,10 +58,7 @@ async def test_kill9_node_under_query_load(zk_hosts: str, chroot: str, session: 
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
     async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
         with trio.fail_after(60):
-            await cluster.start_master("m1")
-            for n in ("n1", "n2", "n3"):
-                await cluster.start_node(n)
-            await deploy(session, tmp_path, shards=4)
+            await start(cluster, session, tmp_path)
             stats, stop = LoadStats(), trio.Event()
             async with SearchClient.open(session) as client, trio.open_nursery() as nursery:
                 nursery.start_soon(run_load, client, queries, expected, stats, stop)
@@ -74,10 +82,7 @@ async def test_stopped_node_times_out_and_another_replica_answers(
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
     async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
         with trio.fail_after(60):
-            await cluster.start_master("m1")
-            for n in ("n1", "n2", "n3"):
-                await cluster.start_node(n)
-            await deploy(session, tmp_path, shards=4)
+            await start(cluster, session, tmp_path)
             stats, stop = LoadStats(), trio.Event()
             async with SearchClient.open(session, shard_timeout=5.0) as client, \
                     trio.open_nursery() as nursery:
@@ -104,11 +109,7 @@ async def test_kill9_active_master_during_rebalance(zk_hosts: str, chroot: str,
     paths = KattaPaths(App("katta"))
     async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
         with trio.fail_after(60):
-            await cluster.start_master("m1")
-            await cluster.start_master("m2")
-            await cluster.start_node("n1")
-            await cluster.start_node("n2")
-            await deploy(session, tmp_path, shards=4)
+            await start(cluster, session, tmp_path, masters=("m1", "m2"), nodes=("n1", "n2"))
             stats, stop = LoadStats(), trio.Event()
             serving: list[int] = []  # every serving count seen, any shard, through the moves
             planned: list[int] = []  # every planned replica count seen
