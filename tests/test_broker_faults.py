@@ -21,17 +21,7 @@ from examples.message_broker.layout import (
     decode,
     decode_replicas,
 )
-from examples.message_broker.protocol import (
-    ErrorCode,
-    ErrorReply,
-    Fetch,
-    Fetched,
-    Msgs,
-    Produce,
-    Produced,
-    Subscribe,
-    Subscribed,
-)
+from examples.message_broker.protocol import ErrorCode, ErrorReply
 from framework import Session
 from framework.testing import TcpProxy
 from framework.zk import watch_data
@@ -109,7 +99,7 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
             # request errors keep the connection open: unknown topic, oversized message
             conn = await protocol.connect(address)
 
-            async def refusal(request: bytes | Produce) -> ErrorReply:
+            async def refusal(request: bytes | protocol.Produce) -> ErrorReply:
                 if isinstance(request, bytes):
                     await conn.send_raw(request)
                 else:
@@ -118,9 +108,10 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
                 assert isinstance(reply, ErrorReply), reply
                 return reply
 
-            reply = await refusal(Produce(1, "zzz", "p", 0, [b"x"]))
+            reply = await refusal(protocol.Produce(1, "zzz", "p", 0, [b"x"]))
             assert (reply.id, reply.code) == (1, ErrorCode.UNKNOWN_TOPIC)
-            reply = await refusal(Produce(2, "a", "p", 0, [b"x" * (protocol.MAX_MESSAGE + 1)]))
+            oversized = b"x" * (protocol.MAX_MESSAGE + 1)
+            reply = await refusal(protocol.Produce(2, "a", "p", 0, [oversized]))
             assert (reply.id, reply.code) == (2, ErrorCode.TOO_LARGE)
             # whole frames that are no request: refused, the connection goes on
             for body in ({"op": "nonsense", "id": 3}, {"op": "produce", "id": 3},
@@ -130,8 +121,8 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
                 reply = await refusal(struct.pack(">BI", 1, len(packed)) + packed)
                 assert (reply.id, reply.code) == (3, ErrorCode.BAD_REQUEST)
                 assert "Traceback" not in reply.message
-            await conn.send(Produce(4, "a", "p", 0, [b"fine"]))
-            assert await conn.read() == Produced(4, 1)
+            await conn.send(protocol.Produce(4, "a", "p", 0, [b"fine"]))
+            assert await conn.read() == protocol.Produced(4, 1)
             await conn.aclose()
             async with Producer(session) as producer:
                 with pytest.raises(BrokerError, match="exceeds the maximum"):
@@ -254,18 +245,18 @@ async def test_a_new_copy_of_a_backup_counts_in_sync_only_once_it_caught_up(
             assert stat is not None
             # the backup's new incarnation: same name, a fresh copy, from offset 0
             conn = await protocol.connect(primary.address)
-            await conn.send(Fetch(1, "g", stat.czxid, 0, backup, "new-incarnation"))
+            await conn.send(protocol.Fetch(1, "g", stat.czxid, 0, backup, "new-incarnation"))
             reply = await conn.read()
-            assert isinstance(reply, Fetched)
+            assert isinstance(reply, protocol.Fetched)
             assert reply.start == 0 and len(reply.records) == 20
             assert reply.in_sync is False
             async for snap in watch_data(session, PATHS.isr("g")):
                 if backup not in decode(snap.data, Isr).in_sync:
                     break  # dropped from ZooKeeper's in-sync set: it can no longer take over
             # once it holds everything acknowledged it counts again
-            await conn.send(Fetch(2, "g", stat.czxid, 20, backup, "new-incarnation"))
+            await conn.send(protocol.Fetch(2, "g", stat.czxid, 20, backup, "new-incarnation"))
             reply = await conn.read()
-            assert isinstance(reply, Fetched) and reply.in_sync is True
+            assert isinstance(reply, protocol.Fetched) and reply.in_sync is True
             assert backup in decode((await session.get(PATHS.isr("g")))[0], Isr).in_sync
             await conn.aclose()
             nursery.cancel_scope.cancel()
@@ -296,7 +287,7 @@ async def test_a_new_term_shows_only_what_the_in_sync_backup_holds(
                     await producer.send("h", b"%d" % i)  # acknowledged: on s1 and s2
             link.freeze()  # s2 fetches from s1 through the proxy: replication stops
             direct = await protocol.connect(s1.listen_address)
-            await direct.send(Produce(1, "h", "raw", 0, [b"u%d" % i for i in range(5)]))
+            await direct.send(protocol.Produce(1, "h", "raw", 0, [b"u%d" % i for i in range(5)]))
             await s1.logs["h"].wait_beyond(14)  # on s1 only: not acknowledged
             # s1's term ends (its ZooKeeper link frozen past the trust deadline); its session
             # and znode survive, so once connected again it starts a new term of the epoch
@@ -308,15 +299,16 @@ async def test_a_new_term_shows_only_what_the_in_sync_backup_holds(
             await s1.wait_terms("h", 2)
             assert len({term.epoch for term in s1.terms if term.topic == "h"}) == 1  # same
             sub = await protocol.connect(s1.listen_address)
-            await sub.send(Subscribe(3, "h", 0))
-            assert isinstance(await sub.read(), Subscribed)
+            await sub.send(protocol.Subscribe(3, "h", 0))
+            assert isinstance(await sub.read(), protocol.Subscribed)
             frame = await sub.read()
-            assert isinstance(frame, Msgs) and frame.start == 0 and len(frame.records) == 10
+            assert isinstance(frame, protocol.Msgs)
+            assert frame.start == 0 and len(frame.records) == 10
             link.unfreeze()  # s2 gets the 5 records; once it holds them they are visible
             seen = 10
             while seen < 15:
                 frame = await sub.read()
-                assert isinstance(frame, Msgs) and frame.start == seen
+                assert isinstance(frame, protocol.Msgs) and frame.start == seen
                 seen += len(frame.records)
             assert seen == 15
             for conn in (direct, sub):
