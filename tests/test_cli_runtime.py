@@ -144,4 +144,5 @@ async def test_status_table_and_json(zk_hosts: str, chroot: str) -> None:
     assert table.returncode == 0 and "boss" in table.stdout and "queue depth" in table.stdout
     doc = json.loads(as_json.stdout)
     assert doc["leader"]["name"] == "boss" and doc["queue_depth"] == 1
-    assert missing.returncode == 1 and "No application 'absent'" in missing.stdout
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr == "framework: no application 'absent' in this ZooKeeper (known: shown)\n"
