@@ -77,33 +77,70 @@ def entry_path(app: App, slot: int, key: str) -> str:
 
 
 class SlotKeeper:
-    """The index slots one process writes into, each created once: :meth:`current` makes
-    the slot of now exist (one ``ensure_path`` the first time; callers arriving meanwhile
-    wait for the same one) and returns it."""
+    """The index slots one process writes into, created ahead so that writing never waits.
+
+    :meth:`current` returns the slot a record written now goes into: the slot of now once
+    it exists, else the newest slot this process made before (a record in an older slot is
+    moved by retention to the slot of its ``mtime``, see
+    :mod:`framework.runtime.retention_results`: never deleted early), while :meth:`run`
+    makes the slot of now and the next one in the background.  Only a process that has
+    made none yet waits, once, for the slot of now.  Cost: one ``ensure_path`` per 10 s in
+    which the process writes; none while it writes nothing."""
 
     def __init__(self, session: Session, app: App) -> None:
         self.session = session
         self.app = app
-        self._ready: int | None = None
+        self._made: set[int] = set()  # slots known to exist (the last few)
         self._making: dict[int, trio.Event] = {}
+        self._wanted: int | None = None
+        self._wake = trio.Event()
 
     async def current(self, now: float) -> int:
         slot = slot_of(now)
-        if slot == self._ready:
-            return slot
+        if slot not in self._made:
+            older = [made for made in self._made if made < slot]
+            if not older:
+                await self.made(slot)  # the first: nothing to use meanwhile
+            else:
+                self._want(slot)
+                return max(older)
+        self._want(slot + 1)  # ready when this one ends
+        return slot
+
+    async def made(self, slot: int) -> None:
+        """Make ``slot`` exist (one ``ensure_path``, once; callers meanwhile wait for it)."""
+        if slot in self._made:
+            return
         making = self._making.get(slot)
         if making is not None:
             await making.wait()
-            return slot
+            return
         self._making[slot] = done = trio.Event()
         try:
             await self.session.ensure_path(slot_path(self.app, slot))
-            if self._ready is None or slot > self._ready:
-                self._ready = slot
+            self._made = {s for s in self._made if s > slot - 4} | {slot}
         finally:
             del self._making[slot]
             done.set()
-        return slot
+
+    def _want(self, slot: int) -> None:
+        if slot not in self._made and (self._wanted is None or slot > self._wanted):
+            self._wanted = slot
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Make the slots :meth:`current` asks for, as they are asked for (a background
+        task of the writer, for as long as it writes).  A failed create is tried again at
+        the next request."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            wanted, self._wanted = self._wanted, None
+            if wanted is not None:
+                try:
+                    await self.made(wanted)
+                except errors.ZooKeeperError:
+                    pass  # a record goes to an older slot meanwhile
 
 
 async def write_record(session: Session, app: App, key: str, data: bytes, slot: int) -> None:

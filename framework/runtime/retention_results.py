@@ -207,10 +207,7 @@ class ResultTrimmer:
         """The entry of ``key`` from ``slot`` to slot ``to`` (made if missing)."""
         if to <= slot:
             return  # already where it belongs (the newest slot itself)
-        if to == slot_of(now):
-            await self._slots.current(now)
-        else:
-            await self.session.ensure_path(slot_path(self.app, to))
+        await self._slots.made(to)
         old = entry_path(self.app, slot, key)
         txn = self.term.fenced().create(entry_path(self.app, to, key)).delete(old)
         if not await self._commit(txn):  # an entry there already (the record made anew)

@@ -118,6 +118,7 @@ class TaskConsumer:
                           claim_with=self._claim_extras)
         async with self._handler_pool(), trio.open_nursery() as timer:
             await timer.start(self._follow_revoked, session)  # known before the first take
+            timer.start_soon(self._slots.run)  # the result index's slots, made ahead
             async with trio.open_nursery() as slots:
                 for _ in range(worker.concurrency):
                     slots.start_soon(self._slot, session, queue)
