@@ -11,9 +11,9 @@ with no memory of its own and without listing the queue (see ``docs/architecture
   place keeps its entry).  ``slot`` is the writer's 10-second slot (``time // 10``) and
   ``day`` the 8,640 slots of one day, so no listing is larger than one day's slots or one
   slot's records (about 10 s of finished tasks).  Retention walks it oldest first and stops
-  at the first slot under every limit.  A writer creates each slot node once, the first time
-  it needs it (:class:`SlotKeeper`); an ack whose slot node is missing (deleted meanwhile)
-  is refused and written by the slower path (:func:`write_record`, which makes the path).
+  at the first slot under every limit.  A writer makes the slot nodes ahead, in the
+  background (:class:`SlotKeeper`); an ack whose slot node is missing (deleted meanwhile) is
+  refused and written by the slower path (:func:`write_record`, which makes the path).
 * **The queued markers** ``pending/<hh>/<key>``: a submitter of an explicitly keyed task
   (its id or idempotency key given, so another task of the same key can exist) records the
   queue item's name there right after its put (:func:`mark_queued`).  Retention deletes a
