@@ -8,6 +8,7 @@ msgpack frames).
 Contract:
 
 * enums travel as their values, tuples as lists (and come back as tuples), ``None`` as null;
+  a ``bytes`` field is structured only from bytes (a wire format that has them: msgpack);
 * a field may travel under a shorter name: ``attrs.field(metadata=wire("k"))``, or not at
   all: ``attrs.field(metadata=local())`` (it takes its default when decoded);
 * :func:`decode` ignores keys the class does not know (a newer writer's fields) and fills the
@@ -72,7 +73,16 @@ def _make_converter() -> cattrs.Converter:
     made.register_structure_hook_factory(
         renamed, lambda cls: make_dict_structure_fn(cls, made, **_overrides(cls))
     )
+    made.register_structure_hook(bytes, _strict_bytes)
     return made
+
+
+def _strict_bytes(value: Any, _cls: type) -> bytes:
+    """Bytes only from bytes (cattrs' default would turn the integer 5 into five zero
+    bytes)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"expected bytes, got {type(value).__name__}")
 
 
 #: The converter every record goes through (register hooks for new types here, once).

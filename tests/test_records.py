@@ -52,3 +52,14 @@ def test_bytes_that_are_not_a_record_raise_corrupt_record(data: bytes) -> None:
 def test_plain_values_for_other_wire_formats() -> None:
     record = Sample("d", tags=("t",))
     assert records.structure(records.unstructure(record), Sample) == record
+
+
+@attrs.frozen
+class Blob:
+    data: bytes
+
+
+def test_bytes_come_only_from_bytes() -> None:
+    assert records.structure({"data": b"ab"}, Blob) == Blob(b"ab")
+    with pytest.raises(records.CorruptRecord, match="not a Blob record"):
+        records.structure({"data": 5}, Blob)
