@@ -336,16 +336,16 @@ def _cmd_rerun(args: argparse.Namespace) -> int:
 def _cmd_revoke(args: argparse.Namespace) -> int:
     import socket
 
-    from framework import errors
     from framework.runtime import Client, Revocation
+    from framework.runtime.actions import require_app
 
     app = _app(args.app)
     by = f"{socket.gethostname()}-{os.getpid()}"
-    try:
-        done = _connect(args, lambda s: Client(s, app).revoke(args.task_id, by=by),
-                        deadline=args.timeout)
-    except errors.NoNodeError:
-        raise FrameworkError(f"no application {app.name!r} in this ZooKeeper") from None
+    async def work(session: Any) -> Any:
+        await require_app(session, app)  # a missing app: one line naming the known ones
+        return await Client(session, app).revoke(args.task_id, by=by)
+
+    done = _connect(args, work, deadline=args.timeout)
     print({
         Revocation.REVOKED: f"revoked task {args.task_id!r} of {app.name!r}: it will not run "
                             "(cancelled now if it is running), recorded as revoked",

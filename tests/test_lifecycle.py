@@ -77,7 +77,8 @@ async def test_commands_on_an_unknown_app_refuse_naming_the_known_ones(
     known = "(known: thumbnails)"
     for command in (["submit", "thumbnial", "handle", "{}"], ["dead", "thumbnial", "list"],
                     ["result", "thumbnial", "k"], ["cancel", "thumbnial"],
-                    ["resume", "thumbnial"], ["rerun", "thumbnial"]):
+                    ["resume", "thumbnial"], ["rerun", "thumbnial"],
+                    ["revoke", "thumbnial", "t1"]):
         code, out, err = await cli(capsys, *command, *zk(zk_hosts, chroot))
         assert code == 2 and out == "", command
         assert err.startswith("framework: error: no application 'thumbnial' in this "
@@ -235,10 +236,13 @@ async def test_a_keyed_submit_says_what_exists_and_result_exits_1_on_failure(
     assert code == 0
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            await start(nursery, zk_hosts, chroot, Echo(app, name="w1"))
+            worker, stopped = Echo(app, name="w1"), trio.Event()
+            await start(nursery, zk_hosts, chroot, worker, stopped)
             client = Client(session, app)
             await client.result("k1", wait=True)
             await client.result("f1", wait=True)
+            worker.request_stop()
+            await stopped.wait()  # drained: f1's item is dead-lettered, not queued
             nursery.cancel_scope.cancel()
     code, out, err = await cli(capsys, "submit", app.name, "handle", '"ok"', "--key", "k1",
                                *where)
