@@ -90,8 +90,9 @@ class Submitter:
     async def existing(self, key: str) -> Existing | None:
         """What exists of task key ``key`` (``None``: nothing): a success recorded, else its
         ``running/`` marker (the task id being the key), else a queued item named by its
-        ``pending/`` marker, else a failure (or revocation) recorded.  Three reads sent together (and one ``exists`` per item
-        the marker names).  A delayed task is not seen until it is queued."""
+        ``pending/`` marker, else a failure (or revocation) recorded.  Three reads sent
+        together (and one ``exists`` per item the marker names).  A delayed task is not
+        seen until it is queued."""
         found: dict[str, Any] = {}
 
         async def record() -> None:
