@@ -16,6 +16,8 @@ from framework import ConfigurationError, FrameworkError, PermanentFailure, Sess
 from framework.runtime import (
     BlockingClient,
     ClientClosedError,
+    Outcome,
+    Revocation,
     Task,
     TaskExists,
     Worker,
@@ -71,7 +73,12 @@ def test_the_client_operations_from_plain_threads(zk_hosts: str, chroot: str) ->
             client.submit("handle", {"x": object()})
         with pytest.raises(ConfigurationError):
             client.result("bad/key")
+        client.submit("handle", "never", key="r1")
+        assert client.revoke("r1") is Revocation.REVOKED
+        assert client.revoke("r1") is Revocation.ALREADY
         with running(zk_hosts, chroot, Echo(APP, name="w1")):
+            revoked = client.result("r1", wait=True, timeout=30)
+            assert revoked is not None and revoked.outcome is Outcome.REVOKED
             record = client.result("b1", wait=True, timeout=30)
             assert record is not None and record.ok and record.result == {"n": 1}
             assert client.processes() == (0, 1)

@@ -4,7 +4,10 @@ Every worker and master of the app watches that znode (one ``exists`` watch each
 polling): a worker drains as on SIGTERM and leaves; the active master's ``lead`` is
 cancelled and it exits without writing ``done``; standby masters exit too.  A master elected
 after the cancel reads it (with ``done``) before leading, so ``lead`` never starts again.
-Delete the znode to run the app again.
+``framework resume APP`` (``Client.resume``) deletes the znode: the app takes tasks again and
+processes started after it run.  ``framework purge --force`` cancels an app this way before
+deleting it, and waits until its processes have left
+(:func:`framework.runtime.actions.purge`).
 """
 
 from __future__ import annotations
