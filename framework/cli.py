@@ -218,8 +218,9 @@ def _cmd_result(args: argparse.Namespace) -> int:
         return 1
     _print_json(attrs.asdict(record))
     if not record.ok:
-        print(f"framework: task {args.key!r} of {args.app!r} {record.outcome.value}: "
-              f"{record.error}", file=sys.stderr)
+        ended = ("was revoked" if record.outcome.value == "revoked"
+                 else f"{record.outcome.value}: {record.error}")
+        print(f"framework: task {args.key!r} of {args.app!r} {ended}", file=sys.stderr)
         return 1
     return 0
 
