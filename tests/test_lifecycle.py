@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import trio
 
-from framework import PermanentFailure, Session
+from framework import PermanentFailure, Session, records
 from framework.runtime import App, Client, Master, MasterContext, Task, Worker
-from framework.runtime.actions import generations
+from framework.runtime.actions import generations, history_path, rerun
+from framework.runtime.records import JobDone, PastRun
 from framework.zk import wait_exists
 from tests.test_cli_ops import Idle, cli, wait_children, zk
 
@@ -196,6 +197,20 @@ async def test_a_finished_job_is_not_led_again_until_rerun(
     assert code == 2 and err == ("framework: error: the job of 'lc-gen' is not finished (no "
                                  "done record): nothing to rerun\n")
     assert len(await generations(session, app)) == 1
+
+
+async def test_a_rerun_cut_short_is_finished_by_running_it_again(session: Session) -> None:
+    app = App("lc-cut")
+    done = JobDone("m1", 1.0, 1, 3, 0)
+    await session.create(app.done, records.encode(done), makepath=True)
+    # a first rerun kept the history record, then stopped before deleting anything
+    await session.create(f"{history_path(app)}/g-000001",
+                         records.encode(PastRun(1, done, 2.0, "first")), makepath=True)
+    await session.create(f"{app.dead}/letter", b"{}", makepath=True)
+    past = await rerun(session, app, by="second")
+    assert (past.generation, past.by, past.done) == (1, "first", done)  # not kept twice
+    assert len(await generations(session, app)) == 1
+    assert await session.exists(app.done) is None and await session.children(app.dead) == []
 
 
 def test_a_finished_jobs_master_says_so_in_one_line(zk_hosts: str, chroot: str) -> None:
