@@ -26,6 +26,7 @@ from ZooKeeper, never from memory::
     refused/<s>/w   replicated push mode: worker ``w`` cannot serve shard ``s`` (persistent)
     config/         ready-znode configuration
     done            the job is finished: written (fenced) when ``lead`` returns
+    history/g-<n>   the done records of earlier generations (``framework rerun``)
     cancel          the job is cancelled (``framework cancel``): masters and workers drain
 """
 

@@ -9,7 +9,8 @@ fenced by the leader's election node, so a deposed master's late write fails on 
 
 ``lead`` returning means the application's job is finished: the runtime records it in the
 app's ``done`` node (a fenced write) and the process exits; a standby elected later finds that
-record and exits too, without running ``lead`` again (delete ``done`` to run the job again).
+record and exits too, without running ``lead`` again (``framework rerun APP`` starts a new
+generation of the job).
 ``lead`` raising or being cancelled records nothing: the next leader runs it.  A new master
 always resumes from ZooKeeper, never from memory.
 

@@ -70,6 +70,9 @@ class Worker(Service):
     lease: float | None = 30.0  # a task's claim is renewed within this (None: no lease)
     handler_pool: str = "thread"  # where a plain-def handle runs: "thread" or "process"
     confirm_after: float | None = 1.0  # seconds until a serving record is confirmed (ready)
+    #: where payloads too large for a znode are read from (a directory or a
+    #: :class:`~framework.runtime.payloads.PayloadStore`; ``None``: FRAMEWORK_PAYLOAD_STORE)
+    payload_store: Any = None
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
