@@ -239,7 +239,9 @@ async def queued(count: int) -> dict[str, float]:
 async def _write_records(session: Session, app: App, count: int) -> None:
     """``count`` result records as workers write them (record and index entry in one multi),
     200 in flight."""
-    slot = await SlotKeeper(session, app).current(time.time())
+    keeper = SlotKeeper(session, app)
+    slot = keeper.current(time.time())
+    await keeper.made(slot)
     data = TaskResult("r", True, "w", 1, 0).encode()
 
     async def write(first: int) -> None:

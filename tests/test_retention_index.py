@@ -66,7 +66,9 @@ async def index_entries(session: Session, app: App) -> dict[str, int]:
 
 async def write_records(session: Session, app: App, keys: list[str]) -> None:
     """Records of ``keys`` as a worker writes them, all in the slot of now."""
-    slot = await SlotKeeper(session, app).current(time.time())
+    keeper = SlotKeeper(session, app)
+    slot = keeper.current(time.time())
+    await keeper.made(slot)
     for key in keys:
         record = TaskResult(key, True, "w", 1, key, key=key).encode()
         await write_record(session, app, key, record, slot)

@@ -11,9 +11,9 @@ with no memory of its own and without listing the queue (see ``docs/architecture
   place keeps its entry).  ``slot`` is the writer's 10-second slot (``time // 10``) and
   ``day`` the 8,640 slots of one day, so no listing is larger than one day's slots or one
   slot's records (about 10 s of finished tasks).  Retention walks it oldest first and stops
-  at the first slot under every limit.  A writer makes the slot nodes ahead, in the
-  background (:class:`SlotKeeper`); an ack whose slot node is missing (deleted meanwhile) is
-  refused and written by the slower path (:func:`write_record`, which makes the path).
+  at the first slot under every limit.  A writer takes the slot of now to exist, and a busy
+  one makes the next ahead (:class:`SlotKeeper`); an ack whose slot node is missing is
+  refused and written by the slower path (:func:`write_record`, after the slot is made).
 * **The queued markers** ``pending/<hh>/<key>``: a submitter of an explicitly keyed task
   (its id or idempotency key given, so another task of the same key can exist) records the
   queue item's name there right after its put (:func:`mark_queued`).  Retention deletes a
@@ -77,34 +77,32 @@ def entry_path(app: App, slot: int, key: str) -> str:
 
 
 class SlotKeeper:
-    """The index slots one process writes into, created ahead so that writing never waits.
+    """The index slots one process writes into.
 
-    :meth:`current` returns the slot a record written now goes into: the slot of now once
-    it exists, else the newest slot this process made before (a record in an older slot is
-    moved by retention to the slot of its ``mtime``, see
-    :mod:`framework.runtime.retention_results`: never deleted early), while :meth:`run`
-    makes the slot of now and the next one in the background.  Only a process that has
-    made none yet waits, once, for the slot of now.  Cost: one ``ensure_path`` per 10 s in
-    which the process writes; none while it writes nothing."""
+    :meth:`current` is the slot of now, taken to exist: a writer's record in a missing slot
+    is refused with its multi, and its fallback makes the slot (:meth:`made`) before writing
+    the record alone.  The slot of now exists when anyone wrote in it before, or when a
+    writer made it ahead: a slot used a second time by this process (a busy writer) has the
+    next one made in the background by :meth:`run`.  Cost: one ``ensure_path`` per 10 s
+    while the process is busy; none for a writer of one record now and then, unless it is
+    the first of its slot (then its ack is refused once and written by the fallback)."""
 
     def __init__(self, session: Session, app: App) -> None:
         self.session = session
         self.app = app
-        self._made: set[int] = set()  # slots known to exist (the last few)
+        self._used: set[int] = set()  # slots this process wrote in (the last few)
+        self._made: set[int] = set()  # slots this process made (the last few)
         self._making: dict[int, trio.Event] = {}
         self._wanted: int | None = None
         self._wake = trio.Event()
 
-    async def current(self, now: float) -> int:
+    def current(self, now: float) -> int:
+        """The slot of time ``now`` (see the class doc)."""
         slot = slot_of(now)
-        if slot not in self._made:
-            older = [made for made in self._made if made < slot]
-            if not older:
-                await self.made(slot)  # the first: nothing to use meanwhile
-            else:
-                self._want(slot)
-                return max(older)
-        self._want(slot + 1)  # ready when this one ends
+        if slot in self._used:
+            self._want(slot + 1)  # busy: the next one made before it is needed
+        else:
+            self._used = {s for s in self._used if s > slot - 4} | {slot}
         return slot
 
     async def made(self, slot: int) -> None:
@@ -129,9 +127,9 @@ class SlotKeeper:
             self._wake.set()
 
     async def run(self) -> None:
-        """Make the slots :meth:`current` asks for, as they are asked for (a background
-        task of the writer, for as long as it writes).  A failed create is tried again at
-        the next request."""
+        """Make the slots :meth:`current` asks for ahead, as they are asked for (a
+        background task of the writer, for as long as it writes).  A failed create is left
+        to the fallback of the first record refused for it."""
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
@@ -140,7 +138,7 @@ class SlotKeeper:
                 try:
                     await self.made(wanted)
                 except errors.ZooKeeperError:
-                    pass  # a record goes to an older slot meanwhile
+                    pass
 
 
 async def write_record(session: Session, app: App, key: str, data: bytes, slot: int) -> None:

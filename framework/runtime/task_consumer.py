@@ -379,8 +379,9 @@ class TaskConsumer:
         # index when it is created; if the server refuses the record's part (a record
         # written meanwhile, a slot deleted), it is written alone before the ack
         mine = marker[0]
-        assert self._slots is not None
-        slot = await self._slots.current(time.time())
+        slots = self._slots
+        assert slots is not None
+        slot = slots.current(time.time())
 
         def build(txn: Any) -> None:
             if previous_version is None:
@@ -393,6 +394,7 @@ class TaskConsumer:
                 txn.delete(f"{self.worker.app.revoked}/{task.id}")
 
         async def fallback() -> None:
+            await slots.made(slot)  # a refused entry's slot may be missing: made first
             await write_record(session, self.worker.app, task.key, encoded, slot)
 
         finisher = Finisher(build, fallback)
@@ -535,7 +537,7 @@ class TaskConsumer:
                                          missing_ok=True)
                 if final:
                     assert self._slots is not None
-                    slot = await self._slots.current(ended)
+                    slot = self._slots.current(ended)
                     await write_record(session, self.worker.app, task.key, result.encode(),
                                        slot)
             except errors.ZooKeeperError:
