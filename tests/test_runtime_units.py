@@ -235,3 +235,35 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
     assert done == "ok"
     with pytest.raises(trio.TooSlowError):
         await consumer._call_within(Task("t2", {"takes": 0.4}), rules, 0.1)
+
+
+async def test_a_set_up_write_whose_reply_was_lost_is_retried_not_fatal(
+        zk_hosts: str, chroot: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part's prepare (idempotent) that loses a write's reply under load is called again
+    once connected: the worker starts instead of exiting with ConnectionLoss."""
+    from framework import ConnectionLossError, Session, Worker
+    from framework.runtime.task_consumer import TaskConsumer
+    from framework.zk import wait_exists
+
+    original = TaskConsumer.prepare
+    calls = []
+
+    async def flaky(self: TaskConsumer, session: Session) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionLossError("reply lost (test)")
+        await original(self, session)
+
+    monkeypatch.setattr(TaskConsumer, "prepare", flaky)
+
+    class Echo(Worker):
+        async def handle(self, task: Task) -> Any:
+            return task.payload
+
+    worker = Echo("flakyprep", name="w1")
+    with trio.fail_after(30):
+        async with Session(zk_hosts, chroot=chroot) as session, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, session)
+            await wait_exists(session, "/apps/flakyprep/workers/w1")
+            worker.request_stop()
+    assert len(calls) == 2

@@ -54,7 +54,9 @@ class Part(Protocol):
         ...
 
     async def prepare(self, session: Session) -> None:
-        """One-time set-up in ``session`` before the service joins its group."""
+        """One-time set-up in ``session`` before the service joins its group.  Must be
+        idempotent: after a :class:`~framework.errors.ConnectionLossError` (a write whose
+        reply was lost) the service waits for the connection and calls it again."""
         ...
 
     async def run(self, session: Session) -> None: ...
@@ -159,7 +161,15 @@ class Service:
         self._parts = parts = self.parts()
         await ensure_layout(session, app, *[path for part in parts for path in part.layout()])
         for part in parts:
-            await part.prepare(session)
+            while True:
+                try:
+                    await part.prepare(session)
+                    break
+                except errors.ConnectionLossError:
+                    # under load a set-up write can lose its reply: prepare is idempotent
+                    log.info("worker.prepare_retried", app=app.name, worker=self.name,
+                             part=type(part).__name__)
+                    await session.wait_connected()
         group = Group(session, app.workers)
         with single_body_error():  # a lifetime holding a nursery must not wrap our errors
             await self._serve(session, group, parts)
