@@ -7,7 +7,7 @@ costs an ``exists`` of its record and a ``get`` of its key's queued marker (sent
 then, per record:
 
 * gone: the entry is deleted (a record deleted by hand, or purged);
-* rewritten after its slot, or written into an older slot (its ``mtime`` more than
+* rewritten after its slot, or by a writer whose clock is behind (its ``mtime`` more than
   ``CLOCK_SKEW`` past the slot's end): the entry moves to the slot of that ``mtime``;
 * kept - a dead letter of its key exists, or its marker names an item still in the queue
   (queued, claimed or running): the entry moves to the newest slot, so the record is looked
