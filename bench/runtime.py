@@ -1,7 +1,9 @@
 """Runtime benchmark, with real processes.
 
-Run: ``.venv/bin/python bench/runtime.py [--json]`` (``--json``: the rows as a JSON list of
-objects with keys workload, unit, kazoo, ours, ratio).
+Run: ``.venv/bin/python bench/runtime.py [--json] [--peers | --no-peers] [--quick]``
+(``--help``).  ``--json``: the rows as a JSON list of objects with keys workload, unit, peer,
+kazoo, ours, ratio, where ``peer`` names what the comparison column (the key ``kazoo``)
+measured: ``kazoo``, ``dramatiq``, ``celery`` or ``rq``.
 
 1. Tasks/s end to end: 1 master + 4 worker processes, trivial tasks (submit -> handled ->
    result recorded -> acknowledged), vs kazoo's ``LockingQueue`` drained by 4 consumer
@@ -23,6 +25,13 @@ objects with keys workload, unit, kazoo, ours, ratio).
    multi, ack multi) made one after the other by plain kazoo, put -> result record visible.
 6. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
+7. Peers (:mod:`bench.peers`): rows 1 (4 slots) and 4 against Dramatiq, Celery and RQ on a
+   redis-server started for the run, the same workload (TASKS trivial tasks, results stored,
+   workers already running; idle latency submit -> result readable, median of 50); runs
+   interleaved (ours, then each peer, PEER_RUNS times), medians of the runs.  Needs the
+   ``bench`` extra and Debian's redis-server (``make bench`` installs both); skipped with a
+   note without them.  ``--peers``: only these rows; ``--quick``: one run of 200 tasks and
+   10 latency rounds (a smoke test).
 
 Every process is started with :func:`framework.testing.spawn`; what a child writes to stderr
 (and to stdout, unless the benchmark reads it) goes to ``out/bench-runtime/<name>.log``.
@@ -30,6 +39,7 @@ Every process is started with :func:`framework.testing.spawn`; what a child writ
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -44,6 +54,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import peers  # noqa: E402
 from bench.common import Result, print_results, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Rendezvous  # noqa: E402
@@ -60,6 +71,7 @@ KAZOO_LARGE_EACH = 25
 LATENCY_ROUNDS = 50
 SESSION_TIMEOUT = 2.0
 FAILOVER_ROUNDS = 3
+PEER_RUNS = 3
 ENV = {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "warning"}
 LOGS = ROOT / "out" / "bench-runtime"
 
@@ -259,15 +271,15 @@ async def start_workers(stack: AsyncExitStack, hosts: str, chroot: str,
     return procs
 
 
-async def ours_throughput(hosts: str, concurrency: int) -> Run:
+async def ours_throughput(hosts: str, concurrency: int, tasks: int = TASKS) -> Run:
     chroot = f"/bench-rt-{time.time_ns()}"
     async with AsyncExitStack() as stack:
         await start_workers(stack, hosts, chroot, concurrency)
         before = server_counters(hosts)
         master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
-                                     BENCH_TASKS=str(TASKS))
+                                     BENCH_TASKS=str(tasks))
         elapsed = float((await output(master)).split("ELAPSED")[1].split()[0])
-        return Run(TASKS / elapsed, *cost(hosts, before, TASKS))
+        return Run(tasks / elapsed, *cost(hosts, before, tasks))
 
 
 async def drained_rate(procs: list[Child], each: int = 0) -> float:
@@ -379,13 +391,13 @@ async def server_write_rate(hosts: str) -> float:
         return await ours_concurrent(session, "create", 4000, 200)
 
 
-async def ours_latency(hosts: str) -> tuple[float, float]:
+async def ours_latency(hosts: str, rounds: int = LATENCY_ROUNDS) -> tuple[float, float]:
     """Medians of (submit -> result visible, submit -> ``wait_idle`` returned)."""
     chroot = f"/bench-lat-{time.time_ns()}"
     async with AsyncExitStack() as stack:
         await start_workers(stack, hosts, chroot, 4)
         master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
-                                     BENCH_TASKS=str(LATENCY_ROUNDS), BENCH_MODE="latency")
+                                     BENCH_TASKS=str(rounds), BENCH_MODE="latency")
         out = await output(master)
         rows = [line.split()[1:] for line in out.splitlines() if line.startswith("LATENCY")]
         return (statistics.median(float(visible) for visible, _ in rows),
@@ -555,18 +567,81 @@ async def measure(hosts: str) -> list[Result]:
     ]
 
 
+async def measure_peers(hosts: str, runs: int, tasks: int, rounds: int
+                        ) -> list[tuple[str, Result]]:
+    """(peer, row) for each peer: tasks/s and idle latency, ours (4 workers x 4 slots) next
+    to the peer's; ``runs`` runs interleaved (ours, then each peer in turn), medians."""
+    ours: dict[str, list[float]] = {"rate": [], "latency": []}
+    theirs: dict[str, list[peers.PeerRun]] = {peer: [] for peer in peers.PEERS}
+    async with peers.redis_server(LOGS) as url:
+        for _ in range(runs):
+            ours["rate"].append((await ours_throughput(hosts, 4, tasks)).rate)
+            ours["latency"].append((await ours_latency(hosts, rounds))[0])
+            for peer in peers.PEERS:
+                theirs[peer].append(await peers.run_peer(peer, url, tasks, rounds, LOGS))
+    how = f"median of {runs} interleaved run{'s' * (runs > 1)}; ratio = ours/peer"
+    rows = []
+    for peer, got in theirs.items():
+        label = peers.SETUPS[peer].label
+        rows += [
+            (peer, Result(f"{tasks:,} tasks (ours: 4 workers x 4 slots)", "tasks/s",
+                          statistics.median(r.rate for r in got),
+                          statistics.median(ours["rate"]), note=f"{label}; {how}")),
+            (peer, Result("  one task on an idle system: submit -> result visible", "ms",
+                          1000 * statistics.median(r.latency for r in got),
+                          1000 * statistics.median(ours["latency"]), higher_is_better=False,
+                          note=f"each run the median of {rounds}; {how}")),
+        ]
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="The runtime benchmark: ours vs kazoo's recipes and vs Dramatiq, Celery "
+                    "and RQ on Redis (real processes; see the module's docstring).")
+    parser.add_argument("--json", action="store_true",
+                        help="print the rows as JSON objects (workload, unit, peer, kazoo, "
+                             "ours, ratio; peer names what the kazoo column measured)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--peers", action="store_true",
+                      help="only the rows against Dramatiq, Celery and RQ")
+    only.add_argument("--no-peers", action="store_true",
+                      help="skip the rows against Dramatiq, Celery and RQ")
+    parser.add_argument("--quick", action="store_true",
+                        help="peers: one run of 200 tasks and 10 latency rounds (smoke test)")
+    return parser.parse_args()
+
+
+async def measure_all(hosts: str, args: argparse.Namespace
+                      ) -> tuple[list[Result], list[tuple[str, Result]]]:
+    ours = [] if args.peers else await measure(hosts)
+    why_not = None if args.no_peers else peers.missing()
+    if args.no_peers or why_not:
+        if why_not:
+            print(f"peers skipped: {why_not}", file=sys.stderr)
+        return ours, []
+    runs, tasks, rounds = (1, 200, 10) if args.quick else (PEER_RUNS, TASKS, LATENCY_ROUNDS)
+    return ours, await measure_peers(hosts, runs, tasks, rounds)
+
+
 def main() -> None:
-    as_json = "--json" in sys.argv[1:]
+    args = parse_args()
     configure_logging(level="warning")
     for old in LOGS.glob("*.log"):  # the children's logs of this run only
         old.unlink()
     with zookeeper() as hosts:
-        results = trio.run(measure, hosts)
-    if as_json:  # one object per row: workload, unit, kazoo, ours, ratio
-        print(json.dumps([{"workload": r.workload, "unit": r.unit, "kazoo": r.kazoo,
-                           "ours": r.ours, "ratio": r.ratio} for r in results], indent=2))
+        results, peer_rows = trio.run(measure_all, hosts, args)
+    if args.json:  # one object per row: workload, unit, peer, kazoo, ours, ratio
+        rows = [("kazoo", r) for r in results] + peer_rows
+        print(json.dumps([{"workload": r.workload, "unit": r.unit, "peer": peer,
+                           "kazoo": r.kazoo, "ours": r.ours, "ratio": r.ratio}
+                          for peer, r in rows], indent=2))
         return
-    print_results("master/worker runtime vs kazoo recipes (real processes)", results)
+    if results:
+        print_results("master/worker runtime vs kazoo recipes (real processes)", results)
+    if peer_rows:
+        peers.print_peer_results("ours vs Dramatiq, Celery and RQ on Redis (same workload, real "
+                           "processes)", peer_rows)
 
 
 if __name__ == "__main__":
