@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: netns-tools browser test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper install clean
+.PHONY: netns-tools browser test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper redis-server install clean
 
 test: zookeeper netns-tools browser install lint
 	$(PY) -m pytest -q
@@ -67,7 +67,9 @@ lint: install
 	$(PY) -m ruff check framework tests bench examples
 	$(VENV)/bin/lint-imports --no-cache
 
-bench: zookeeper install
+# The runtime benchmark's peers (Dramatiq, Celery, RQ) need the `bench` extra and redis-server.
+bench: zookeeper redis-server install
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/bridge.py
 	$(PY) bench/primitives.py
 	$(PY) bench/runtime.py
@@ -97,6 +99,18 @@ zookeeper:
 	  echo "error: ZooKeeper is not installed. Run 'sudo apt-get install zookeeper'," \
 	       "or set ZOOKEEPER_HOME to an unpacked Apache ZooKeeper," \
 	       "or FRAMEWORK_ZK_HOSTS to a running ensemble."; \
+	  exit 1; \
+	fi
+
+# Debian's redis-server, for the peers in `make bench` (bench/peers.py starts its own server).
+redis-server:
+	@if command -v redis-server >/dev/null; then \
+	  exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "Installing Debian's redis-server package..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	else \
+	  echo "error: redis-server is not installed. Run 'sudo apt-get install redis-server'."; \
 	  exit 1; \
 	fi
 
