@@ -178,9 +178,6 @@ class Acker(QueueState):
         itself) or ``SENT`` (reply lost: it confirms its own).  A refusal caused by one ack leaves
         the others waiting for the next commit."""
         batch = [a for a in self._acks if a.stage is AckStage.PENDING][:_BATCH]
-        if len(batch) == 1:
-            batch[0].stage = AckStage.ALONE
-            return
         txn = self.session.transaction()
         ends = []
         for ack in batch:
