@@ -427,16 +427,6 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is between 0 and 65535, got {value}")
-    return value
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -483,7 +473,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser, *,
                                          "nested inside a /CHROOT of the connect string)",
                         **unset)
     if connect_timeout:
-        parser.add_argument("--connect-timeout", type=_positive_seconds, default=10.0,
+        parser.add_argument("--connect-timeout", type=positive_seconds, default=10.0,
                             metavar="S", help="seconds to connect (default 10)")
 
 
@@ -517,9 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="address to publish (master) or report (worker)")
     run.add_argument("--session-timeout", type=float, default=10.0,
                      help="seconds (default 10)")
-    run.add_argument("--metrics-port", type=_port, default=None,
+    run.add_argument("--metrics-port", type=port_number, default=None,
                      help="serve this process's Prometheus metrics at :PORT/metrics")
-    run.add_argument("--concurrency", type=_positive_int, default=None, metavar="N",
+    run.add_argument("--concurrency", type=positive_int, default=None, metavar="N",
                      help="a worker's tasks at once in this process (default: the class's "
                           "concurrency)")
 
@@ -538,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="machine-readable output (with --watch: one line per change)")
     status.add_argument("--watch", action="store_true",
                         help="show it again at every change (ZooKeeper watches) until Ctrl-C")
-    status.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S",
+    status.add_argument("--interval", type=positive_seconds, default=1.0, metavar="S",
                         help="with --watch: at most one re-render per S seconds (default 1)")
     add_deadline_argument(status)
 
@@ -550,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_arguments(result)
     result.add_argument("--wait", action="store_true",
                         help="wait until it exists (a ZooKeeper watch, no polling)")
-    result.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
+    result.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
                         help=f"give up after S seconds (default: {ONE_SHOT_DEADLINE:g}; "
                              "with --wait: no limit)")
 
@@ -572,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--force", action="store_true",
                        help="with live masters or workers: cancel the app, wait until they "
                             "drained and left, then delete it")
-    purge.add_argument("--grace", type=_positive_seconds, default=30.0, metavar="S",
+    purge.add_argument("--grace", type=positive_seconds, default=30.0, metavar="S",
                        help="with --force: wait at most S seconds for them to leave "
                             "(default 30; past it nothing is deleted)")
     add_connection_arguments(purge)
@@ -613,14 +603,14 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--create", action="store_true",
                         help="create the application if it does not exist (default: refused, "
                              "naming the known ones)")
-    submit.add_argument("--countdown", type=_non_negative_seconds, default=None, metavar="S",
+    submit.add_argument("--countdown", type=non_negative_seconds, default=None, metavar="S",
                         help="queue it S seconds from now (a delayed task)")
     submit.add_argument("--key", help="task id and idempotency key (default: a new id; a key "
                                       "that succeeded, is queued or is running is refused, "
                                       "saying so; a failed one is queued again)")
     submit.add_argument("--priority", type=int, default=None,
                         help="lower is taken first (default: the task type's, else 0)")
-    submit.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
+    submit.add_argument("--time-limit", type=positive_seconds, default=None, metavar="S",
                         help="seconds the handler may take (default: the worker's)")
     add_connection_arguments(submit)
     add_deadline_argument(submit)
@@ -629,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "serve a live web dashboard of every application")
     add_connection_arguments(dash)
     dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    dash.add_argument("--port", type=_port, default=8321, help="HTTP port (default 8321)")
+    dash.add_argument("--port", type=port_number, default=8321, help="HTTP port (default 8321)")
     dash.add_argument("--allow-actions", action="store_true",
                       help="enable the requeue and discard buttons (read-only otherwise)")
     for register in _extra_commands:
@@ -659,39 +649,35 @@ def add_deadline_argument(parser: argparse.ArgumentParser,
     ``shared``: for a parent parser shared by a program and its subcommands, so the option
     may come before or after the command; it is then left unset when not given (fill in
     ``default`` after parsing)."""
-    parser.add_argument("--timeout", type=_positive_seconds,
+    parser.add_argument("--timeout", type=positive_seconds,
                         default=argparse.SUPPRESS if shared else default,
                         help=f"give up after this many seconds (default {default:g})")
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
+def _bounded(kind: type[Any], what: str, low: float, high: float | None = None,
+             *, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` parsed from the text and checked against its bounds
+    (``above``: strictly above ``low``), each mistake one line."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}: {text!r}")
+        if (value <= low) if above else (value < low):
+            bound = "positive" if above and low == 0 else f"{low:g} or more"
+            raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
-    return value
-
-
-def _non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
+#: argparse types shared by every command line (the framework's and the examples')
+positive_seconds = _bounded(float, "a number of seconds", 0, above=True)
+non_negative_seconds = _bounded(float, "a number of seconds", 0)
+positive_int = _bounded(int, "a whole number", 1)
+port_number = _bounded(int, "a port number", 0, 65535)
 
 
 def split_chroot(hosts: str, chroot: str | None = None) -> tuple[str, str | None]:

@@ -39,7 +39,7 @@ def test_user_mistakes_are_one_line(zk_hosts: str, chroot: str,
     assert code == 2 and "no index named 'missing'" in err
     with pytest.raises(SystemExit):  # argparse: usage + one line, status 2
         main(["index", "x", "--shards", "0", *where])
-    assert "must be at least 1" in capsys.readouterr().err
+    assert "must be 1 or more" in capsys.readouterr().err
     code, out, _ = katta(capsys, "status", "--json", *where)
     assert code == 0 and json.loads(out)["indexes"] == {}
 
@@ -125,6 +125,49 @@ def test_global_statistics_give_the_single_index_ranking(tmp_path: Path) -> None
         assert want.correct([hit.url for hit in merged]) == 1.0, query
         if merged:
             assert abs(merged[0].score - want.scores[want.urls[0]]) < 1e-4
+
+
+def test_global_rescoring_is_exact_whatever_the_first_page(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard re-scores candidates until none left could enter its top (not a fixed pool):
+    with shards whose statistics differ much (one holds every document with a frequent
+    word, so its local order is not the global one) every merged hit has the single
+    index's score, for term queries of every shape, and the answer is the same when the
+    candidates come in pages of 1, 2, 4... (a bound that stopped too early fails here)."""
+    from collections import Counter
+
+    from examples.katta_like.corpus import shard_of
+    from examples.katta_like.load import reference
+    from examples.katta_like.store import GlobalStats, ShardSearcher
+
+    spec = CorpusSpec(docs=600, seed=5)
+    docs = list(documents(spec))
+    frequent = Counter(w for d in docs for w in set(d.body.split()))
+    words = [w for w, _ in frequent.most_common(30)][10:]
+    store = ShardStore(tmp_path / "store")
+    shards = []
+    for s in range(3):
+        store.build_shard("d", s, (d for d in docs if s == (
+            0 if words[0] in d.body.split() else 1 + shard_of(d.url, 2))))
+        shards.append(ShardSearcher(store.shard_path("d", s)))
+    queries = [*words[:6], *(f"{words[0]} {w}" for w in words[1:]),
+               f"{words[2]} AND ({words[3]} OR {words[4]})",
+               f"title:{words[5]} body:{words[0]}", f"{words[1]} -{words[0]}"]
+    expected = reference(spec, tmp_path, queries, 10)
+
+    def merged(query: str) -> list[tuple[str, float]]:
+        stats = GlobalStats.merge([sh.stats(query) for sh in shards])
+        hits = [h for sh in shards for h in sh.search(query, 10, stats).hits]
+        return [(h.url, h.score) for h in sorted(hits, key=lambda h: (-h.score, h.url))[:10]]
+
+    first = {query: merged(query) for query in queries}
+    for query, hits in first.items():
+        want = expected[query]
+        assert hits and want.correct([url for url, _ in hits]) == 1.0, query
+        for url, score in hits:
+            assert abs(score - want.scores[url]) < 1e-4, (query, url)
+    monkeypatch.setattr(ShardSearcher, "POOL", 0)  # pages of 1, 2, 4, ... candidates
+    assert {query: merged(query) for query in queries} == first
 
 
 def test_bad_settings_of_the_processes_are_one_line(

@@ -45,6 +45,7 @@ from framework.cli import (
     add_connection_arguments,
     add_deadline_argument,
     one_shot,
+    positive_int,
     run_command,
     zk_hosts_from,
 )
@@ -435,26 +436,16 @@ def _cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="katta", description="Katta-like distributed search.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     index = sub.add_parser("index", help="add an index (built as a job, then deployed)")
     index.add_argument("name")
-    index.add_argument("--shards", type=_positive_int, default=8)
-    index.add_argument("--replication", type=_positive_int, default=2)
+    index.add_argument("--shards", type=positive_int, default=8)
+    index.add_argument("--replication", type=positive_int, default=2)
     index.add_argument("--store", default=os.environ.get("KATTA_STORE", "out/katta/store"))
     index.add_argument("--warc", help="index these WARC files (the crawler's out/warc)")
-    index.add_argument("--docs", type=_positive_int, default=2000, help="generated corpus size")
+    index.add_argument("--docs", type=positive_int, default=2000, help="generated corpus size")
     index.add_argument("--seed", type=int, default=11)
     index.add_argument("--wait", action="store_true", help="wait until deployed")
     _session_args(index)
@@ -462,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     search = sub.add_parser("search", help="search an index or alias")
     search.add_argument("query")
     search.add_argument("--index", default="docs")
-    search.add_argument("--top", type=_positive_int, default=10)
+    search.add_argument("--top", type=positive_int, default=10)
     search.add_argument("--shard-timeout", type=float, default=1.0)
     search.add_argument("--json", action="store_true")
     _session_args(search)
