@@ -615,10 +615,7 @@ def parse_args() -> argparse.Namespace:
 async def measure_all(hosts: str, args: argparse.Namespace
                       ) -> tuple[list[Result], list[tuple[str, Result]]]:
     ours = [] if args.peers else await measure(hosts)
-    why_not = None if args.no_peers else peers.missing()
-    if args.no_peers or why_not:
-        if why_not:
-            print(f"peers skipped: {why_not}", file=sys.stderr)
+    if args.no_peers:
         return ours, []
     runs, tasks, rounds = (1, 200, 10) if args.quick else (PEER_RUNS, TASKS, LATENCY_ROUNDS)
     return ours, await measure_peers(hosts, runs, tasks, rounds)
@@ -626,6 +623,13 @@ async def measure_all(hosts: str, args: argparse.Namespace
 
 def main() -> None:
     args = parse_args()
+    why_not = None if args.no_peers else peers.missing()
+    if why_not and args.peers:
+        raise SystemExit(f"--peers: {why_not}")
+    if why_not:
+        print(f"the rows against Dramatiq, Celery and RQ are skipped: {why_not}",
+              file=sys.stderr)
+        args.no_peers = True
     configure_logging(level="warning")
     for old in LOGS.glob("*.log"):  # the children's logs of this run only
         old.unlink()
