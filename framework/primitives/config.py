@@ -224,13 +224,7 @@ class ConfigStore(Generic[T]):
         """Like :meth:`read`, with the version number."""
         while True:
             fired = trio.Event()
-            try:
-                result = await self._read_once(fired)
-            except _Retry:
-                continue
-            except (errors.ConnectionLossError, errors.SessionExpiredError):
-                await self.session.wait_connected()
-                continue
+            result = await self._read_settled(fired)
             if result is not None:
                 return result
             await fired.wait()
@@ -246,17 +240,21 @@ class ConfigStore(Generic[T]):
         last = None
         while True:
             fired = trio.Event()
-            try:
-                result = await self._read_once(fired)
-            except _Retry:
-                continue
-            except (errors.ConnectionLossError, errors.SessionExpiredError):
-                await self.session.wait_connected()
-                continue
+            result = await self._read_settled(fired)
             if result is not None and result.zxid != last:
                 last = result.zxid
                 yield result
             await fired.wait()
+
+    async def _read_settled(self, fired: trio.Event) -> Versioned[T] | None:
+        """:meth:`_read_once`, again after a change under it or a connection loss."""
+        while True:
+            try:
+                return await self._read_once(fired)
+            except _Retry:
+                continue
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await self.session.wait_connected()
 
     async def _read_once(self, fired: trio.Event) -> Versioned[T] | None:
         """One consistent read, or ``None`` (no ready node: ``fired`` wakes us on creation).
