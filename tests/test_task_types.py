@@ -5,6 +5,8 @@ by the leader at their time, across a failover), against the real ZooKeeper."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -65,6 +67,18 @@ async def serve(nursery: trio.Nursery, hosts: str, chroot: str, worker: Worker) 
     return await nursery.start(hold)
 
 
+@asynccontextmanager
+async def serving(hosts: str, chroot: str, worker: Worker) -> AsyncIterator[Session]:
+    """``worker`` running (joined its group) and a client session, for the block; the
+    worker drains at its end."""
+    async with trio.open_nursery() as nursery:
+        await serve(nursery, hosts, chroot, worker)
+        async with Session(hosts, chroot=chroot) as session:
+            await wait_exists(session, f"{worker.app.workers}/{worker.name}")
+            yield session
+        worker.request_stop()
+
+
 def test_task_types_are_collected_with_their_options() -> None:
     types = collect(Media, default=Worker.handle)
     assert set(types) == {"handle", "resize", "ocr"}
@@ -100,18 +114,14 @@ def test_two_methods_of_one_name_are_refused() -> None:
 async def test_each_type_runs_its_handler_with_its_options(zk_hosts: str, chroot: str) -> None:
     worker = Media("media", name="w1")
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await serve(nursery, zk_hosts, chroot, worker)
-            async with Session(zk_hosts, chroot=chroot) as session:
-                await wait_exists(session, "/apps/media/workers/w1")
-                client = Client(session, "media")
-                await client.submit("handle", [1, 2], key="h")
-                await client.submit("resize", {"size": 640, "fail_until": 1}, key="r")
-                await client.submit("ocr", {"text": "hi"}, key="o")
-                await client.submit("ocr", {"fail": True}, key="bad")  # one attempt only
-                results = {k: await client.result(k, wait=True) for k in ("h", "r", "o", "bad")}
-                catalog = await Catalog(session, App("media")).read()
-            worker.request_stop()
+        async with serving(zk_hosts, chroot, worker) as session:
+            client = Client(session, "media")
+            await client.submit("handle", [1, 2], key="h")
+            await client.submit("resize", {"size": 640, "fail_until": 1}, key="r")
+            await client.submit("ocr", {"text": "hi"}, key="o")
+            await client.submit("ocr", {"fail": True}, key="bad")  # one attempt only
+            results = {k: await client.result(k, wait=True) for k in ("h", "r", "o", "bad")}
+            catalog = await Catalog(session, App("media")).read()
     assert results["h"].result == {"handled": [1, 2]}
     assert results["r"].result == {"size": 320, "attempt": 2}  # retried once, then done
     assert results["o"].result == "HI"
@@ -124,14 +134,10 @@ async def test_each_type_runs_its_handler_with_its_options(zk_hosts: str, chroot
 async def test_an_unknown_task_name_is_refused_at_submit(zk_hosts: str, chroot: str) -> None:
     worker = Media("typo", name="w1")
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await serve(nursery, zk_hosts, chroot, worker)
-            async with Session(zk_hosts, chroot=chroot) as session:
-                await wait_exists(session, "/apps/typo/workers/w1")
-                with pytest.raises(ConfigurationError) as refused:
-                    await Client(session, "typo").submit("resise", {"size": 1})
-                assert await session.exists("/apps/typo/delayed") is None
-            worker.request_stop()
+        async with serving(zk_hosts, chroot, worker) as session:
+            with pytest.raises(ConfigurationError) as refused:
+                await Client(session, "typo").submit("resise", {"size": 1})
+            assert await session.exists("/apps/typo/delayed") is None
     assert str(refused.value) == ("application 'typo' has no task type 'resise'; its task "
                                   "types: handle, ocr, resize")
 
@@ -157,15 +163,12 @@ async def test_a_task_type_no_worker_has_fails_for_good_with_the_reason(
 async def test_a_rate_limit_spaces_the_starts_of_its_type(zk_hosts: str, chroot: str) -> None:
     worker = Media("rate", name="w1")
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await serve(nursery, zk_hosts, chroot, worker)
-            async with Session(zk_hosts, chroot=chroot) as session:
-                client = Client(session, "rate")
-                for n in range(8):
-                    await client.submit("ocr", {"text": str(n)}, key=f"o{n}")
-                for n in range(8):
-                    await client.result(f"o{n}", wait=True)
-            worker.request_stop()
+        async with serving(zk_hosts, chroot, worker) as session:
+            client = Client(session, "rate")
+            for n in range(8):
+                await client.submit("ocr", {"text": str(n)}, key=f"o{n}")
+            for n in range(8):
+                await client.result(f"o{n}", wait=True)
     starts = sorted(worker.starts["ocr"])
     # 4/s: a burst of 4, then one every 0.25 s: the 8th starts at least 0.9 s after the 1st
     assert len(starts) == 8 and starts[-1] - starts[0] >= 0.9
