@@ -49,6 +49,7 @@ link that breaks, a failover) is retried.
 
 from __future__ import annotations
 
+import collections
 import enum
 import os
 import socket
@@ -273,8 +274,13 @@ class _Link:
 
 
 @attrs.define(eq=False)
-class _Pending:
-    payload: bytes
+class _Batch:
+    """Messages queued for one produce request (``batch_max`` messages and
+    :data:`BATCH_BYTES` of payload at most) and what became of them: every message of a
+    batch is acknowledged, or refused, together, so its senders wait on one event."""
+
+    payloads: list[bytes] = attrs.field(factory=list)
+    size: int = 0
     done: trio.Event = attrs.field(factory=trio.Event)
     error: BaseException | None = None
 
@@ -296,7 +302,8 @@ class Producer:
         self.batch_max = batch_max
         self.ack_timeout = ack_timeout
         self.retries = 0
-        self._queues: dict[str, list[_Pending]] = {}
+        #: per topic, the batches not sent yet (the last one is open to new messages)
+        self._queues: dict[str, collections.deque[_Batch]] = {}
         self._wakeups: dict[str, trio.Event] = {}
         self._links: dict[str, _Link] = {}
         self._nursery: trio.Nursery | None = None
@@ -318,7 +325,9 @@ class Producer:
     async def send_many(self, topic: str, payloads: list[bytes]) -> None:
         """Publish ``payloads`` in this order (batched as one ``send`` each would be);
         returns once all are acknowledged, or raises the first permanent error."""
-        check_topic(topic)
+        queue = self._queues.get(topic)
+        if queue is None:
+            check_topic(topic)
         for payload in payloads:
             if not isinstance(payload, bytes):
                 raise errors.ConfigurationError("a message payload must be bytes")
@@ -328,17 +337,26 @@ class Producer:
                                   f"{protocol.MAX_MESSAGE}")
         if self._nursery is None:
             raise errors.ConfigurationError("use the Producer inside `async with`")
-        items = [_Pending(payload) for payload in payloads]
-        if topic not in self._queues:
-            self._queues[topic] = []
+        if queue is None:
+            queue = self._queues[topic] = collections.deque()
             self._wakeups[topic] = trio.Event()
             self._nursery.start_soon(self._sender, topic)
-        self._queues[topic].extend(items)
+        joined: list[_Batch] = []
+        for payload in payloads:
+            batch = queue[-1] if queue else None
+            if batch is None or len(batch.payloads) >= self.batch_max or \
+                    (batch.payloads and batch.size + len(payload) > BATCH_BYTES):
+                batch = _Batch()
+                queue.append(batch)
+            batch.payloads.append(payload)
+            batch.size += len(payload)
+            if not joined or joined[-1] is not batch:
+                joined.append(batch)
         self._wakeups[topic].set()
-        for item in items:
-            await item.done.wait()
-            if item.error is not None:
-                raise item.error
+        for batch in joined:
+            await batch.done.wait()
+            if batch.error is not None:
+                raise batch.error
 
     async def _link(self, address: str) -> _Link:
         link = self._links.get(address)
@@ -357,23 +375,13 @@ class Producer:
                 self._wakeups[topic] = trio.Event()
                 await self._wakeups[topic].wait()
                 continue
-            batch: list[_Pending] = []
-            size = 0
-            for item in queue:
-                if batch and (len(batch) >= self.batch_max
-                              or size + len(item.payload) > BATCH_BYTES):
-                    break
-                batch.append(item)
-                size += len(item.payload)
-            del queue[:len(batch)]
+            batch = queue.popleft()  # sent as it is: no message joins it any more
             try:
-                await self._deliver(topic, seq, [p.payload for p in batch])
+                await self._deliver(topic, seq, batch.payloads)
             except BrokerError as exc:
-                for p in batch:
-                    p.error = exc
-            seq += len(batch)
-            for p in batch:
-                p.done.set()
+                batch.error = exc
+            seq += len(batch.payloads)
+            batch.done.set()
 
     async def _deliver(self, topic: str, seq: int, payloads: list[bytes]) -> None:
         """Send one batch until acknowledged (same sequence numbers on every retry)."""

@@ -263,11 +263,28 @@ def _payload(value: Any, _cls: type) -> bytes:
     return value
 
 
+def _payloads(value: Any, _cls: type) -> list[bytes]:
+    if type(value) is not list:
+        raise TypeError(f"payloads must be an array, not {type(value).__name__}")
+    for payload in value:
+        if type(payload) is not bytes:
+            raise TypeError(f"a payload must be bytes, not {type(payload).__name__}")
+    return value
+
+
+def _as_is(value: list[Any]) -> list[Any]:
+    return value
+
+
 # the per-record path: a list of arrays, checked by one loop (log.records_from), not one
 # converter dispatch per record; payloads are taken as they are (never str or int turned
-# into bytes)
+# into bytes), a produce's list of them checked by one loop too; on the way out both lists
+# go to msgpack as they are (a record is a tuple, which msgpack packs as an array)
 records.converter.register_structure_hook_func(lambda cls: cls == list[Record], _records)
+records.converter.register_structure_hook_func(lambda cls: cls == list[Payload], _payloads)
 records.converter.register_structure_hook(Payload, _payload)
+records.converter.register_unstructure_hook_func(
+    lambda cls: cls in (list[Record], list[Payload]), _as_is)
 
 
 class ProtocolError(Exception):
@@ -364,7 +381,10 @@ class FrameReader:
 
     async def _fill(self, size: int) -> None:
         while len(self._buffer) < size:
-            chunk = await self._stream.receive_some(65536)
+            # the rest of a frame whose length is known in one call (a 200 KB produce
+            # batch or fetch reply is a few reads, not one per 64 KiB)
+            chunk = await self._stream.receive_some(min(max(65536, size - len(self._buffer)),
+                                                        1 << 20))
             if not chunk:
                 if self._buffer:
                     raise ProtocolError(ErrorCode.BAD_FRAME,
@@ -409,18 +429,21 @@ class FrameReader:
         if version == SIGNED_VERSION:
             end -= MAC_SIZE
             if self._secret is not None:
-                expected = _mac(self._secret, bytes(self._buffer[:end]))
+                with memoryview(self._buffer) as view:
+                    expected = _mac(self._secret, view[:end])
                 if not hmac.compare_digest(expected, bytes(self._buffer[end:end + MAC_SIZE])):
                     del self._buffer[:_HEADER.size + length]
                     raise ProtocolError(ErrorCode.BAD_MAC, "frame signed with another secret")
                 self.authenticated = True
-        raw = bytes(self._buffer[_HEADER.size:end])
-        del self._buffer[:_HEADER.size + length]
         try:
-            body = msgpack.unpackb(raw, raw=False)
+            # unpacked in place: the body is not copied out of the buffer first
+            with memoryview(self._buffer) as view:
+                body = msgpack.unpackb(view[_HEADER.size:end], raw=False)
         except Exception as exc:  # msgpack raises several unrelated types
             raise ProtocolError(ErrorCode.BAD_FRAME,
                                 f"frame body is not msgpack: {exc}") from None
+        finally:
+            del self._buffer[:_HEADER.size + length]
         if not isinstance(body, dict):
             raise ProtocolError(ErrorCode.BAD_FRAME, "frame body must be a msgpack map")
         return body
