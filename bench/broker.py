@@ -8,6 +8,9 @@ fresh standalone ZooKeeper (or ``$FRAMEWORK_ZK_HOSTS``) and measures, with 1 KB 
 * publish throughput with replication, batched (many sends in flight per topic) and unbatched
   (``batch_max=1``, one send at a time per topic), each acknowledged after the backup has it;
 * publish -> deliver latency p50/p99 at a moderate load (subscriber in this process);
+* CPU per message of the batched publish (user + system, from ``/proc``): the producer's
+  process and the two servers' (primary and backup) - the figure the machine's load does not
+  move, where msgs/s on shared cores does;
 * ZooKeeper transactions per 1,000 messages (zxid delta on the server: every write or multi
   moves it by one), for the batched publish and for publish -> deliver (with the
   subscriber's batched position commits and the servers' status), against the queue's;
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -76,6 +80,27 @@ def zxid(hosts: str) -> int:
         if line.startswith("Zxid:"):
             return int(line.split(":")[1].strip(), 16)
     raise RuntimeError("no Zxid in srvr output")
+
+
+def cpu_seconds(pid: int | None = None) -> float | None:
+    """User + system CPU seconds of process ``pid`` (this one when ``None``); ``None`` without
+    ``/proc``."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_message(before: list[float | None], after: list[float | None],
+                    messages: int) -> float | None:
+    """Microseconds of CPU per message between two readings of the same processes."""
+    if None in before or None in after:
+        return None
+    return round((sum(after) - sum(before)) * 1e6 / messages, 2)  # type: ignore[arg-type]
 
 
 async def wait_isr(session: Session, topics: list[str]) -> None:
@@ -260,7 +285,10 @@ async def run(hosts: str, messages: int) -> list[Row]:
             put_one_rate = await queue_unbatched(session, max(messages // 10, 400))
             q_p50, q_p99 = await queue_latency(session, 400)
             before = zxid(hosts)
+            servers = [cluster.procs[name].pid for name in ("s1", "s2")]
+            cpu_before = [cpu_seconds(), *map(cpu_seconds, servers)]
             batched = await publish(session, topics, messages, True)
+            cpu_after = [cpu_seconds(), *map(cpu_seconds, servers)]
             writes = zxid(hosts) - before
             unbatched = await publish(session, topics, max(messages // 10, 400), False)
             lat_topics = [f"l{i}" for i in range(4)]
@@ -286,6 +314,10 @@ async def run(hosts: str, messages: int) -> list[Row]:
                     round(q_p50, 2), round(p50, 2)),
                 Row("publish->deliver latency p99 (vs WorkQueue put->take)", "ms",
                     round(q_p99, 2), round(p99, 2)),
+                Row("CPU per message, batched publish: the producer's process", "us", None,
+                    cpu_per_message(cpu_before[:1], cpu_after[:1], messages)),
+                Row("CPU per message, batched publish: both servers", "us", None,
+                    cpu_per_message(cpu_before[1:], cpu_after[1:], messages)),
                 Row("ZooKeeper transactions per 1,000 messages, batched publish", "txns",
                     None, round(writes * 1000 / messages, 2)),
                 Row("ZooKeeper transactions per 1,000 messages, publish->deliver "
