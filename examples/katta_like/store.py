@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 import os
@@ -290,8 +291,9 @@ class ShardSearcher:
     :class:`CorruptShard` if the manifest is unreadable, ``ValueError``/``OSError`` if
     tantivy cannot open the directory."""
 
-    #: With global statistics, this many local candidates per requested hit are re-scored.
-    POOL = 3
+    #: With global statistics, local candidates are fetched this many per requested hit at
+    #: first (more, page by page, while one not re-scored could still make the top).
+    POOL = 2
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -304,27 +306,86 @@ class ShardSearcher:
         bad syntax.
 
         Without ``stats`` the scores are this shard's own BM25.  With ``stats`` (the whole
-        index's, see :class:`GlobalStats`) the best ``POOL * top`` local candidates are
+        index's, see :class:`GlobalStats`) every term query's part of a candidate's score is
         re-scored with the global document frequencies and field lengths - the score one
-        index over the whole corpus would give (term queries; other clauses keep their
-        local score) - and the best ``top`` of them returned.
+        index over the whole corpus would give (other clauses keep their local score; a
+        query with a boost ``^`` keeps every local score) - and the best ``top`` returned.
+        Candidates are re-scored in local order until none left could reach the ``top``:
+        a term's global part is at most :meth:`_ratio_bound` times its local part, so
+        a candidate whose local score times that bound is below the ``top``-th global score
+        cannot enter (exact, not a fixed pool).
         """
         parsed = self.index.parse_query(query, list(DEFAULT_FIELDS))
-        want = top * self.POOL if stats is not None else top
-        result = self.searcher.search(parsed, want, count=True)
-        scored = []
-        for score, address in result.hits:
-            if stats is not None:
-                explanation = json.loads(parsed.explain(self.searcher, address).to_json())
-                score = _rescore(explanation, stats)
-            scored.append((score, address))
-        scored.sort(key=lambda h: -h[0])
+        shape = repr(parsed)
+        if stats is None or "Boost(" in shape:
+            result = self.searcher.search(parsed, top, count=True)
+            return ShardResult(result.count, self._hits(result.hits))
+        pure = _only_terms(shape)
+        bound = self._ratio_bound(shape, stats, pure)
+        best: list[tuple[float, int, Any]] = []  # min-heap of (global score, -rank, address)
+        count, offset, limit, rank = 0, 0, max(top * self.POOL, 1), 0
+        while True:
+            result = self.searcher.search(parsed, limit, count=not offset, offset=offset)
+            if not offset:
+                count = result.count
+            for local, address in result.hits:
+                if len(best) >= top and best[0][0] > local * bound:
+                    return ShardResult(count, self._ranked(best))
+                text = parsed.explain(self.searcher, address).to_json()
+                score = _rescore(text, float(local), stats, pure)
+                rank += 1
+                entry = (score, -rank, address)
+                if len(best) < top:
+                    heapq.heappush(best, entry)
+                elif entry > best[0]:
+                    heapq.heapreplace(best, entry)
+            if len(result.hits) < limit:
+                return ShardResult(count, self._ranked(best))
+            offset += limit
+            limit *= 2
+
+    def _ranked(self, best: list[tuple[float, int, Any]]) -> tuple[ShardHit, ...]:
+        """Best first; equal scores in local order (the order of a fixed pool before)."""
+        ordered = sorted(best, reverse=True)
+        return self._hits([(score, address) for score, _, address in ordered])
+
+    def _hits(self, scored: list[tuple[float, Any]]) -> tuple[ShardHit, ...]:
         hits = []
-        for score, address in scored[:top]:
+        for score, address in scored:
             stored = self.searcher.doc(address)
-            hits.append(ShardHit(score, stored.get_first("url"),
+            hits.append(ShardHit(float(score), stored.get_first("url"),
                                  stored.get_first("title") or ""))
-        return ShardResult(result.count, tuple(hits))
+        return tuple(hits)
+
+    def _ratio_bound(self, shape: str, stats: GlobalStats, pure: bool) -> float:
+        """An upper bound of (global score / local score) of any document for the query
+        whose ``repr`` is ``shape``: a term's part is (K1+1) idf tf/(tf + k1 (1-b+b dl/avgdl));
+        idf_g/idf_l is known, and tf/(tf+K) with another avgdl changes by a factor between
+        1 and avgdl_g/avgdl_l (for any tf, dl).  A clause that is not a re-scored term
+        query counts 1.  Padded by 1e-4 for tantivy's 32-bit floats."""
+        docs = self.searcher.num_docs
+        ratios = [] if pure else [1.0]
+        for negated, field_id, term in _QUERY_TERM.findall(shape):
+            field = _FIELD_IDS.get(int(field_id))
+            if negated:
+                continue
+            if field is None:
+                ratios.append(1.0)
+                continue
+            local_n = self.searcher.doc_freq(field, term)
+            global_n = stats.df.get(f"{field}:{term}")
+            if not local_n:
+                continue  # no document of this shard has it
+            if global_n is None or not stats.docs:
+                ratios.append(1.0)
+                continue
+            idf = _idf(stats.docs, global_n) / _idf(docs, local_n)
+            tokens = self.manifest.tokens.get(field)
+            local_avgdl = tokens / docs if tokens and docs else 0.0
+            global_avgdl = stats.avgdl.get(field) or local_avgdl
+            lengths = global_avgdl / local_avgdl if local_avgdl else 1.0
+            ratios.append(idf * max(1.0, lengths))
+        return max(ratios, default=1.0) * (1 + 1e-4)
 
     def stats(self, query: str) -> ShardStats:
         """This shard's part of the global statistics for ``query`` (see GlobalStats)."""
@@ -333,30 +394,54 @@ class ShardSearcher:
                            for f, t in query_terms(query)})
 
 
-def _rescore(node: dict[str, Any], stats: GlobalStats) -> float:
-    """Recompute a tantivy BM25 explanation with global statistics.  ``node`` is
-    tantivy's explanation JSON (its format, read where it is parsed, not a record of
-    ours: see docs/architecture.md, "Katta-like search")."""
-    description = node.get("description", "")
-    details = node.get("details") or []
-    if description.startswith("TermQuery") and node.get("context"):
-        match = re.search(r'field=(\d+), type=Str, "(.*)"\)', node["context"][0])
-        values = {d["description"]: d for d in details}
-        idf_node = next((d for d in details if d["description"].startswith("idf")), None)
-        tf_node = next((d for d in details if d["description"].startswith("freq /")), None)
-        field = _FIELD_IDS.get(int(match.group(1))) if match else None
-        if match is None or idf_node is None or tf_node is None or field is None:
-            return float(node["value"])
-        n = stats.df.get(f"{field}:{match.group(2)}")
-        if n is None or not stats.docs:
-            return float(node["value"])
-        idf = math.log(1 + (stats.docs - n + 0.5) / (n + 0.5))
-        tf = {d["description"].split(",")[0]: d["value"] for d in tf_node["details"]}
-        avgdl = stats.avgdl.get(field) or tf["avgdl"]
-        freq, k1, b, dl = tf["freq"], tf["k1"], tf["b"], tf["dl"]
-        norm = freq / (freq + k1 * (1 - b + b * dl / avgdl))
-        k1_plus_1 = values.get("(K1+1)", {"value": k1 + 1})["value"]
-        return float(k1_plus_1 * idf * norm)
-    if "sum of" in description and details:
-        return sum(_rescore(d, stats) for d in details)
-    return float(node["value"])
+def _idf(docs: int, n: int) -> float:
+    return math.log(1 + (docs - n + 0.5) / (n + 0.5))
+
+
+#: A term query in a parsed query's ``repr`` (``MustNot`` ones never score).
+_QUERY_TERM = re.compile(r'(MustNot, )?TermQuery\(Term\(field=(\d+), type=Str, "([^"\\]*)"\)\)')
+#: What a ``repr`` of a query made of boolean and term queries only holds besides terms.
+_BOOLEAN_SHAPE = re.compile(
+    r"(?:Query|BooleanQuery|subqueries|Should|Must|MustNot|minimum_number_should_match"
+    r"|\d+|[\s(){}\[\]:,])*")
+#: The pieces of tantivy's BM25 explanation (its JSON text) a term query's part is
+#: recomputed from, in the order tantivy writes them: the part's value, (K1+1), freq, k1, b,
+#: dl, avgdl (each a value and the start of its description), then the term.
+_PIECE = re.compile(
+    r'"value": ([^,\s]+),\s*"description": "(TermQuery|\(K1\+1\)|freq,|k1,|b,|dl,|avgdl,)'
+    r'|"Term=Term\(field=(\d+), type=Str, \\"([^"\\]*)\\"\)"')
+_TERM_PIECES = ("TermQuery", "(K1+1)", "freq,", "k1,", "b,", "dl,", "avgdl,")
+
+
+def _only_terms(shape: str) -> bool:
+    """Whether a query (its ``repr``) is boolean and term queries only: its score is the
+    sum of its term queries' parts."""
+    return _BOOLEAN_SHAPE.fullmatch(_QUERY_TERM.sub("", shape)) is not None
+
+
+def _rescore(text: str, local: float, stats: GlobalStats, pure: bool) -> float:
+    """A document's score with global statistics, from tantivy's BM25 explanation of its
+    ``local`` score (``text``, its JSON: tantivy's format, read where it is parsed, not a
+    record of ours; see docs/architecture.md, "Katta-like search").  Each term query's part
+    is recomputed; for a ``pure`` query (terms only) the score is their sum, otherwise the
+    other clauses keep their local part (``local`` minus the term parts)."""
+    total, rest, rescored = 0.0, local, False
+    values: dict[str, float] = {}
+    for value, what, field_id, term in _PIECE.findall(text):
+        if what:
+            if what == "TermQuery":
+                values = {}
+            values[what] = float(value)
+            continue
+        field = _FIELD_IDS.get(int(field_id))
+        n = stats.df.get(f"{field}:{term}") if field else None
+        if field is None or n is None or not stats.docs or len(values) != len(_TERM_PIECES):
+            continue  # kept in ``rest``
+        part, k1_plus_1, freq, k1, b, dl, local_avgdl = (values[p] for p in _TERM_PIECES)
+        avgdl = stats.avgdl.get(field) or local_avgdl
+        total += k1_plus_1 * _idf(stats.docs, n) * freq / (freq + k1 * (1 - b + b * dl / avgdl))
+        rest -= part
+        rescored = True
+    if pure:
+        rest = 0.0
+    return total + rest if rescored else local
