@@ -371,3 +371,47 @@ async def test_a_corrupt_record_is_a_clear_error(zk_hosts: str, chroot: str, ses
     assert [line for line in err.splitlines() if line.startswith("katta: error")] == [
         f"katta: error: {paths.index('bad')}: not a IndexRecord record: not JSON "
         "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"]
+
+
+async def test_term_statistics_are_kept_per_index_version(
+        zk_hosts: str, chroot: str, session: Session, tmp_path: Path) -> None:
+    """A query whose terms were all seen in this index version skips the statistics round
+    (and is scored as one index would); the same name removed and added again is another
+    version (another record znode): its statistics are gathered again."""
+    from examples.katta_like.load import reference
+    from examples.katta_like.wire import Endpoint
+
+    stats = Endpoint.STATS.value.strip("/")
+    with trio.fail_after(TIMEOUT):
+        async with cluster(zk_hosts, chroot, tmp_path, nodes=2):
+            async with SearchClient.open(session) as client:
+                rounds: list[str] = []
+                post = client._http.post
+
+                async def counted(url: str, **kwargs: object) -> object:
+                    rounds.append(url.rsplit("/", 1)[1])
+                    return await post(url, **kwargs)  # type: ignore[arg-type]
+
+                client._http.post = counted  # type: ignore[method-assign]
+                spec = record("ix", tmp_path)
+                words = [q for q in dict.fromkeys(sample_queries(spec.corpus, 30))
+                         if " " not in q][:2]
+                both = f"{words[1]} {words[0]}"
+                want = reference(spec.corpus, tmp_path, [both], 10)[both]
+                for _version in range(2):
+                    await add_index(session, spec)
+                    await wait_replicated(session, "ix", 2)
+                    await client.wait_routable("ix", 2)
+                    for word in words:
+                        rounds.clear()
+                        assert not (await client.search(word, index="ix")).partial
+                        assert stats in rounds  # a term not seen yet in this version
+                    rounds.clear()
+                    result = await client.search(both, index="ix")
+                    assert stats not in rounds and rounds  # searched, no statistics round
+                    assert not result.partial and result.count == want.count
+                    assert want.correct([hit.url for hit in result.hits]) == 1.0
+                    for hit in result.hits:
+                        assert abs(hit.score - want.scores[hit.url]) < 1e-4
+                    await remove_index(session, "ix")
+                    await wait_gone(session, "ix")

@@ -20,8 +20,10 @@ Guarantees:
   while the alias is switched.
 * ``scoring="global"`` (the default): scores are comparable across shards - every shard
   re-scores its best candidates with the whole index's term statistics
-  (:class:`GlobalStats`, gathered in a first round and cached per index and query, as an
-  index version never changes).  ``scoring="local"``: each shard's own BM25, one round.
+  (:class:`GlobalStats`, gathered in a first round).  Each term's statistics are kept per
+  index version (the index record's znode: removed and added again is another version),
+  as a version never changes: a query whose terms were all seen skips the first round.
+  ``scoring="local"``: each shard's own BM25, one round.
 
 Raises: :class:`UnknownIndex` (no such index or alias), :class:`FrameworkError` (bad query
 syntax, ``top`` out of range, an index record that cannot be read, a node's 400 answer).
@@ -53,7 +55,13 @@ from examples.katta_like.layout import (
     read_record,
     shard_name,
 )
-from examples.katta_like.store import GlobalStats, ShardResult, ShardStats, check_query
+from examples.katta_like.store import (
+    GlobalStats,
+    ShardResult,
+    ShardStats,
+    check_query,
+    query_terms,
+)
 from examples.katta_like.wire import REPLIES, Endpoint, ErrorReply, ShardRequest
 from framework import errors, get_logger, records
 from framework.errors import FrameworkError
@@ -64,8 +72,10 @@ log = get_logger("examples.katta_like.client")
 
 #: Seconds a replica that failed is tried last.
 SUSPECT_FOR = 5.0
-#: Global statistics kept per (index, query): an index version never changes.
-STATS_CACHE = 4096
+#: Term statistics kept per index version: at most this many terms (then forgotten at
+#: once) and this many versions (the oldest forgotten first).
+STATS_TERMS = 200_000
+STATS_VERSIONS = 16
 #: Answered requests whose latency sets the hedge delay.
 LATENCY_SAMPLES = 256
 
@@ -107,12 +117,37 @@ class SearchResult:
 
 
 @attrs.define
+class _TermStats:
+    """What the statistics rounds said of one index version, every shard summed: its
+    documents, tokens per field and document frequency per ``"field:term"``."""
+
+    docs: int
+    tokens: dict[str, int]
+    df: dict[str, int] = attrs.Factory(dict)
+
+    def of(self, keys: list[str]) -> GlobalStats | None:
+        """The query's statistics (as :meth:`GlobalStats.merge` of its round would give)
+        if every one of ``keys`` is known."""
+        if not all(k in self.df for k in keys):
+            return None
+        return GlobalStats(self.docs, {f: n / self.docs if self.docs else 0.0
+                                       for f, n in self.tokens.items()},
+                           {k: self.df[k] for k in keys})
+
+
+@attrs.define
 class _IndexView:
     record: IndexRecord | None = None
+    version: int = 0  # the index record's czxid: another one is another index
     corrupt: str = ""  # why the record (there is one) cannot be read
     replicas: dict[int, dict[str, str]] = attrs.Factory(dict)  # shard -> node -> address
     ready: trio.Event = attrs.Factory(trio.Event)
     loaded: set[int] = attrs.Factory(set)
+    changed: trio.Event = attrs.Factory(trio.Event)  # set (and replaced) at each change
+
+    def changes(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
 
 
 class SearchClient:
@@ -136,7 +171,7 @@ class SearchClient:
         if not shard_timeout > 0:
             raise FrameworkError(f"shard timeout must be positive, not {shard_timeout!r}")
         self.scoring = scoring
-        self._stats: dict[tuple[str, str], GlobalStats] = {}
+        self._stats: dict[tuple[str, int], _TermStats] = {}
         self.session = session
         self.paths = KattaPaths(App(app))
         self.shard_timeout = shard_timeout
@@ -179,12 +214,16 @@ class SearchClient:
             self._aliases[name] = alias.index if alias is not None else None
             self._alias_ready[name].set()
 
-    async def view(self, index: str) -> _IndexView:
+    async def _view(self, index: str) -> _IndexView:
         view = self._views.get(index)
         if view is None:
             view = self._views[index] = _IndexView()
             self._nursery.start_soon(self._watch_index, index, view)
         await view.ready.wait()
+        return view
+
+    async def view(self, index: str) -> _IndexView:
+        view = await self._view(index)
         if view.corrupt:
             raise FrameworkError(f"cannot search index {index!r}: {view.corrupt}")
         if view.record is None:
@@ -198,11 +237,13 @@ class SearchClient:
             path = self.paths.index(index)
             async for snap in watch_data(self.session, path):
                 view.record, view.corrupt = None, ""
+                view.version = snap.stat.czxid if snap.stat is not None else 0
                 try:  # a corrupt record is an error for the searches, never half-read
                     view.record = read_record(snap.data, IndexRecord, path) if snap.data else None
                 except records.CorruptRecord as exc:
                     bad_record(path, exc)
                     view.corrupt = str(exc)
+                view.changes()
                 if view.record is None:
                     view.ready.set()
                     continue
@@ -227,8 +268,18 @@ class SearchClient:
                     replicas[node] = info.address
             view.replicas[shard] = replicas
             view.loaded.add(shard)
+            view.changes()
             if view.record is not None and len(view.loaded) >= view.record.shards:
                 view.ready.set()
+
+    async def wait_routable(self, index: str, replicas: int = 1) -> None:
+        """Wait (on this client's watches, no polling) until its cached deployment of
+        ``index`` (or the index an alias names) has ``replicas`` serving nodes for every
+        shard: a search sent now reaches every shard."""
+        view = await self._view(await self.resolve(index))
+        while view.record is None or any(len(view.replicas.get(s, {})) < replicas
+                                         for s in range(view.record.shards)):
+            await view.changed.wait()
 
     async def deployment(self, index: str) -> dict[int, dict[str, str]]:
         """Shard -> serving node -> address, as currently cached."""
@@ -261,8 +312,10 @@ class SearchClient:
         searched = every
         request = ShardRequest(name, (), query, top)
         if self.scoring == "global":
-            key = (name, query)
-            stats = self._stats.get(key)
+            key = (name, view.version)
+            keys = [f"{field}:{term}" for field, term in query_terms(query)]
+            known = self._stats.get(key)
+            stats = known.of(keys) if known is not None else None
             if stats is None:
                 parts = await self._scatter(view, Endpoint.STATS, request, every, counts,
                                             errors_seen)
@@ -271,9 +324,7 @@ class SearchClient:
                 stats = GlobalStats.merge([parts[s] for s in sorted(parts)])
                 searched = sorted(parts)
                 if len(parts) == view.record.shards:  # an index version never changes
-                    if len(self._stats) >= STATS_CACHE:
-                        self._stats.pop(next(iter(self._stats)))
-                    self._stats[key] = stats
+                    self._remember(key, parts)
                 else:
                     log.warning("katta.stats_missing", index=name, query=query,
                                 missing=sorted(set(every) - set(parts)))
@@ -289,6 +340,21 @@ class SearchClient:
         return SearchResult(name, merged, sum(a.count for a in answers.values()),
                             sorted(answers), missing, counts.retries, view.record.state,
                             counts.hedged)
+
+    def _remember(self, key: tuple[str, int], parts: dict[int, ShardStats]) -> None:
+        """Keep the term statistics of a round every shard of index version ``key``
+        answered."""
+        merged = GlobalStats.merge(list(parts.values()))
+        known = self._stats.get(key)
+        if known is None or len(known.df) + len(merged.df) > STATS_TERMS:
+            if known is None and len(self._stats) >= STATS_VERSIONS:
+                self._stats.pop(next(iter(self._stats)))
+            tokens: dict[str, int] = {}
+            for part in parts.values():
+                for field, n in part.tokens.items():
+                    tokens[field] = tokens.get(field, 0) + n
+            known = self._stats[key] = _TermStats(merged.docs, tokens)
+        known.df.update(merged.df)
 
     def hedge_delay(self) -> float:
         """Seconds a request may run before its shards are also sent to another replica:
