@@ -7,9 +7,13 @@ ZooKeeper (or ``$FRAMEWORK_ZK_HOSTS``, in a fresh chroot), builds a generated co
 8 shards x 2 replicas as a job, then measures:
 
 * queries/s and p50/p99 latency of scatter-gather (HTTP/JSON to one replica per shard, top 10
-  merged) with global term statistics (cold: two rounds per query; warm: statistics cached)
-  and with per-shard scoring, against the same queries on one tantivy index in this process;
-  with and without the client's hedged requests (what hedging costs when nothing fails);
+  merged) with global term statistics (cold: a new client, a statistics round for each query
+  with a term it has not seen; warm: every term's statistics cached) and with per-shard
+  scoring, against the same queries on one tantivy index in this process; with and without
+  the client's hedged requests (what hedging costs when nothing fails);
+* CPU time per query of the search nodes (all four, from ``/proc``) and of this process (the
+  client; for the baseline, the in-process searches): unlike latency, it does not grow with
+  what the neighbours on this shared machine run;
 * index build time as a job (4 nodes) against one in-process build of the whole corpus;
 * shard deploy time (copy from the store, verify the checksum, open, announce: from the
   index's ``deploying`` state until every shard has 2 serving replicas);
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -70,21 +75,33 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))] if values else 0.0
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
 def baseline_queries(spec: CorpusSpec, workdir: Path, queries: list[str]
-                     ) -> tuple[float, float, list[float]]:
-    """(build seconds, queries/s, latencies) on one in-process tantivy index."""
+                     ) -> tuple[float, float, list[float], float]:
+    """(build seconds, queries/s, latencies, CPU seconds per query) on one in-process
+    tantivy index."""
     started = time.perf_counter()
     store = ShardStore(workdir / "single")
     store.build_shard("all", 0, documents(spec))
     build = time.perf_counter() - started
     searcher = ShardSearcher(store.shard_path("all", 0))
     latencies = []
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     for q in queries:
         t = time.perf_counter()
         searcher.search(q, 10)
         latencies.append(time.perf_counter() - t)
-    return build, len(queries) / (time.perf_counter() - started), latencies
+    cpu = (time.thread_time() - cpu) / len(queries)
+    return build, len(queries) / (time.perf_counter() - started), latencies, cpu
 
 
 async def scatter(client: SearchClient, queries: list[str], concurrency: int
@@ -119,7 +136,8 @@ async def bench(args: argparse.Namespace, hosts: str) -> list[Row]:
     workdir = Path(tempfile.mkdtemp(prefix="katta-bench-"))
     spec = CorpusSpec(docs=args.docs, seed=3)
     queries = list(dict.fromkeys(sample_queries(spec, args.queries * 3)))[:args.queries]
-    build1, qps1, lat1 = await trio.to_thread.run_sync(baseline_queries, spec, workdir, queries)
+    build1, qps1, lat1, cpu1 = await trio.to_thread.run_sync(baseline_queries, spec, workdir,
+                                                             queries)
     chroot = f"/katta-bench-{uuid.uuid4().hex[:8]}"
     async with Cluster(hosts, chroot, workdir) as cluster:
         await cluster.start_master("m1")
@@ -156,28 +174,38 @@ async def bench(args: argparse.Namespace, hosts: str) -> list[Row]:
                        ("global stats, cached, no hedging", "global", True, False),
                        ("per-shard scoring", "local", False, True),
                        ("per-shard scoring, no hedging", "local", False, False))
-            measured: dict[str, list[tuple[float, list[float]]]] = {c[0]: [] for c in configs}
+            measured: dict[str, list[tuple[float, list[float], float, float]]] = {
+                c[0]: [] for c in configs}
+            nodes = [cluster.procs[f"n{n}"].pid for n in range(1, 5)]
             for _ in range(args.rounds):
                 for label, scoring, warm, hedge in configs:
                     async with SearchClient.open(session, scoring=scoring) as client:
                         if not hedge:
                             client.hedge_floor = client.hedge_max = client.shard_timeout
+                        await client.wait_routable("docs", 2)
                         if warm:
                             await scatter(client, queries, args.concurrency)
+                        node_cpu, own_cpu = cpu_seconds(nodes), time.process_time()
                         qps, lat, bad = await scatter(client, queries, args.concurrency)
+                        node_cpu = (cpu_seconds(nodes) - node_cpu) / len(queries)
+                        own_cpu = (time.process_time() - own_cpu) / len(queries)
                     if bad:
                         print(f"warning: {bad} partial results ({label})", file=sys.stderr)
-                    measured[label].append((qps, lat))
+                    measured[label].append((qps, lat, node_cpu, own_cpu))
             for label, runs in measured.items():
-                qps = statistics.median(q for q, _ in runs)
-                p50 = statistics.median(pct(lat, .5) for _, lat in runs)
-                p99 = statistics.median(pct(lat, .99) for _, lat in runs)
+                qps = statistics.median(r[0] for r in runs)
+                p50 = statistics.median(pct(r[1], .5) for r in runs)
+                p99 = statistics.median(pct(r[1], .99) for r in runs)
                 rows.append(Row(f"queries/s, 8 shards ({label}) vs one index", "q/s",
                                 round(qps1, 1), round(qps, 1)))
                 rows.append(Row(f"latency p50 ({label})", "ms", round(pct(lat1, .5) * 1e3, 3),
                                 round(p50 * 1e3, 3)))
                 rows.append(Row(f"latency p99 ({label})", "ms", round(pct(lat1, .99) * 1e3, 3),
                                 round(p99 * 1e3, 3)))
+                rows.append(Row(f"CPU per query, nodes ({label})", "ms", None,
+                                round(statistics.median(r[2] for r in runs) * 1e3, 3)))
+                rows.append(Row(f"CPU per query, client ({label})", "ms", round(cpu1 * 1e3, 3),
+                                round(statistics.median(r[3] for r in runs) * 1e3, 3)))
             await cluster.kill9("n2")
             killed = time.perf_counter()
             await wait_replicated(session, "docs", 2, exclude={"n2"})
