@@ -285,6 +285,14 @@ class _Batch:
     error: BaseException | None = None
 
 
+def _check_payload(payload: bytes) -> None:
+    if not isinstance(payload, bytes):
+        raise errors.ConfigurationError("a message payload must be bytes")
+    if len(payload) > protocol.MAX_MESSAGE:
+        raise BrokerError(ErrorCode.TOO_LARGE, f"message of {len(payload)} bytes exceeds the "
+                                               f"maximum of {protocol.MAX_MESSAGE}")
+
+
 class Producer:
     """An idempotent, batching producer (see the module doc).  Use ``async with``."""
 
@@ -320,36 +328,22 @@ class Producer:
 
     async def send(self, topic: str, payload: bytes) -> None:
         """Publish one message; returns once it is acknowledged (see the module doc)."""
-        await self.send_many(topic, [payload])
+        _check_payload(payload)
+        batch = self._join(self._queue(topic), payload)
+        self._wakeups[topic].set()
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
 
     async def send_many(self, topic: str, payloads: list[bytes]) -> None:
         """Publish ``payloads`` in this order (batched as one ``send`` each would be);
         returns once all are acknowledged, or raises the first permanent error."""
-        queue = self._queues.get(topic)
-        if queue is None:
-            check_topic(topic)
         for payload in payloads:
-            if not isinstance(payload, bytes):
-                raise errors.ConfigurationError("a message payload must be bytes")
-            if len(payload) > protocol.MAX_MESSAGE:
-                raise BrokerError(ErrorCode.TOO_LARGE,
-                                  f"message of {len(payload)} bytes exceeds the maximum of "
-                                  f"{protocol.MAX_MESSAGE}")
-        if self._nursery is None:
-            raise errors.ConfigurationError("use the Producer inside `async with`")
-        if queue is None:
-            queue = self._queues[topic] = collections.deque()
-            self._wakeups[topic] = trio.Event()
-            self._nursery.start_soon(self._sender, topic)
+            _check_payload(payload)
+        queue = self._queue(topic)
         joined: list[_Batch] = []
         for payload in payloads:
-            batch = queue[-1] if queue else None
-            if batch is None or len(batch.payloads) >= self.batch_max or \
-                    (batch.payloads and batch.size + len(payload) > BATCH_BYTES):
-                batch = _Batch()
-                queue.append(batch)
-            batch.payloads.append(payload)
-            batch.size += len(payload)
+            batch = self._join(queue, payload)
             if not joined or joined[-1] is not batch:
                 joined.append(batch)
         self._wakeups[topic].set()
@@ -357,6 +351,30 @@ class Producer:
             await batch.done.wait()
             if batch.error is not None:
                 raise batch.error
+
+    def _queue(self, topic: str) -> collections.deque[_Batch]:
+        """The topic's queue of batches (the first send to a topic checks its name and starts
+        its sender)."""
+        queue = self._queues.get(topic)
+        if queue is None:
+            check_topic(topic)
+            if self._nursery is None:
+                raise errors.ConfigurationError("use the Producer inside `async with`")
+            queue = self._queues[topic] = collections.deque()
+            self._wakeups[topic] = trio.Event()
+            self._nursery.start_soon(self._sender, topic)
+        return queue
+
+    def _join(self, queue: collections.deque[_Batch], payload: bytes) -> _Batch:
+        """Queue ``payload`` in the open batch, or in a new one when it is full."""
+        batch = queue[-1] if queue else None
+        if batch is None or len(batch.payloads) >= self.batch_max or \
+                (batch.payloads and batch.size + len(payload) > BATCH_BYTES):
+            batch = _Batch()
+            queue.append(batch)
+        batch.payloads.append(payload)
+        batch.size += len(payload)
+        return batch
 
     async def _link(self, address: str) -> _Link:
         link = self._links.get(address)
