@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import trio
 
-from framework import Session
+from framework import Session, records
 from framework.errors import ConfigurationError, NoNodeError
-from framework.primitives.double_barrier import DoubleBarrier
+from framework.primitives.double_barrier import DoubleBarrier, Go
 from framework.testing import (
     Child,
     TcpProxy,
@@ -166,7 +166,8 @@ async def test_stale_ready_of_a_crashed_round_is_ignored(session: Session,
                                                          zk_hosts: str, chroot: str) -> None:
     """A "ready" left behind by a round whose last member crashed names only gone members:
     it is not "go" for newcomers, and it is never counted as a participant."""
-    await session.create("/b/ready", b"p-ghost-0123-0000000000", makepath=True)
+    await session.create("/b/ready", records.encode(Go(("p-ghost-0123-0000000000",))),
+                         makepath=True)
     entered: list[str] = []
     async with Session(zk_hosts, chroot=chroot) as other:
 

@@ -11,7 +11,7 @@ import trio
 from framework import Session
 from framework.errors import ClaimLost, ConfigurationError
 from framework.primitives.queue import WorkQueue, consumer
-from framework.primitives.queue.lease import Renewal, lease_of, lease_token
+from framework.primitives.queue.lease import Renewal, claim_token, lease_of
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
 from tests.test_runtime import nursery_session
 
@@ -166,10 +166,12 @@ async def test_an_idle_take_breaks_its_own_objects_lapsed_lease(
     assert "a_error" in outcome
 
 
-def test_lease_token_round_trip_and_bad_leases() -> None:
-    assert lease_of(lease_token("h:1:abc", 2.5)) == 2.5
-    assert lease_of(lease_token("h:1:abc", None)) is None
-    assert lease_of(b"h:1:abc;lease=nonsense") is None
+def test_claim_token_round_trip_and_bad_leases() -> None:
+    assert lease_of(claim_token("h:1", "abc", 2.5)) == 2.5
+    assert lease_of(claim_token("h:1", "abc", None)) is None
+    assert lease_of(b'{"owner":"h:1","nonce":"abc","lease":"nonsense"}') is None
+    assert lease_of(b'{"owner":"h:1","nonce":"abc","lease":-1}') is None
+    assert lease_of(b"h:1:abc") is None
 
 
 @pytest.mark.parametrize("lease", [0, -1, float("inf"), "5", True])

@@ -30,10 +30,9 @@ from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
 import attrs
-import cattrs
 import trio
 
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.election import Term, is_fence_failure
 from framework.zk import (
@@ -51,8 +50,6 @@ T = TypeVar("T")
 
 READY = "ready"
 FIELDS = "fields"
-
-_converter = cattrs.Converter()
 
 
 @attrs.frozen
@@ -103,7 +100,7 @@ class ConfigStore(Generic[T]):
                 raise errors.ConfigurationError(
                     f"expected a {self.cls.__name__}, got {type(config).__name__}"
                 )
-            raw = _converter.unstructure(config)
+            raw = records.unstructure(config)
         else:
             if not isinstance(config, dict):
                 raise errors.ConfigurationError(
@@ -130,11 +127,9 @@ class ConfigStore(Generic[T]):
         if self.cls is None:
             return raw  # type: ignore[return-value]
         try:
-            return _converter.structure(raw, self.cls)
-        except Exception as exc:
-            raise errors.ConfigurationError(
-                f"{self.path}: stored configuration does not fit {self.cls.__name__}: {exc}"
-            ) from None
+            return records.structure(raw, self.cls)
+        except records.CorruptRecord as exc:
+            raise errors.ConfigurationError(f"{self.path}: stored configuration: {exc}") from None
 
     # ------------------------------------------------------------------ writing
 

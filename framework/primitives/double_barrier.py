@@ -3,8 +3,8 @@
 Layout under the barrier's path::
 
     p-<name>-<guid>-NNNNNNNNNN   one ephemeral sequential node per participant
-    ready                        persistent; its data is "go" for one round: the names of that
-                                 round's members (empty between rounds)
+    ready                        persistent; between rounds empty, during one a :class:`Go`
+                                 record: the names of that round's members
 
 Enter (seed): register a node and watch ``ready``; the participant that sees ``count``
 participants says "go" by writing their names into ``ready``.  Unlike the seed (and kazoo),
@@ -36,7 +36,7 @@ from typing import AsyncIterator
 import attrs
 import trio
 
-from framework import errors
+from framework import errors, records
 from framework.errors import ConfigurationError
 from framework.logs import get_logger
 from framework.primitives.lock import release_node
@@ -59,6 +59,13 @@ _PREFIX = "p-"
 
 
 @attrs.frozen
+class Go:
+    """The record in ``ready`` while a round runs: its members' node names."""
+
+    members: tuple[str, ...]
+
+
+@attrs.frozen
 class _Round:
     """The content of ``ready``: this round's members (empty: no round) at ``version``."""
 
@@ -67,7 +74,8 @@ class _Round:
 
 
 def _round_of(data: bytes, version: int) -> _Round:
-    return _Round(frozenset(data.decode().split("\n")) if data else frozenset(), version)
+    members = records.decode(data, Go).members if data else ()
+    return _Round(frozenset(members), version)
 
 
 def _participants(names: list[str]) -> list[str]:
@@ -165,7 +173,7 @@ class DoubleBarrier:
                         await session.children(self.path, watch=session.waker(fired))
                     elif len(kids) >= self.count:
                         await session.set(
-                            self._ready, "\n".join(kids).encode(), version=round_.version
+                            self._ready, records.encode(Go(tuple(kids))), version=round_.version
                         )
                         log.info("double_barrier.go", path=self.path, participants=len(kids))
                         continue

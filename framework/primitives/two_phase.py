@@ -2,9 +2,10 @@
 
 Layout of one transaction, all under ``<path>/<txid>`` (whose data is the payload)::
 
-    site-<name>    created by the coordinator, one per site: b"" -> b"joined" -> b"commit"|b"abort"
+    site-<name>    created by the coordinator, one per site; its data is the site's
+                   :class:`SiteState`: b"" -> b"joined" -> b"commit"|b"abort"
     alive-<name>   ephemeral, created by the site when it joins: its session's liveness
-    decision       "commit|abort\n<reason>\nby <who>": created once, by whoever decides first
+    decision       a :class:`Decision` record: created once, by whoever decides first
 
 The seed has every participant decide by itself from the votes.  Here every participant
 (coordinator and sites) watches the votes and the liveness nodes and applies the same rule:
@@ -26,18 +27,23 @@ from typing import Awaitable, Callable
 import attrs
 import trio
 
-from framework import errors
+from framework import errors, records
 from framework.errors import ConfigurationError, TwoPhaseTimeout
 from framework.logs import get_logger
 from framework.zk import Session, cleanup_scope, validate_name, validate_path, wait_exists
 
 log = get_logger("framework.primitives.two_phase")
 
-JOINED = b"joined"
-COMMIT = b"commit"
-ABORT = b"abort"
-
 VoteFn = Callable[[bytes], "bool | Awaitable[bool]"]
+
+
+class SiteState(enum.Enum):
+    """A site's node data: where the site stands in one transaction."""
+
+    INVITED = b""  # created by the coordinator; the site has not joined
+    JOINED = b"joined"  # joined (its ``alive`` node exists), not voted yet
+    COMMIT = b"commit"  # voted commit
+    ABORT = b"abort"  # voted abort
 
 
 class Outcome(enum.Enum):
@@ -48,28 +54,49 @@ class Outcome(enum.Enum):
 
 
 @attrs.frozen
+class Decision:
+    """The ``decision`` node's record: the outcome, why, and who decided it."""
+
+    outcome: Outcome
+    reason: str
+    by: str
+
+
+def _state_of(data: bytes) -> SiteState:
+    try:
+        return SiteState(data)
+    except ValueError:
+        raise records.CorruptRecord(f"not a two-phase site state: {data!r}") from None
+
+
+@attrs.frozen
 class _View:
-    votes: dict[str, bytes]
+    votes: dict[str, SiteState]
     alive: frozenset[str]
-    decision: bytes | None
+    decision: Decision | None
 
 
-def _verdict(view: _View) -> tuple[Outcome, str] | None:
+@attrs.frozen
+class _Verdict:
+    """What the rule concludes: an outcome, why, and whether it rests on a crash (which
+    must be confirmed before it is proposed)."""
+
+    outcome: Outcome
+    reason: str
+    crash: bool = False
+
+
+def _verdict(view: _View) -> _Verdict | None:
     """The rule every participant applies (see module doc)."""
     for site, vote in view.votes.items():
-        if vote == ABORT:
-            return Outcome.ABORTED, f"site {site} voted abort"
+        if vote is SiteState.ABORT:
+            return _Verdict(Outcome.ABORTED, f"site {site} voted abort")
     for site, vote in view.votes.items():
-        if vote == JOINED and site not in view.alive:
-            return Outcome.ABORTED, f"site {site} crashed before voting"
-    if all(v == COMMIT for v in view.votes.values()):
-        return Outcome.COMMITTED, "every site voted commit"
+        if vote is SiteState.JOINED and site not in view.alive:
+            return _Verdict(Outcome.ABORTED, f"site {site} crashed before voting", crash=True)
+    if all(v is SiteState.COMMIT for v in view.votes.values()):
+        return _Verdict(Outcome.COMMITTED, "every site voted commit")
     return None
-
-
-def _parse(decision: bytes) -> Outcome:
-    """``decision`` holds ``outcome\nreason\nby who``."""
-    return Outcome(decision.split(b"\n", 1)[0].decode())
 
 
 class _Transaction:
@@ -88,15 +115,16 @@ class _Transaction:
         if self._sites is None:
             names = await session.children(self.root)
             self._sites = sorted(n[5:] for n in names if n.startswith("site-"))
-        votes: dict[str, bytes] = {}
+        votes: dict[str, SiteState] = {}
         for site in self._sites:
             data, _stat = await session.get(f"{self.root}/site-{site}", watch=session.waker(fired))
-            votes[site] = data
+            votes[site] = _state_of(data)
         names = await session.children(self.root, watch=session.waker(fired))
         alive = frozenset(n[6:] for n in names if n.startswith("alive-"))
         decision = None
         if "decision" in names:
-            decision, _stat = await session.get(f"{self.root}/decision")
+            data, _stat = await session.get(f"{self.root}/decision")
+            decision = records.decode(data, Decision)
         return _View(votes, alive, decision)
 
     async def _confirm_crash(self, view: _View) -> bool:
@@ -104,16 +132,16 @@ class _Transaction:
         it crashed before voting only if its node still says ``joined`` now (it can never
         vote again: its vote is fenced on the vanished ``alive`` node)."""
         for site, vote in view.votes.items():
-            if vote == JOINED and site not in view.alive:
+            if vote is SiteState.JOINED and site not in view.alive:
                 data, _stat = await self.session.get(f"{self.root}/site-{site}")
-                if data != JOINED:
+                if _state_of(data) is not SiteState.JOINED:
                     return False
         return True
 
     async def decide(self, outcome: Outcome, reason: str) -> None:
         """Propose ``outcome``; the first proposal wins."""
         try:
-            record = f"{outcome.value}\n{reason}\nby {self.who}".encode()
+            record = records.encode(Decision(outcome, reason, self.who))
             await self.session.create(f"{self.root}/decision", record)
             log.info("two_phase.decided", tx=self.root, outcome=outcome.value, reason=reason,
                      by=self.who)
@@ -128,11 +156,11 @@ class _Transaction:
             try:
                 view = await self._read(fired)
                 if view.decision is not None:
-                    return _parse(view.decision)
+                    return view.decision.outcome
                 verdict = _verdict(view)
                 if verdict is not None:
-                    if "crashed" not in verdict[1] or await self._confirm_crash(view):
-                        await self.decide(*verdict)
+                    if not verdict.crash or await self._confirm_crash(view):
+                        await self.decide(verdict.outcome, verdict.reason)
                     continue
             except (errors.ConnectionLossError, errors.SessionExpiredError):
                 await self.session.wait_connected()
@@ -195,7 +223,7 @@ class TwoPhaseCoordinator:
             data, _stat = await self.session.get(f"{self.path}/{txid}/decision")
         except errors.NoNodeError:
             return None
-        return _parse(data)
+        return records.decode(data, Decision).outcome
 
     async def forget(self, txid: str) -> None:
         """Remove a finished transaction's nodes."""
@@ -242,7 +270,8 @@ class TwoPhaseSite:
             if stat.version == 0 and await session.exists(f"{root}/decision") is None:
                 await self._join_and_vote(root, mine, alive, payload, vote_fn)
             else:
-                log.info("two_phase.rejoined", tx=root, site=self.site, status=status.decode())
+                log.info("two_phase.rejoined", tx=root, site=self.site,
+                         status=_state_of(status).name.lower())
             outcome = await tx.outcome(deadline)
         finally:
             with cleanup_scope(session) as scope:
@@ -270,13 +299,13 @@ class TwoPhaseSite:
         while True:
             try:
                 await session.transaction().create(alive, ephemeral=True).set(
-                    mine, JOINED, version=0
+                    mine, SiteState.JOINED.value, version=0
                 ).commit()
                 break
             except errors.TransactionFailedError:
                 return  # someone decided for us (or we joined already): await the outcome
             except (errors.ConnectionLossError, errors.SessionExpiredError):
-                joined = await self._applied(mine, alive, session_id, JOINED)
+                joined = await self._applied(mine, alive, session_id, SiteState.JOINED)
                 if joined is None:
                     continue  # the join did not happen: try again
                 if not joined:
@@ -286,13 +315,15 @@ class TwoPhaseSite:
         # vote_fn runs outside any lock: a crash (or expiry) here is seen through `alive`
         try:
             result = vote_fn(payload)
-            vote = COMMIT if (await result if inspect.isawaitable(result) else result) else ABORT
+            commit = await result if inspect.isawaitable(result) else result
+            vote = SiteState.COMMIT if commit else SiteState.ABORT
         except Exception as exc:  # the site cannot do its part: vote abort
             log.warning("two_phase.vote_failed", tx=root, site=self.site, error=repr(exc))
-            vote = ABORT
+            vote = SiteState.ABORT
         while True:
             try:
-                await session.transaction().check(alive, -1).set(mine, vote, version=1).commit()
+                await session.transaction().check(alive, -1).set(
+                    mine, vote.value, version=1).commit()
                 break
             except errors.TransactionFailedError:
                 log.warning("two_phase.vote_rejected", tx=root, site=self.site)
@@ -305,10 +336,10 @@ class TwoPhaseSite:
                     log.warning("two_phase.vote_rejected", tx=root, site=self.site)
                     return
                 break
-        log.info("two_phase.voted", tx=root, site=self.site, vote=vote.decode())
+        log.info("two_phase.voted", tx=root, site=self.site, vote=vote.value.decode())
 
     async def _applied(
-        self, mine: str, alive: str, session_id: int, wanted: bytes
+        self, mine: str, alive: str, session_id: int, wanted: SiteState
     ) -> bool | None:
         """After a lost reply: ``True`` if ``mine`` holds ``wanted`` (our write happened),
         ``False`` if it cannot happen any more (our session, and so ``alive``, is gone, or
@@ -317,16 +348,17 @@ class TwoPhaseSite:
             try:
                 current = await self.session.wait_connected()
                 data, _stat = await self.session.get(mine)
-                if data == wanted:
+                state = _state_of(data)
+                if state is wanted:
                     return True
                 if current != session_id:
                     return False
                 stat = await self.session.exists(alive)
-                if wanted == JOINED:
-                    return None if data == b"" else False
+                if wanted is SiteState.JOINED:
+                    return None if state is SiteState.INVITED else False
                 if stat is None or stat.ephemeralOwner != session_id:
                     return False
-                return None if data == JOINED else False
+                return None if state is SiteState.JOINED else False
             except (errors.ConnectionLossError, errors.SessionExpiredError):
                 continue
 

@@ -20,7 +20,7 @@ from framework.logs import get_logger
 from framework.primitives.queue.acks import Ending
 from framework.primitives.queue.items import BATCH as _BATCH
 from framework.primitives.queue.items import Claim, ClaimExtras, QueueItem
-from framework.primitives.queue.lease import Renewal, lease_token
+from framework.primitives.queue.lease import Renewal, claim_token
 from framework.primitives.queue.state import QueueState
 from framework.primitives.queue.view import Entry, QueueView
 from framework.zk import Transaction, cleanup_scope, gather
@@ -197,7 +197,7 @@ class Claimer(QueueState):
                                                 stat.version + 1))
             claims.append(Claim(
                 entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
-                session_id, lease_token(f"{self._owner}:{uuid.uuid4().hex[:16]}", self.lease),
+                session_id, claim_token(self._owner, uuid.uuid4().hex[:16], self.lease),
                 extras,
             ))
         return claims

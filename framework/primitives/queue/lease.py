@@ -3,7 +3,7 @@
 A claim is an ephemeral node, so it lives as long as its owner's session - and kazoo keeps a
 session alive from its own thread even while the owner's handler is stuck (blocked in a
 thread, or spinning without checkpoints).  A lease bounds that: the claim's data carries its
-lease (``<owner>:<nonce>;lease=<seconds>``) and the owner *renews* it from the trio side, by
+lease (a :class:`ClaimToken`) and the owner *renews* it from the trio side, by
 rewriting the claim node at its current version every ``lease / 3`` seconds.  An owner whose
 trio loop is blocked renews nothing; a worker stops renewing once the task's time limit is
 over.
@@ -26,31 +26,36 @@ from typing import Mapping
 import attrs
 import trio
 
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
 from framework.zk import Session
 
 log = get_logger("framework.primitives.queue")
 
-_SUFFIX = b";lease="
+@attrs.frozen
+class ClaimToken:
+    """A claim node's record: who claimed the item (``owner``, host:pid), this delivery's
+    ``nonce`` (so a claim tells itself from any later one) and the ``lease`` in seconds
+    within which it must be renewed (``None``: no lease)."""
+
+    owner: str
+    nonce: str
+    lease: float | None = None
 
 
-def lease_token(owner_nonce: str, lease: float | None) -> bytes:
-    """A claim node's data: who claimed it, and the lease it must be renewed within."""
-    token = owner_nonce.encode()
-    return token if lease is None else token + _SUFFIX + f"{lease:g}".encode()
+def claim_token(owner: str, nonce: str, lease: float | None) -> bytes:
+    """A claim node's data (a :class:`ClaimToken`)."""
+    return records.encode(ClaimToken(owner, nonce, lease))
 
 
 def lease_of(data: bytes) -> float | None:
-    """The lease written in a claim's data (``None``: the claim has none)."""
-    _, found, value = data.rpartition(_SUFFIX)
-    if not found:
-        return None
+    """The lease written in a claim's data (``None``: the claim has none, or its data is
+    not a claim token)."""
     try:
-        lease = float(value)
-    except ValueError:
+        lease = records.decode(data, ClaimToken).lease
+    except records.CorruptRecord:
         return None
-    return lease if lease > 0 and math.isfinite(lease) else None
+    return lease if lease is not None and lease > 0 and math.isfinite(lease) else None
 
 
 @attrs.define
