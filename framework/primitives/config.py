@@ -7,19 +7,17 @@ Layout under ``path``::
     path/ready      exists only while the fields form a complete configuration;
                     data: that configuration's version number
 
-The writer deletes ``ready``, writes every field node pipelined (all requests in flight at
-once: ZooKeeper applies one session's requests in order), then recreates ``ready``.  A reader
-acts only on a configuration read entirely while one and the same ``ready`` node existed: it
-reads ``ready`` (setting a watch), the fields, then ``ready`` again, and keeps the result only
-if the second read finds the same node (same ``czxid``).  That check is needed here because
-kazoo delivers watch notifications and replies on different threads, so the paper's "the
-notification arrives before the new data" ordering is not visible to trio code as is.
+The writer deletes ``ready``, writes every field node pipelined, then recreates ``ready``.
+Guarantees: a reader returns only a configuration read entirely while one and the same
+``ready`` node existed (checked by its ``czxid``), never a half-written one; versions grow.
+One writer at a time: with ``fence=term`` from an
+:class:`~framework.primitives.election.Election` every step checks the leader's node, so a
+deposed leader's write fails on the server.  Concurrent unfenced writers are detected (the
+root's version is claimed with a conditional set) but may leave mixed fields until the next
+write; ``ready`` then stays absent only if the last writer failed.
 
-One writer at a time: pass ``fence=term`` from an :class:`~framework.primitives.election.Election`
-so that every step checks the leader's node and a deposed leader's write fails on the server.
-Concurrent unfenced writers are detected (the root node's version is claimed with a
-conditional set) but may leave mixed fields until the next write; ``ready`` then stays absent
-only if the last writer failed.
+Why the reader checks ``ready`` twice: ``docs/architecture.md`` ("Configuration with a ready
+znode").
 """
 
 from __future__ import annotations
@@ -68,8 +66,12 @@ class _Retry(Exception):
 class ConfigStore(Generic[T]):
     """A typed configuration stored with the ready-znode protocol (see the module doc).
 
-    ``cls`` is an attrs class (converted with cattrs) or ``None`` for a plain ``dict``; each
-    top-level field is one znode holding JSON.
+    ``cls`` is an attrs class (through :mod:`framework.records`) or ``None`` for a plain
+    ``dict``; each top-level field is one znode holding JSON.
+
+    Raises :class:`ConfigurationError` for a bad path or class, a configuration that is not
+    ``cls`` (or not JSON), and a stored one that does not fit ``cls``;
+    :class:`ConcurrentUpdateError` when another writer changed it during a write.
 
     * SUSPENDED: readers and watchers wait and read again after reconnecting; a write retries
       the whole protocol after a lost reply (it is idempotent as a whole; a retried write may

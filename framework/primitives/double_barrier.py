@@ -6,23 +6,21 @@ Layout under the barrier's path::
     ready                        persistent; between rounds empty, during one a :class:`Go`
                                  record: the names of that round's members
 
-Enter (seed): register a node and watch ``ready``; the participant that sees ``count``
-participants says "go" by writing their names into ``ready``.  Unlike the seed (and kazoo),
-``ready`` is never counted as a participant, and "go" names the round's members: a member
-that looks late (after others already left) still finds itself there and goes, instead of
-waiting for a marker that was already removed.  ``ready`` is read without a watch and
-watched only right before waiting, so no watch stays armed through the body: leaving costs
-one notification per member, not two.  A participant arriving after "go" is not a
-member of that round: it waits for the next one, so the path can be reused round after round.
-``ready`` is never deleted, only rewritten with version checks, so a stale writer can never
-clear the marker of a newer round (a deleted and re-created node would restart at version 0).
+Guarantees:
 
-Leave (seed, herd-free): the lowest member watches the highest; every other member deletes
-its node and watches the lowest.  The lowest leaves last, deleting its node and clearing
-``ready`` in one transaction.  Ephemeral nodes make crashes harmless: a crashed member's node
-vanishes, which wakes whoever watched it, and the protocol carries on without it (whoever
-sees the round empty clears ``ready``).  Until its session expires a crashed participant
-still counts towards ``count``, as in the seed: nobody can tell it from a slow one before.
+* A round's bodies start once ``count`` participants have registered, and every member of
+  the round starts, even one that looks after others have already left.  ``ready`` never
+  counts as a participant.
+* A participant arriving after "go" is not a member of that round: it waits for the next, so
+  one path serves round after round.  A stale writer can never clear a newer round's marker.
+* Leaving is the seed's, herd-free: the lowest member watches the highest, every other member
+  deletes its node and watches the lowest, and the lowest leaves last, ending the round.
+* A crashed member's node vanishes with its session and the others carry on without it;
+  until its session expires it still counts towards ``count`` (nobody can tell it from a
+  slow one before).
+
+Why "go" names the members, why ``ready`` is never deleted, and the watches it costs:
+``docs/architecture.md`` ("The double barrier").
 """
 
 from __future__ import annotations
@@ -94,7 +92,8 @@ class DoubleBarrier:
     every member of the round has left.
 
     If the body raises (or is cancelled) the participant leaves at once without waiting for
-    the others (its node is deleted, so it does not hold them up).
+    the others (its node is deleted, so it does not hold them up).  A bad path, name or
+    ``count`` raises :class:`ConfigurationError`.
 
     SUSPENDED: waiting continues after reconnection (our node lives as long as the session).
     LOST: our ephemeral node is gone; while entering we register again in the new session;

@@ -1,10 +1,10 @@
 """Group membership: ephemeral member nodes under one parent, watched as complete snapshots.
 
 ``async with group.join("w1", data) as me:`` keeps an ephemeral ``{path}/w1`` for the duration
-of the block (``name=None``: ``{path}/m_{guid}-NNNNNNNNNN``, sequential and protected).  Unlike
-kazoo's ``Party``, membership survives a session expiry: a background task in the join's own
-nursery notices that the node is gone and creates it again in the new session, with the latest
-data given to :meth:`Membership.update`.
+of the block (``name=None``: ``{path}/m_{guid}-NNNNNNNNNN``, sequential and protected).
+Membership survives a session expiry: a background task in the join's own nursery notices
+that the node is gone and creates it again in the new session, with the latest data given to
+:meth:`Membership.update`.
 """
 
 from __future__ import annotations

@@ -7,15 +7,20 @@ Layout of one transaction, all under ``<path>/<txid>`` (whose data is the payloa
     alive-<name>   ephemeral, created by the site when it joins: its session's liveness
     decision       a :class:`Decision` record: created once, by whoever decides first
 
-The seed has every participant decide by itself from the votes.  Here every participant
-(coordinator and sites) watches the votes and the liveness nodes and applies the same rule:
-any ``abort`` vote, or a site that joined and whose ``alive`` node vanished before it voted,
-or the coordinator's timeout, means abort; all ``commit`` votes mean commit.  The first
-participant to conclude creates ``decision``; a create is atomic, so everyone adopts that
-one outcome even if two of them raced with different views.  A site's vote is written in a
-transaction that checks its own ``alive`` node, so a site whose session expired cannot vote
-after it was declared crashed.  The transaction's nodes are kept after the decision, so a
-restarted site can learn the outcome; :meth:`TwoPhaseCoordinator.forget` removes them.
+Guarantees:
+
+* Every participant (coordinator and sites) applies the same rule to what it watches: any
+  ``abort`` vote, a site that joined and whose ``alive`` node vanished before it voted, or a
+  timeout means abort; all ``commit`` votes mean commit.
+* One outcome: the first participant to conclude creates ``decision`` (a create is atomic),
+  and everyone adopts that one, even if two of them raced with different views.
+* A site's vote is written in a transaction that checks its own ``alive`` node, so a site
+  whose session expired cannot vote after it was declared crashed.
+* The sites decide without the coordinator if it crashes.  The transaction's nodes are kept
+  after the decision, so a restarted site learns the outcome;
+  :meth:`TwoPhaseCoordinator.forget` removes them.
+* A ``decision`` or site node that is not a record of this recipe raises
+  :class:`~framework.records.CorruptRecord`.
 """
 
 from __future__ import annotations
@@ -175,7 +180,8 @@ class _Transaction:
 
 
 class TwoPhaseCoordinator:
-    """Runs transactions over the named ``sites`` under ``path``.
+    """Runs transactions over the named ``sites`` under ``path`` (bad names, an empty or
+    duplicated site list: :class:`ConfigurationError`).
 
     SUSPENDED: the coordinator keeps watching and re-reads after reconnection.  LOST: it holds
     no ephemeral node; it continues in the new session.  If the coordinator crashes after
@@ -197,7 +203,8 @@ class TwoPhaseCoordinator:
         self.sites = [validate_name("site name", s) for s in sites]
 
     async def run(self, txid: str, payload: bytes, timeout: float) -> Outcome:
-        """Create transaction ``txid`` and wait for its outcome; abort after ``timeout``."""
+        """Create transaction ``txid`` and wait for its outcome; abort after ``timeout``.
+        A ``txid`` that exists already raises :class:`ConfigurationError`."""
         root = f"{self.path}/{validate_name('txid', txid)}"
         deadline = trio.current_time() + _check_timeout(timeout, allow_none=False)
         await self.session.ensure_path(self.path)
@@ -250,7 +257,10 @@ class TwoPhaseSite:
     ) -> Outcome:
         """Wait for transaction ``txid``, vote with ``vote_fn(payload)`` (true: commit; an
         exception votes abort) and return the outcome.  After ``timeout`` (if given) the site
-        proposes ABORT itself, which wins unless a decision was already made."""
+        proposes ABORT itself, which wins unless a decision was already made.
+
+        Raises :class:`TwoPhaseTimeout` if the transaction does not appear within
+        ``timeout``, :class:`ConfigurationError` if this site is not one of its sites."""
         session = self.session
         root = f"{self.path}/{validate_name('txid', txid)}"
         deadline = trio.current_time() + _check_timeout(timeout, allow_none=True)

@@ -1,21 +1,22 @@
 """Claim leases of a work queue: a visibility timeout that a stuck owner cannot outlive.
 
-A claim is an ephemeral node, so it lives as long as its owner's session - and kazoo keeps a
-session alive from its own thread even while the owner's handler is stuck (blocked in a
-thread, or spinning without checkpoints).  A lease bounds that: the claim's data carries its
-lease (a :class:`ClaimToken`) and the owner *renews* it from the trio side, by
-rewriting the claim node at its current version every ``lease / 3`` seconds.  An owner whose
-trio loop is blocked renews nothing; a worker stops renewing once the task's time limit is
-over.
+Guarantees:
 
-A consumer with nothing to take checks the claims it can see.  It remembers the version at
-which it first saw each leased claim, by its own monotonic clock, and a claim still at that
-version ``lease`` seconds later was not renewed for at least ``lease`` seconds: it deletes it
-*at that version* (so a renewal that got in first wins), and the item is delivered again.
-No clocks are compared across machines, and only idle consumers do this: a busy queue pays
-nothing.  The late owner's ack is refused by the server (it deletes the claim and the item
-at the claimed version, and one or the other has changed), so its result is not counted as
-the delivery's.
+* A claim made with a lease carries it in its data (a :class:`ClaimToken`).  Its owner
+  renews it from the trio side, rewriting the claim node at its current version every
+  ``lease / 3`` seconds, until the take's ``renew_for`` runs out; an owner whose trio loop is
+  blocked renews nothing.
+* A consumer with nothing to take breaks a claim it has seen at one version for a whole
+  lease, by its own monotonic clock (no clocks are compared across machines): it deletes the
+  claim *at that version*, so a renewal that got in first wins, and the item is delivered
+  again.  Only idle consumers look: a busy queue pays nothing.
+* The late owner's ack is refused by the server (the claim or the item moved on): its block
+  ends with :class:`~framework.errors.ClaimLost` and its result is not the delivery's.
+* SUSPENDED: a renewal whose reply was lost reads the claim back before going on.  LOST: the
+  claim went with the session; nothing is renewed.
+
+Why the queue needs leases at all (kazoo keeps a session alive while a handler is stuck) and
+their cost: ``docs/architecture.md`` ("Leases (visibility timeout)").
 """
 
 from __future__ import annotations

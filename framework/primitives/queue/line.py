@@ -1,33 +1,27 @@
 """The line of idle consumers: only the first few wait for the queue to change (no herd).
 
-Without it, every idle consumer of a queue watches the bucket it would take from, so each put
-wakes all of them: each lists the bucket, reads the item and sends a claim transaction, and
-all but one fail (measurements: docs/architecture.md, "Idle consumers wait in line").
-
 Layout: ``<queue>/waiting/w-<guid>-NNNNNNNNNN``, ephemeral and sequential, one per
 :class:`~framework.primitives.queue.WorkQueue` object that has a take with nothing to take.
-The first :data:`HEADS` nodes in sequence order are the *heads*: they wait on the queue's
-watched lists as every consumer did before.  Every later waiter watches only the
-:data:`HEADS` nodes immediately ahead of it (the seed's "watch the predecessor", generalised
-to several holders): while those exist, at least :data:`HEADS` nodes are ahead of it, so it
-cannot be a head; when one goes it looks again.  A node's deletion wakes at most
-:data:`HEADS` waiters, however long the line; nodes ahead of a waiter only ever go, so a
-head stays a head and does not list the line again.  A consumer leaves the line in the
-transaction that claims work (the delete of its node is one more operation of the claim's
-multi), even with other takes still idle: the process that just started a handler, which
-may block its event loop, is never left a head.  The next waiter becomes a head only once
-the item is claimed, so it does not go for it too, and a head that loses the race keeps its
-place.  It joins again at the back the next time it finds nothing.
 
-Two heads rather than one: a head whose process stops running its event loop while its
-session lives (a handler blocking the loop) keeps its place; the other head still takes what
-arrives, and when it leaves, the next waiter (which watches both) becomes a head.  Busy
-consumers never wait in line: a take that finds work claims it at once.
+Guarantees:
 
-Creates are protected by the GUID in the name (a lost reply is recovered by
-:func:`~framework.zk.create_protected`); an interrupted join deletes what it may have made.
-SUSPENDED: the waits go on (the watches fire when the connection is back, or the caller looks
-again).  LOST: the node went with the session; the next wait joins again.
+* The first :data:`HEADS` nodes in sequence order (the *heads*) wait on the queue's watched
+  lists; every later waiter watches only the :data:`HEADS` nodes just ahead of it.  A node's
+  deletion wakes at most :data:`HEADS` waiters however long the line, so a put wakes a few
+  consumers, not all of them.
+* A head stays a head (nodes ahead of it only ever go) and does not list the line again.
+* A consumer leaves the line in the transaction that claims work (its node's delete is one
+  more operation of the claim's multi), even with other takes still idle; the next waiter
+  becomes a head only once the item is claimed, and a head that loses the race keeps its
+  place.  It joins again at the back the next time it finds nothing; busy consumers never
+  join.
+* Creates are protected by the GUID in the name (a lost reply is recovered by
+  :func:`~framework.zk.create_protected`); an interrupted join deletes what it may have made.
+* SUSPENDED: the waits go on (the watches fire when the connection is back, or the caller
+  looks again).  LOST: the node went with the session; the next wait joins again.
+
+Why two heads, why a claim leaves the line, and the measured cost: ``docs/architecture.md``
+("Idle consumers wait in line").
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ pipelined, recovered after lost replies by the GUIDs in item names, and the buck
 
 from __future__ import annotations
 
+import enum
 import uuid
 from typing import Callable, Iterable
 
@@ -29,6 +30,14 @@ _BATCH_OPS = 500
 _BATCH_BYTES = 512 * 1024
 #: Batches of one ``put_many`` in flight at once.
 _PIPELINE = 4
+
+
+class _Then(enum.Enum):
+    """What a round of batches leaves to do."""
+
+    DONE = enum.auto()  # every batch was applied
+    AGAIN = enum.auto()  # send the rest again, in order (lost, or after a lost one)
+    NEW_BUCKET = enum.auto()  # the bucket is gone (a consumer dropped an old one): find the newest
 
 
 class Producer(QueueState):
@@ -98,14 +107,14 @@ class Producer(QueueState):
                     chain = await self._open_chain()
                 ordered = chain if len(batches) > 1 else None
                 await self._send_round(bucket, priority, batches, payloads, ordered, also)
-                applied, verdict = await self._conclude(bucket, priority, batches, ordered)
+                applied, then = await self._conclude(bucket, priority, batches, ordered)
                 if chain is not None and not chain.alive:
                     chain = None  # gone with an expired session: a new one if needed
                 end = batches[applied - 1].end if applied else start
                 created = [path for batch in batches[:applied] for path in batch.outcome]
                 names.extend(await self._settle(bucket, created, payloads[start:end], priority))
                 start = end
-                if verdict == "bucket gone":
+                if then is _Then.NEW_BUCKET:
                     self._bucket = None
         finally:
             if chain is not None:
@@ -202,15 +211,15 @@ class Producer(QueueState):
 
     async def _conclude(
         self, bucket: str, priority: int, batches: list[Batch], chain: Chain | None
-    ) -> tuple[int, str | None]:
+    ) -> tuple[int, _Then]:
         """How many leading batches were applied (their outcomes become the paths created),
-        and why the next one was not (``None``: all were)."""
+        and what to do about the rest."""
         first = next((k for k, b in enumerate(batches) if not isinstance(b.outcome, list)),
                      len(batches))
         if first == len(batches):
             if chain is not None:
                 chain.version += len(batches)
-            return first, None
+            return first, _Then.DONE
         for batch in batches[first:]:
             exc = batch.outcome
             if isinstance(exc, Exception) and not _expected_put_error(exc, chain):
@@ -219,14 +228,14 @@ class Producer(QueueState):
         if chain is not None or any(_in_doubt(b.outcome) for b in batches[first:]):
             applied = await self._recover(bucket, priority, batches, first, chain)
         if applied == len(batches):
-            return applied, None
+            return applied, _Then.DONE
         exc = batches[applied].outcome
         if isinstance(exc, errors.NoNodeError) or (
             isinstance(exc, errors.TransactionFailedError)
             and (chain is None or exc.failed_index > 0)
         ):
-            return applied, "bucket gone"  # a consumer dropped it: we were writing to an old one
-        return applied, "again"  # lost, or after a lost one: send again, in order
+            return applied, _Then.NEW_BUCKET  # a consumer dropped it: it was an old one
+        return applied, _Then.AGAIN  # lost, or after a lost one: send again, in order
 
     async def _recover(
         self, bucket: str, priority: int, batches: list[Batch], first: int,
