@@ -100,6 +100,7 @@ class Acker(QueueState):
             except (errors.SessionExpiredError, errors.NotConnectedError):
                 return Ending.UNKNOWN
             except errors.ConnectionLossError:
+                sent = True  # the check was cut: look again, never send blindly again
                 continue
             if stat is None:
                 return Ending.APPLIED
