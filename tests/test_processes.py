@@ -1,5 +1,6 @@
 """The process harness itself (:mod:`framework.testing.processes`): piped lines both ways,
-kill -9 and the exit code, the log file, and a child that dies with its parent."""
+kill -9 and the exit code, the log file, the child's environment, and a child that dies with
+its parent."""
 
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ async def test_kill_9_and_the_log_file(tmp_path: Path) -> None:
     async with spawn(python_argv("-c", "import time; time.sleep(600)"), name="c3") as left:
         pass
     assert left.returncode == -signal.SIGKILL and not left.running
+
+
+async def test_env_adds_to_and_removes_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``env`` is added to this process's environment; a ``None`` value removes a variable
+    the child would otherwise inherit."""
+    monkeypatch.setenv("HARNESS_KEPT", "kept")
+    monkeypatch.setenv("HARNESS_GONE", "here")
+    script = ("import os; print([os.environ.get(k) for k in "
+              "('HARNESS_KEPT', 'HARNESS_GONE', 'HARNESS_NEW')])")
+    async with spawn(python_argv("-c", script), pipe_stdout=True,
+                     env={"HARNESS_GONE": None, "HARNESS_NEW": "new"}) as child:
+        assert child.lines is not None
+        with trio.fail_after(20):
+            assert await child.lines.rest() == ["['kept', None, 'new']"]
+            assert await child.wait() == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfd_open: Linux 5.3+")

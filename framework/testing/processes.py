@@ -160,7 +160,7 @@ async def spawn(
     log_dir: str | os.PathLike[str] | None = None,
     pipe_stdout: bool = False,
     pipe_stdin: bool = False,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[Child]:
     """Run ``argv`` for the duration of the block; kill -9 and reap it at the end.
@@ -169,7 +169,8 @@ async def spawn(
     ``child.stdout``; stderr goes to the log file, or is inherited); with ``log_dir`` stdout
     and stderr go to ``log_dir/<name>.log``; otherwise both are inherited.  ``pipe_stdin``:
     write to the child through ``child.stdin``.  ``env`` is added to this
-    process's environment.  Call it from trio's thread (see the module doc)."""
+    process's environment; a ``None`` value removes that variable (the child does not
+    inherit it).  Call it from trio's thread (see the module doc)."""
     name = name or Path(str(argv[0])).name
     log_path: Path | None = None
     log_file: IO[bytes] | None = None
@@ -177,10 +178,11 @@ async def spawn(
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(log_dir) / f"{name}.log"
         log_file = log_path.open("ab")
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     linux = sys.platform.startswith("linux")
     try:
         process = subprocess.Popen(
-            [str(a) for a in argv], env={**os.environ, **(env or {})}, cwd=cwd,
+            [str(a) for a in argv], env=environ, cwd=cwd,
             stdin=subprocess.PIPE if pipe_stdin else None,
             stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
             preexec_fn=die_with_parent if linux else None)
