@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -17,6 +15,7 @@ import trio
 from framework import Client, ConfigurationError, FrameworkError, PermanentFailure, Session
 from framework.cli import main, split_chroot
 from framework.runtime import App, Master, MasterContext, Task, TaskExists, Worker
+from framework.testing import spawn
 from framework.zk import wait_exists, watch_children
 
 APP = "ops"
@@ -320,44 +319,24 @@ async def test_status_watch_renders_again_on_changes(zk_hosts: str, chroot: str,
                                                      session: Session) -> None:
     app = App(APP)
     await Client(session, APP).submit("handle", {"n": 1})
-    env = {k: v for k, v in os.environ.items() if k != "FRAMEWORK_ZK_HOSTS"}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "framework", "status", APP, "--watch", "--json",
-         "--interval", "0.1", "--zk", f"{zk_hosts}{chroot}"], stdout=subprocess.PIPE, env=env)
-    try:
+    argv = [sys.executable, "-m", "framework", "status", APP, "--watch", "--json",
+            "--interval", "0.1", "--zk", f"{zk_hosts}{chroot}"]
+    async with spawn(argv, pipe_stdout=True, env={"FRAMEWORK_ZK_HOSTS": None}) as watch:
+        assert watch.lines is not None
         with trio.fail_after(30):
-            lines = Lines(proc.stdout)
-            first = json.loads(await lines.next())
+            first = json.loads(await watch.lines.next())
             assert first["queue_depth"] == 1 and first["workers"] == {}
             await session.ensure_path(app.workers)
             await session.create(f"{app.workers}/w9", b'{"name": "w9"}', ephemeral=True)
-            while "w9" not in json.loads(await lines.next())["workers"]:
+            while "w9" not in json.loads(await watch.lines.next())["workers"]:
                 pass
             started = time.monotonic()
             await Client(session, APP).submit("handle", {"n": 2})
-            while json.loads(await lines.next())["queue_depth"] != 2:
+            while json.loads(await watch.lines.next())["queue_depth"] != 2:
                 pass
             assert time.monotonic() - started < 10
-            proc.send_signal(signal.SIGINT)
-            assert await proc.wait() == 130
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-class Lines:
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.buffer = b""
-
-    async def next(self) -> str:
-        while b"\n" not in self.buffer:
-            chunk = await self.stream.receive_some(65536)
-            assert chunk, "the command ended"
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode()
+            watch.process.send_signal(signal.SIGINT)
+            assert await watch.wait() == 130
 
 
 # ------------------------------------------------------------------ connection strings
