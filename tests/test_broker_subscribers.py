@@ -4,10 +4,8 @@ instance that resumes after its session expired never moves a position."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from examples.message_broker.cluster import ROOT, LocalCluster
 from examples.message_broker.ctl import create_topics
 from examples.message_broker.layout import BrokerPaths, Position, decode
 from framework import Session, errors
+from framework.testing import Child, spawn
 from framework.testing.faults import expire_session
 from framework.zk import watch_data
 
@@ -89,37 +88,22 @@ async def test_zombie_instance_never_moves_a_position(session: Session, zk_hosts
                 assert await position(session, "z", "s") == 10
 
 
-def _consume(zk_hosts: str, chroot: str, *extra: str) -> subprocess.Popen[bytes]:
+def _consume(zk_hosts: str, chroot: str, logs: Path, name: str,
+             *extra: str) -> AbstractAsyncContextManager[Child]:
+    """``ctl consume q --name s --follow`` as a child: stdout piped, stderr in its log."""
     argv = [sys.executable, "-m", "examples.message_broker.ctl", "--zk", zk_hosts,
             "--chroot", chroot, "consume", "q", "--name", "s", "--follow", "--offsets",
             "--session-timeout", "2", *extra]
-    env = os.environ | {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"}
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=ROOT)
+    return spawn(argv, name=name, log_dir=logs, pipe_stdout=True, cwd=ROOT,
+                 env={"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"})
 
 
-class Lines:
-    """A child's stdout lines as they arrive (read in a thread)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self._changed = trio.Event()
-
-    async def read(self) -> None:
-        assert self.proc.stdout is not None
-        while True:
-            line = await trio.to_thread.run_sync(self.proc.stdout.readline,
-                                                 abandon_on_cancel=True)
-            if not line:
-                return
-            self.lines.append(line.decode().rstrip("\n"))
-            self._changed.set()
-            self._changed = trio.Event()
-
-    async def until(self, count: int) -> None:
-        while len(self.lines) < count:
-            await self._changed.wait()
+async def read_lines(child: Child, count: int) -> list[str]:
+    """Read ``child``'s output until it has printed ``count`` lines in all; all of them."""
+    assert child.lines is not None
+    while len(child.lines.seen) < count:
+        await child.lines.next()
+    return child.lines.seen
 
 
 async def test_paused_subscriber_process_resumes_as_a_zombie(
@@ -128,40 +112,33 @@ async def test_paused_subscriber_process_resumes_as_a_zombie(
     """Two ``ctl consume --name s`` processes: the first is SIGSTOPped past its session, the
     second takes the name over and reads on; the first, resumed, prints nothing more, exits
     with one line, and its final commit (which would move the position back) is refused."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
-                cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
-                await cluster.start_with_topics(session, ["q"])
-                async with Producer(session) as producer:
-                    await producer.send_many("q", [f"m{i}".encode() for i in range(10)])
-                    # the first never commits while it lives: 10 acks held in memory
-                    first = Lines(_consume(zk_hosts, chroot, "--commit-interval", "3600"))
-                    procs.append(first.proc)
-                    nursery.start_soon(first.read)
-                    await first.until(10)
-                    second = Lines(_consume(zk_hosts, chroot, "--commit-interval", "0.1"))
-                    procs.append(second.proc)
-                    nursery.start_soon(second.read)
-                    first.proc.send_signal(signal.SIGSTOP)
-                    await producer.send_many("q", [f"m{i}".encode() for i in range(10, 20)])
-                    # the first one's session expires; the second reads from position 0
-                    await second.until(20)
-                    await wait_position(session, "q", "s", 20)
-                first.proc.send_signal(signal.SIGCONT)
-                status = await trio.to_thread.run_sync(first.proc.wait, abandon_on_cancel=True)
-                assert first.proc.stderr is not None
-                err = first.proc.stderr.read().decode().strip().splitlines()
-                print("zombie:", err)
-                assert status == 2 and len(err) == 1 and err[0].startswith("broker ctl: error:")
-                assert first.lines == [f"{i}\tm{i}" for i in range(10)]  # nothing after resume
-                assert second.lines == [f"{i}\tm{i}" for i in range(20)]
-                assert await position(session, "q", "s") == 20  # not moved back to 10
-                nursery.cancel_scope.cancel()
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-            proc.wait()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery, AsyncExitStack() as children:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            await cluster.start_with_topics(session, ["q"])
+            async with Producer(session) as producer:
+                await producer.send_many("q", [f"m{i}".encode() for i in range(10)])
+                # the first never commits while it lives: 10 acks held in memory
+                first = await children.enter_async_context(_consume(
+                    zk_hosts, chroot, tmp_path, "first", "--commit-interval", "3600"))
+                await read_lines(first, 10)
+                second = await children.enter_async_context(_consume(
+                    zk_hosts, chroot, tmp_path, "second", "--commit-interval", "0.1"))
+                first.pause()
+                await producer.send_many("q", [f"m{i}".encode() for i in range(10, 20)])
+                # the first one's session expires; the second reads from position 0
+                await read_lines(second, 20)
+                await wait_position(session, "q", "s", 20)
+            first.resume()
+            assert first.lines is not None and second.lines is not None
+            await first.lines.rest()  # its output ends when it exits
+            status = await first.wait()
+            err = first.log().strip().splitlines()
+            print("zombie:", err)
+            assert status == 2 and len(err) == 1 and err[0].startswith("broker ctl: error:")
+            assert first.lines.seen == [f"{i}\tm{i}" for i in range(10)]  # nothing after resume
+            assert await position(session, "q", "s") == 20  # not moved back to 10
+            second.kill()  # then every line it printed is read
+            await second.lines.rest()
+            assert second.lines.seen == [f"{i}\tm{i}" for i in range(20)]
+            nursery.cancel_scope.cancel()
