@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from examples.message_broker.layout import (
 from framework import Session, records
 from framework.runtime import App, gather_status, render_status
 from framework.runtime.records import MemberState
+from framework.testing import spawn
 from framework.zk import watch_data
 
 PATHS = BrokerPaths()
@@ -45,8 +45,7 @@ async def run_ctl(zk_hosts: str, chroot: str, *argv: str,
 
 
 async def test_produce_consume_and_list_from_the_command_line(
-    session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
-    procs: list[subprocess.Popen[bytes]]
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
 ) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -67,19 +66,16 @@ async def test_produce_consume_and_list_from_the_command_line(
             assert decode((await session.get(PATHS.subscriber("cli", "tail")))[0],
                           Position) == Position(4)
             # `consume --follow | head -1`: the reader goes away, the command ends quietly
-            env = os.environ | {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"}
-            follow = subprocess.Popen(
-                [sys.executable, "-m", "examples.message_broker.ctl", "--zk", zk_hosts,
-                 "--chroot", chroot, "consume", "cli", "--follow"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
-            procs.append(follow)  # killed at teardown whatever happens
-            assert follow.stdout is not None and follow.stderr is not None
-            first = await trio.to_thread.run_sync(follow.stdout.readline, abandon_on_cancel=True)
-            assert first == b"hello\n"
-            follow.stdout.close()
-            await run_ctl(zk_hosts, chroot, "produce", "cli", "x" * 70_000)  # > a pipe's buffer
-            code = await trio.to_thread.run_sync(follow.wait, abandon_on_cancel=True)
-            assert (code, follow.stderr.read()) == (0, b"")
+            async with spawn(  # killed at the end of the block whatever happens
+                    [sys.executable, "-m", "examples.message_broker.ctl", "--zk", zk_hosts,
+                     "--chroot", chroot, "consume", "cli", "--follow"],
+                    name="follow", log_dir=tmp_path, pipe_stdout=True, cwd=ROOT,
+                    env={"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"}) as follow:
+                assert follow.lines is not None and follow.stdout is not None
+                assert await follow.lines.next() == "hello"
+                await follow.stdout.aclose()
+                await run_ctl(zk_hosts, chroot, "produce", "cli", "x" * 70_000)  # > a pipe
+                assert (await follow.wait(), follow.log()) == (0, "")  # stderr: nothing
             status, table, _ = await run_ctl(zk_hosts, chroot, "list")
             header, row = table.strip().splitlines()
             assert status == 0 and header.split()[:3] == ["TOPIC", "MODE", "PRIMARY"]
