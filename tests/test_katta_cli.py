@@ -4,15 +4,15 @@ shard ever visible after a builder is killed with kill -9."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from examples.katta_like.corpus import CorpusSource, CorpusSpec, documents
 from examples.katta_like.ctl import main
 from examples.katta_like.store import MANIFEST, Manifest, ShardStore, verify
+from framework.testing import python_argv, spawn
 
 
 def katta(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -44,7 +44,7 @@ def test_user_mistakes_are_one_line(zk_hosts: str, chroot: str,
     assert code == 0 and json.loads(out)["indexes"] == {}
 
 
-def test_no_half_shard_after_kill9_of_a_builder(tmp_path: Path) -> None:
+async def test_no_half_shard_after_kill9_of_a_builder(tmp_path: Path) -> None:
     store = ShardStore(tmp_path / "store")
     child = """
 import sys
@@ -58,12 +58,13 @@ def docs():
         yield d
 ShardStore(sys.argv[1]).build_shard("docs", 0, docs())
 """
-    proc = subprocess.Popen([sys.executable, "-c", child, str(store.root)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            cwd=Path(__file__).resolve().parents[1])
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"building"
-    proc.kill()
-    proc.wait()
+    async with spawn(python_argv("-c", child, store.root), name="builder", pipe_stdin=True,
+                     pipe_stdout=True, cwd=Path(__file__).resolve().parents[1]) as builder:
+        assert builder.lines is not None
+        with trio.fail_after(60):
+            assert (await builder.lines.next()).strip() == "building"
+            builder.kill()
+            await builder.wait()
     assert not store.shard_path("docs", 0).exists()  # only a .tmp- directory may remain
     assert store.manifest("docs", 0) is None
     manifest = store.build_shard("docs", 0, documents(CorpusSpec(docs=50)))
