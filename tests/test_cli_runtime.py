@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -13,7 +14,7 @@ import trio
 from framework import FrameworkError, Session
 from framework.cli import one_shot
 from framework.runtime import App, Master, MasterContext, Worker, load_class
-from framework.testing import TcpProxy
+from framework.testing import TcpProxy, spawn
 from framework.zk import wait_exists
 
 
@@ -72,22 +73,18 @@ def test_typed_error_raised_in_lead_is_one_line(zk_hosts: str, chroot: str) -> N
     assert line.startswith("framework: error:") and "bytes" in line
 
 
-def test_a_finished_job_prints_its_summary_and_fails_on_dead_letters(
-    zk_hosts: str, chroot: str
+async def test_a_finished_job_prints_its_summary_and_fails_on_dead_letters(
+    zk_hosts: str, chroot: str, tmp_path: Path
 ) -> None:
     """``framework run`` of a master whose job dead-lettered a task prints how the job ended
     and exits 1; the job-done record carries the same counts."""
     helpers = os.path.join(os.path.dirname(__file__), "helpers")
-    env = os.environ | {"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "framework", "run", "rt_app:PoisonWorker", "--zk", zk_hosts,
-         "--chroot", chroot], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        result = cli("run", "rt_app:PoisonMaster", "--zk", zk_hosts, "--chroot", chroot,
-                     env={"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"})
-    finally:
-        worker.kill()
-        worker.wait()
+    env = {"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"}
+    async with spawn(
+            [sys.executable, "-m", "framework", "run", "rt_app:PoisonWorker", "--zk", zk_hosts,
+             "--chroot", chroot], name="worker", log_dir=tmp_path, env=env):
+        result = await trio.to_thread.run_sync(lambda: cli(
+            "run", "rt_app:PoisonMaster", "--zk", zk_hosts, "--chroot", chroot, env=env))
     assert result.returncode == 1, result.stderr
     assert "job done: 3 result records, 1 dead-lettered" in result.stdout
     status = cli("status", "rt-poison", "--zk", zk_hosts, "--chroot", chroot, "--json")
