@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import trio
 
 from framework import ConfigurationError, Session
+from framework.testing import spawn
 from framework.zkserver import ServerStartError, ZooKeeperEnsemble, four_letter, free_ports
 
 
@@ -48,29 +48,20 @@ def test_ensemble_kill_restart_and_leader(ensemble: ZooKeeperEnsemble) -> None:
     assert ensemble.modes()[follower] == "follower"
 
 
-def test_cli_zk_runs_until_terminated() -> None:
+async def test_cli_zk_runs_until_terminated(tmp_path: Path) -> None:
     (port,) = free_ports(1)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "framework", "zk", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "FRAMEWORK_LOG_LEVEL": "warning"},
-    )
-    try:
-        first = proc.stdout.readline()
-        assert f"127.0.0.1:{port}" in first
-
-        async def use_it() -> None:
+    async with spawn([sys.executable, "-m", "framework", "zk", "--port", str(port)],
+                     name="zk", log_dir=tmp_path, pipe_stdout=True,
+                     env={"FRAMEWORK_LOG_LEVEL": "warning"}) as zk:
+        assert zk.lines is not None
+        with trio.fail_after(60):
+            first = await zk.lines.next()
+            assert f"127.0.0.1:{port}" in first
             async with Session(f"127.0.0.1:{port}") as s:
                 await s.create("/hello", b"world")
-
-        trio.run(use_it)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
-        assert proc.returncode == 0 and "stopped" in out
-    finally:
-        proc.kill()
+            zk.terminate()
+            out = "\n".join(await zk.lines.rest())
+            assert await zk.wait() == 0 and "stopped" in out
 
 
 @pytest.mark.parametrize("argv", [[], ["bogus"]])
