@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
@@ -57,16 +56,23 @@ class Timed(Worker):
         return payload.get("n")
 
 
-def _spawn(kind: str, hosts: str, chroot: str, name: str, port: int,
-           log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "framework", "run", f"rt_app:{kind}", "--zk", hosts,
+async def _run(stack: AsyncExitStack, target: str, hosts: str, chroot: str, name: str,
+               port: int, logs: Path, **env: str) -> Child:
+    """``framework run <target> --metrics-port <port>`` as a child, its output in
+    ``logs/<name>.log`` (killed when ``stack`` closes)."""
+    return await stack.enter_async_context(spawn(
+        [sys.executable, "-m", "framework", "run", target, "--zk", hosts,
          "--chroot", chroot, "--name", name, "--session-timeout", "2",
          "--metrics-port", str(port)],
-        env=os.environ | {"PYTHONPATH": f"{HELPERS}{os.pathsep}{ROOT}",
-                          "RT_TASKS": str(TASKS), "RT_TASK_SECONDS": "0.01"},
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )
+        name=name, log_dir=logs, env=env))
+
+
+async def _rt(stack: AsyncExitStack, kind: str, hosts: str, chroot: str, name: str, port: int,
+              logs: Path) -> Child:
+    """``framework run rt_app:<kind>`` (tests/helpers/rt_app.py)."""
+    return await _run(stack, f"rt_app:{kind}", hosts, chroot, name, port, logs,
+                      PYTHONPATH=f"{HELPERS}{os.pathsep}{ROOT}", RT_TASKS=str(TASKS),
+                      RT_TASK_SECONDS="0.01")
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -81,13 +87,11 @@ def _scrape(port: int) -> dict[str, float]:
     return samples
 
 
-async def test_master_and_worker_metrics(zk_hosts: str, chroot: str, tmp_path: Path,
-                                         procs: list[subprocess.Popen]) -> None:
+async def test_master_and_worker_metrics(zk_hosts: str, chroot: str, tmp_path: Path) -> None:
     master_port, worker_port = free_ports(2)
     with trio.fail_after(60):
-        async with Session(zk_hosts, chroot=chroot) as session:
-            procs.append(_spawn("BatchMaster", zk_hosts, chroot, "m1", master_port,
-                                tmp_path / "m1.log"))
+        async with Session(zk_hosts, chroot=chroot) as session, AsyncExitStack() as stack:
+            await _rt(stack, "BatchMaster", zk_hosts, chroot, "m1", master_port, tmp_path)
             await wait_exists(session, APP.rendezvous)  # elected: the term has begun
             master = await trio.to_thread.run_sync(_scrape, master_port)
             assert master['framework_is_leader{app="rt"}'] == 1
@@ -95,8 +99,7 @@ async def test_master_and_worker_metrics(zk_hosts: str, chroot: str, tmp_path: P
             assert master["framework_session_connected"] == 1
             assert master['framework_session_state_changes_total{state="connected"}'] >= 1
 
-            procs.append(_spawn("RecordingWorker", zk_hosts, chroot, "w1", worker_port,
-                                tmp_path / "w1.log"))
+            await _rt(stack, "RecordingWorker", zk_hosts, chroot, "w1", worker_port, tmp_path)
             await wait_exists(session, APP.done)  # every task done and recorded
             worker = await trio.to_thread.run_sync(_scrape, worker_port)
     assert worker['framework_tasks_done_total{app="rt"}'] == TASKS
@@ -129,12 +132,9 @@ async def _until(model: Model, done: Callable[[], bool]) -> None:
 
 async def _timed(stack: AsyncExitStack, hosts: str, chroot: str, name: str, port: int,
                  logs: Path) -> Child:
-    return await stack.enter_async_context(spawn(
-        [sys.executable, "-m", "framework", "run", "test_metrics:Timed", "--zk", hosts,
-         "--chroot", chroot, "--name", name, "--session-timeout", "2",
-         "--metrics-port", str(port)],
-        name=name, log_dir=logs,
-        env={"PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}", "FRAMEWORK_LOG_LEVEL": "info"}))
+    """``framework run test_metrics:Timed``."""
+    return await _run(stack, "test_metrics:Timed", hosts, chroot, name, port, logs,
+                      PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", FRAMEWORK_LOG_LEVEL="info")
 
 
 async def test_dashboard_sums_what_the_workers_timed(zk_hosts: str, chroot: str,
