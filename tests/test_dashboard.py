@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import trio
 
 from framework import Session
 from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker
+from framework.testing import Child, spawn
 from framework.zk import wait_exists, watch_data
 
 APP = App("dash")
@@ -91,15 +92,14 @@ class Busy(Worker):
 # ------------------------------------------------------------------ fixtures
 
 
-def _spawn(kind: str, hosts: str, chroot: str, name: str, tmp_path: Path) -> subprocess.Popen:
-    log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
-    return subprocess.Popen(
+async def _spawn(stack: AsyncExitStack, kind: str, hosts: str, chroot: str, name: str,
+                 tmp_path: Path) -> Child:
+    """``framework run test_dashboard:<kind>`` as a child (killed when ``stack`` closes)."""
+    return await stack.enter_async_context(spawn(
         [sys.executable, "-m", "framework", "run", f"test_dashboard:{kind}", "--zk", hosts,
          "--chroot", chroot, "--name", name, "--session-timeout", str(CHILD_SESSION_TIMEOUT)],
-        env=os.environ | {"PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-                          "FRAMEWORK_LOG_LEVEL": "info"},
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+        name=name, log_dir=tmp_path,
+        env={"PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}", "FRAMEWORK_LOG_LEVEL": "info"}))
 
 
 @pytest.fixture(scope="module")
@@ -218,16 +218,15 @@ def shot_path(name: str) -> Path | None:
 
 
 async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path: Path,
-                                           procs: list[subprocess.Popen], browser: Any,
-                                           dashboard: str) -> None:
+                                           browser: Any, dashboard: str) -> None:
     page = Page(browser)
     app = f"#app-{APP.name}"
     with trio.fail_after(90):
-        async with Session(zk_hosts, chroot=chroot) as session:
-            procs.append(_spawn("Boss", zk_hosts, chroot, "boss-a", tmp_path))
+        async with Session(zk_hosts, chroot=chroot) as session, AsyncExitStack() as procs:
+            boss_a = await _spawn(procs, "Boss", zk_hosts, chroot, "boss-a", tmp_path)
             await wait_exists(session, APP.rendezvous)  # boss-a leads: the line is fixed
-            procs.append(_spawn("Boss", zk_hosts, chroot, "boss-b", tmp_path))
-            procs.append(_spawn("Busy", zk_hosts, chroot, "w1", tmp_path))
+            await _spawn(procs, "Boss", zk_hosts, chroot, "boss-b", tmp_path)
+            await _spawn(procs, "Busy", zk_hosts, chroot, "w1", tmp_path)
             await session.ensure_path(OLD.workers)
             await page.open(dashboard)
             # the running app comes first in the selector and is the one shown
@@ -255,19 +254,18 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             await page.shown(f"{app} .durations .legend", "attempts")
 
             # a second worker appears, then vanishes after kill -9
-            w2 = _spawn("Busy", zk_hosts, chroot, "w2", tmp_path)
-            procs.append(w2)
+            w2 = await _spawn(procs, "Busy", zk_hosts, chroot, "w2", tmp_path)
             await page.shown(f"{app} tr.worker[data-worker='w2']")
             if (path := shot_path("dashboard-browser-test.png")) is not None:
                 await page.screenshot(path)
             killed = time.monotonic()
-            w2.send_signal(signal.SIGKILL)
+            w2.kill()
             await page.gone(f"{app} tr.worker[data-worker='w2']")
             print(f"worker row gone {time.monotonic() - killed:.2f}s after kill -9 "
                   f"(session timeout {CHILD_SESSION_TIMEOUT}s)")
 
             # master failover: kill -9 of the leader, the standby takes over
-            procs[0].send_signal(signal.SIGKILL)
+            boss_a.kill()
             await page.shown(f"{app} .leader[data-leader='boss-b']")
             await page.shown(f"{app} [data-stat='leader changes'] b", "1")
 
