@@ -17,9 +17,8 @@ import json
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ import trio
 
 from framework import errors
 from framework.runtime import App
+from framework.testing import Child, spawn
 from framework.zk import Session
 from framework.zkserver import free_ports
 
@@ -67,102 +67,91 @@ def test_readme_blocks_are_found() -> None:
 
 
 @pytest.mark.parametrize("acl", ["open", "creator-read"])
-async def test_quickstart_runs_as_printed(
-    tmp_path: Path, procs: list[subprocess.Popen], acl: str
-) -> None:
+async def test_quickstart_runs_as_printed(tmp_path: Path, acl: str) -> None:
     snippet = readme_block("myapp/jobs.py")
     target = tmp_path / snippet.splitlines()[0].removeprefix("# ")
     target.parent.mkdir(parents=True)
     target.write_text(snippet + "\n")
     port = free_ports(1)[0]
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "FRAMEWORK_LOG_LEVEL": "warning"}
-    for name in list(env):
+    # added to this process's environment; None: not inherited (nothing of the test
+    # session's own setup leaks in)
+    env: dict[str, str | None] = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                                  "FRAMEWORK_LOG_LEVEL": "warning"}
+    for name in os.environ:
         if name.startswith("FRAMEWORK_ZK_") or name == "PYTHONPATH":
-            del env[name]  # nothing of the test session's own setup leaks in
+            env[name] = None
     viewer_env = dict(env)  # `framework status` runs without credentials
     if acl != "open":
         env |= {"FRAMEWORK_ZK_AUTH": "thumbs:s3cret", "FRAMEWORK_ZK_ACL": acl}
     logs = tmp_path / "logs"
-    logs.mkdir()
 
-    def start(argv: list[str], name: str, **kwargs: object) -> subprocess.Popen:
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                                **kwargs)  # type: ignore[call-overload]
-        procs.append(proc)
-        return proc
+    def run(argv: list[str], name: str, environ: dict[str, str | None],
+            **kwargs: bool) -> AbstractAsyncContextManager[Child]:
+        """``argv`` as the README's shell runs it, from its directory; its output in
+        ``logs/<name>.log`` (stdout piped with ``pipe_stdout``)."""
+        return spawn(argv, name=name, log_dir=logs, cwd=tmp_path, env=environ, **kwargs)
 
     with trio.fail_after(120):
-        # ZooKeeper "in a terminal of its own", as the README starts it
-        [zk_argv] = [argv for argv, _ in commands(readme_block("zookeeper"), port)
-                     if argv[:2] == ["framework", "zk"]]
-        zk = start(zk_argv, "zk", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert zk.stdout is not None
-        while "serving at" not in (line := await trio.to_thread.run_sync(zk.stdout.readline)):
-            assert line, "framework zk exited before serving"
+        async with AsyncExitStack() as procs:
+            # ZooKeeper "in a terminal of its own", as the README starts it
+            [zk_argv] = [argv for argv, _ in commands(readme_block("zookeeper"), port)
+                         if argv[:2] == ["framework", "zk"]]
+            zk = await procs.enter_async_context(run(zk_argv, "zk", env, pipe_stdout=True))
+            assert zk.lines is not None
+            await zk.lines.until(lambda line: "serving at" in line)
 
-        background: list[tuple[list[str], subprocess.Popen]] = []
-        for n, (argv, in_background) in enumerate(commands(readme_block("commands"), port)):
-            if argv[0] == "export":
-                for assignment in argv[1:]:
-                    name, _, value = assignment.partition("=")
-                    env[name] = viewer_env[name] = value
-                continue
-            assert argv[0] == "framework", f"the test does not know how to run {argv}"
-            if in_background:
-                with open(logs / f"{n}.log", "wb") as log:
-                    background.append((argv, start(argv, str(n), stdout=log,
-                                                   stderr=subprocess.STDOUT)))
-            else:
-                done = await trio.run_process(argv, cwd=tmp_path, env=viewer_env, check=False,
-                                              capture_stdout=True, capture_stderr=True)
-                output = (done.stdout + done.stderr).decode()
-                assert done.returncode in (0, 1), output  # 1: the app is not there yet
-                assert "Traceback" not in output, output
+            background: list[tuple[list[str], Child]] = []
+            for n, (argv, in_background) in enumerate(commands(readme_block("commands"), port)):
+                if argv[0] == "export":
+                    for assignment in argv[1:]:
+                        name, _, value = assignment.partition("=")
+                        env[name] = viewer_env[name] = value
+                    continue
+                assert argv[0] == "framework", f"the test does not know how to run {argv}"
+                if in_background:
+                    background.append((argv, await procs.enter_async_context(
+                        run(argv, str(n), env))))
+                else:
+                    async with run(argv, str(n), viewer_env) as once:
+                        returncode = await once.wait()
+                    output = once.log()  # stdout and stderr
+                    assert returncode in (0, 1), output  # 1: the app is not there yet
+                    assert "Traceback" not in output, output
 
-        # the job finishes: watch its status (ZooKeeper watches) until the master records it
-        app = "thumbnails"
-        watch = await trio.lowlevel.open_process(
-            ["framework", "status", app, "--watch", "--json", "--interval", "0.1"],
-            cwd=tmp_path, env=viewer_env, stdout=subprocess.PIPE)
-        status: dict = {}
-        buffered = b""
-        try:
-            assert watch.stdout is not None
-            while status.get("state") != "done":
-                chunk = await watch.stdout.receive_some()
-                assert chunk, "framework status --watch exited"
-                buffered += chunk
-                *lines, buffered = buffered.split(b"\n")
-                for line in lines:
+            # the job finishes: watch its status (ZooKeeper watches) until the master
+            # records it
+            app = "thumbnails"
+            status: dict = {}
+            async with run(["framework", "status", app, "--watch", "--json", "--interval",
+                            "0.1"], "watch", viewer_env, pipe_stdout=True) as watch:
+                assert watch.lines is not None
+                while status.get("state") != "done":
+                    line = await watch.lines.next()  # EOFError: it exited
                     if line.strip():
                         status = json.loads(line)
-        finally:
-            watch.kill()
-            await watch.wait()
-        assert status["results"] >= 1001  # the resizes, the delayed final report and the
-        # periodic reports the leader fired meanwhile
-        async with Session(f"127.0.0.1:{port}", auth=None) as viewer:
-            final = await viewer.get(App(app).result_path("final-report"))
-            fired = await viewer.children(f"/apps/{app}/schedules")
-        assert b'"outcome":"succeeded"' in final[0] and fired == ["report-every-2s"]
-        assert status["failures"] == [] and status["dead_letters"] == 0
-        if acl != "open":
-            async with Session(f"127.0.0.1:{port}", auth=None) as anonymous:
-                with pytest.raises(errors.NoAuthError):
-                    await anonymous.delete(f"/apps/{app}/done")
-                with pytest.raises(errors.NoAuthError):
-                    await anonymous.set(f"/apps/{app}", b"")
+            assert status["results"] >= 1001  # the resizes, the delayed final report and
+            # the periodic reports the leader fired meanwhile
+            async with Session(f"127.0.0.1:{port}", auth=None) as viewer:
+                final = await viewer.get(App(app).result_path("final-report"))
+                fired = await viewer.children(f"/apps/{app}/schedules")
+            assert b'"outcome":"succeeded"' in final[0] and fired == ["report-every-2s"]
+            assert status["failures"] == [] and status["dead_letters"] == 0
+            if acl != "open":
+                async with Session(f"127.0.0.1:{port}", auth=None) as anonymous:
+                    with pytest.raises(errors.NoAuthError):
+                        await anonymous.delete(f"/apps/{app}/done")
+                    with pytest.raises(errors.NoAuthError):
+                        await anonymous.set(f"/apps/{app}", b"")
 
-        # both masters exit once the job is recorded; workers stop on SIGTERM
-        masters = [p for argv, p in background if argv[-1].endswith(":Boss")]
-        workers = [p for argv, p in background if p not in masters]
-        assert len(masters) == 2 and workers
-        for proc in masters:
-            assert await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True) == 0
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers:
-            assert await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True) == 0
-        zk.send_signal(signal.SIGTERM)
-        assert await trio.to_thread.run_sync(zk.wait, abandon_on_cancel=True) == 0
+            # both masters exit once the job is recorded; workers stop on SIGTERM
+            masters = [p for argv, p in background if argv[-1].endswith(":Boss")]
+            workers = [p for argv, p in background if p not in masters]
+            assert len(masters) == 2 and workers
+            for proc in masters:
+                assert await proc.wait() == 0
+            for proc in workers:
+                proc.terminate()
+            for proc in workers:
+                assert await proc.wait() == 0
+            zk.terminate()
+            assert await zk.wait() == 0
