@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -65,14 +64,3 @@ async def session(zk_hosts: str, chroot: str) -> AsyncIterator[Session]:
 def proxy(zk_hosts: str) -> Iterator[TcpProxy]:
     with TcpProxy(zk_hosts) as p:
         yield p
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
-    """Processes a test starts: any still running at its end are killed (kill -9)."""
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
