@@ -124,18 +124,20 @@ def test_a_bucket_listing_is_updated_in_place_in_order() -> None:
 
 async def test_newest_item_is_the_one_taken_last(session: Session) -> None:
     """``newest_item`` names the item consumers would take last (what ``wait_idle``
-    watches): in the newest bucket, the highest priority value, then the latest."""
+    watches): in the least urgent lane's newest bucket, the latest."""
     q = WorkQueue(session, "/q", bucket_size=4)
     assert await q.newest_item() is None
-    await q.put_many([b"a", b"b"], priority=5)
-    await q.put_many([b"c", b"d", b"e"], priority=-1)  # fills bucket 0, opens bucket 1
     await q.put(b"f", priority=2)
     newest = await q.newest_item()
     assert newest is not None and (await session.get(newest))[0] == b"f"
-    await q.put(b"g", priority=1)  # more urgent: taken before f
-    assert (await session.get(await q.newest_item()))[0] == b"f"  # type: ignore[arg-type]
+    await q.put_many([b"a", b"b"], priority=5)  # least urgent: taken after f
+    await q.put_many([b"c", b"d", b"e"], priority=-1)  # fills a bucket of lane -1
+    assert (await session.get(await q.newest_item()))[0] == b"b"  # type: ignore[arg-type]
+    await q.put(b"g", priority=1)  # more urgent: taken before f and b
+    assert (await session.get(await q.newest_item()))[0] == b"b"  # type: ignore[arg-type]
     taken = [(await _take_data(q)).data for _ in range(7)]
-    assert taken[-1] == b"f" and await q.newest_item() is None
+    assert taken == [b"c", b"d", b"e", b"g", b"f", b"a", b"b"]
+    assert await q.newest_item() is None
 
 
 async def test_oversized_items_are_rejected_clearly(session: Session) -> None:

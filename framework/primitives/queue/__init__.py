@@ -4,8 +4,9 @@ Guarantees:
 
 * **Puts** are never lost and, after a lost reply, not duplicated while the item is still
   queued (a GUID in each item's name is looked for before creating again).
-* **Order**: lowest priority value first, oldest first, within the oldest bucket that holds
-  unclaimed work (``bucket_size`` items per bucket; across the whole queue below that).
+* **Order**: lowest priority value first, across the whole queue (each priority value has
+  its own lane of buckets), then oldest first within the oldest bucket of that lane that
+  holds unclaimed work (``bucket_size`` items per bucket).
 * **Delivery is at-least-once.**  ``async with queue.take() as item:`` claims an item; a
   clean exit acknowledges it by a multi that deletes claim and item only while the claim is
   ours; an exception hands it back (or dead-letters it after ``max_attempts`` deliveries, or
@@ -40,7 +41,7 @@ from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.lease import LeaseBreaker, Renewal
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.producer import Producer
-from framework.primitives.queue.view import QueueView, is_bucket, parse_item
+from framework.primitives.queue.view import QueueView, bucket_order, is_bucket, parse_item
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
 __all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueItem", "WorkQueue"]
@@ -154,8 +155,8 @@ class WorkQueue(Producer, Consumer):
         self._turn: Any = None  # the line check in flight, shared by the idle takes
         self._acks: list[Any] = []  # acks waiting for a combined commit
         self._committing: trio.Event | None = None  # set when the commit in flight ends
-        self._bucket: str | None = None  # where this producer puts
-        self._bucket_hint = -1  # highest sequence number known taken in it
+        self._bucket_of: dict[int, str] = {}  # per priority lane: where this producer puts
+        self._hint_of: dict[int, int] = {}  # highest sequence number known taken in it
 
     async def _setup(self) -> None:
         if not self._ready:
@@ -201,8 +202,8 @@ class WorkQueue(Producer, Consumer):
         included, in bucket order (one listing per bucket, pipelined: an inspection, not
         a hot path).  Read an item with :meth:`item_data`."""
         try:
-            buckets = sorted(b for b in await self.session.children(self.items_root)
-                             if is_bucket(b))
+            buckets = sorted((b for b in await self.session.children(self.items_root)
+                              if is_bucket(b)), key=bucket_order)
         except errors.NoNodeError:
             return []
         listed: dict[str, list[str]] = {}
@@ -217,14 +218,15 @@ class WorkQueue(Producer, Consumer):
         return [f"{b}/{n}" for b in buckets for n in sorted(listed.get(b, []))]
 
     async def newest_item(self) -> str | None:
-        """The path of the item consumers will take last as things stand - in the newest
-        bucket that holds any, the one with the highest priority value, then the highest
-        sequence number - or ``None`` if the queue is empty now: an observer waiting for
-        the queue to drain watches that one node instead of every change (a listing of the
-        buckets, then of the newest buckets until one holds an item)."""
+        """The path of the item consumers will take last as things stand - in the last
+        bucket (the least urgent lane's newest) that holds any, the one with the highest
+        priority value, then the highest sequence number - or ``None`` if the queue is
+        empty now: an observer waiting for the queue to drain watches that one node instead
+        of every change (a listing of the buckets, then of the last buckets until one holds
+        an item)."""
         try:
-            buckets = sorted(b for b in await self.session.children(self.items_root)
-                             if is_bucket(b))
+            buckets = sorted((b for b in await self.session.children(self.items_root)
+                              if is_bucket(b)), key=bucket_order)
         except errors.NoNodeError:
             return None
         for bucket in reversed(buckets):

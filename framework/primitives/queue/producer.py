@@ -16,6 +16,7 @@ from framework.primitives.queue.items import Batch, Chain
 from framework.primitives.queue.state import QueueState
 from framework.primitives.queue.view import (
     bucket_index,
+    bucket_lane,
     bucket_name,
     is_bucket,
     item_name_prefix,
@@ -97,8 +98,8 @@ class Producer(QueueState):
         try:
             start = 0
             while start < len(payloads):
-                bucket = await self._current_bucket()
-                room = self.bucket_size - 1 - self._bucket_hint
+                bucket = await self._current_bucket(priority)
+                room = self.bucket_size - 1 - self._hint_of[priority]
                 if room <= 0:  # known full: go to the next bucket first
                     await self._advance(bucket)
                     continue
@@ -115,7 +116,7 @@ class Producer(QueueState):
                 names.extend(await self._settle(bucket, created, payloads[start:end], priority))
                 start = end
                 if then is _Then.NEW_BUCKET:
-                    self._bucket = None
+                    self._bucket_of.pop(priority, None)
         finally:
             if chain is not None:
                 await delete_guid_nodes(self.session, self.puts_root, chain.guid)
@@ -287,9 +288,10 @@ class Producer(QueueState):
         """Close a full bucket and move items created past its capacity (in order)."""
         seqs = [_sequence(path) for path in created]
         known = [s for s in seqs if s is not None]
-        if known and self._bucket == bucket:
+        lane = bucket_lane(bucket)
+        if known and self._bucket_of.get(lane) == bucket:
             top = max(known)
-            self._bucket_hint = max(self._bucket_hint, top)
+            self._hint_of[lane] = max(self._hint_of[lane], top)
             if top >= self.bucket_size - 1:
                 await self._advance(bucket)
         names = []
@@ -299,16 +301,18 @@ class Producer(QueueState):
             names.append(path[len(self.items_root) + 1:])
         return names
 
-    async def _current_bucket(self) -> str:
-        if self._bucket is None:
+    async def _current_bucket(self, lane: int) -> str:
+        """The bucket this producer puts items of priority ``lane`` into (the newest of
+        that lane, opened if the lane has none)."""
+        if lane not in self._bucket_of:
             names = await self.session.children(self.items_root)
-            buckets = sorted(n for n in names if is_bucket(n))
+            buckets = sorted((n for n in names if is_bucket(n) and bucket_lane(n) == lane),
+                             key=bucket_index)
             if not buckets:
-                buckets = [bucket_name(0)]
+                buckets = [bucket_name(0, lane)]
                 await self.session.ensure_path(f"{self.items_root}/{buckets[0]}")
             await self._adopt(buckets[-1])
-        assert self._bucket is not None
-        return self._bucket
+        return self._bucket_of[lane]
 
     async def _adopt(self, bucket: str) -> None:
         """Write to ``bucket`` from now on, knowing a lower bound of the highest sequence
@@ -317,20 +321,25 @@ class Producer(QueueState):
         bound never closes a bucket early; an item numbered past the capacity is moved
         (see ``_settle``), and the first put tells the exact number."""
         stat = await self.session.exists(f"{self.items_root}/{bucket}")
-        self._bucket = bucket
+        lane = bucket_lane(bucket)
+        self._bucket_of[lane] = bucket
         created = max(stat.numChildren, (stat.cversion + 1) // 2) if stat is not None else 0
-        self._bucket_hint = created - 1
+        self._hint_of[lane] = created - 1
 
     async def _advance(self, full: str) -> None:
-        """``full`` is closed: write to the newest bucket after it, opening one if none."""
+        """``full`` is closed: write to the newest bucket of its lane after it, opening one
+        if none."""
+        lane = bucket_lane(full)
         names = await self.session.children(self.items_root)
         newer = sorted(
-            n for n in names if is_bucket(n) and bucket_index(n) > bucket_index(full)
+            (n for n in names if is_bucket(n) and bucket_lane(n) == lane
+             and bucket_index(n) > bucket_index(full)),
+            key=bucket_index,
         )
         if newer:
             await self._adopt(newer[-1])
             return
-        following = bucket_name(bucket_index(full) + 1)
+        following = bucket_name(bucket_index(full) + 1, lane)
         await self.session.ensure_path(f"{self.items_root}/{following}")
         log.info("queue.bucket_opened", path=self.path, bucket=following)
         await self._adopt(following)
@@ -342,7 +351,7 @@ class Producer(QueueState):
         source, node = path.split("/")[-2:]
         token = item_token(node)
         while True:
-            bucket = await self._current_bucket()
+            bucket = await self._current_bucket(bucket_lane(source))
             if bucket_index(bucket) <= bucket_index(source):
                 await self._advance(source)
                 continue
@@ -354,7 +363,7 @@ class Producer(QueueState):
                 moved: str | None = str((await txn.commit())[1])
             except errors.TransactionFailedError as exc:
                 if exc.failed_index == 1:  # that bucket went away: look again
-                    self._bucket = None
+                    self._bucket_of.pop(bucket_lane(bucket), None)
                     continue
                 return path  # claimed or consumed meanwhile: it stays
             except (errors.ConnectionLossError, errors.SessionExpiredError):
@@ -365,8 +374,9 @@ class Producer(QueueState):
                     return path  # consumed meanwhile
             assert moved is not None
             seq = int(moved[-10:])
-            if self._bucket == bucket:
-                self._bucket_hint = max(self._bucket_hint, seq)
+            lane = bucket_lane(bucket)
+            if self._bucket_of.get(lane) == bucket:
+                self._hint_of[lane] = max(self._hint_of[lane], seq)
                 if seq >= self.bucket_size - 1:
                     await self._advance(bucket)
             log.debug("queue.item_moved", path=self.path, item=path, to=moved)

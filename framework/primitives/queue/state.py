@@ -36,9 +36,10 @@ class QueueState:
     claim_with: Callable[[QueueItem], ClaimExtras | None] | None
     _owner: str
     _setup: Callable[[], Awaitable[None]]
-    # producer
-    _bucket: str | None
-    _bucket_hint: int
+    # producer: per priority lane, the bucket it puts into and the highest sequence number
+    # known taken in it
+    _bucket_of: dict[int, str]
+    _hint_of: dict[int, int]
     # consumer: claim rounds, idle line, leases, acks
     _view: QueueView | None
     _claiming: set[str]

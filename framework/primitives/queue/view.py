@@ -126,16 +126,40 @@ def item_token(node: str) -> str:
     return node[1:-11][1:].partition("-")[2]
 
 
-def bucket_name(index: int) -> str:
-    return f"b-{index:010d}"
+def bucket_name(index: int, lane: int = 0) -> str:
+    """Bucket ``index`` of priority lane ``lane``: ``b-NNNNNNNNNN`` for lane 0 (every
+    bucket before lanes existed), ``b<+/-lane>-NNNNNNNNNN`` for the others."""
+    return f"b-{index:010d}" if lane == 0 else f"b{lane:+d}-{index:010d}"
 
 
 def bucket_index(name: str) -> int:
-    return int(name[2:])
+    return int(name[-10:])
+
+
+def bucket_lane(name: str) -> int:
+    """The priority lane of a bucket (its items' priority; 0 for an old mixed bucket)."""
+    return 0 if len(name) == 12 else int(name[1:-11])
+
+
+def bucket_order(name: str) -> tuple[int, int]:
+    """Consumers' order of buckets: the most urgent lane first, then the oldest bucket."""
+    return bucket_lane(name), bucket_index(name)
 
 
 def is_bucket(name: str) -> bool:
-    return name.startswith("b-") and name[2:].isdigit()
+    if len(name) < 12 or not name.startswith("b") or name[-11] != "-" \
+            or not name[-10:].isdigit():
+        return False
+    lane = name[1:-11]
+    return lane == "" or (len(lane) >= 2 and lane[0] in "+-" and lane[1:].isdigit())
+
+
+def newest_of_lane(bucket: str, buckets: list[str]) -> bool:
+    """Whether ``bucket`` is the newest of its lane among ``buckets`` (producers write only
+    to that one, so only older empty buckets may be dropped)."""
+    lane = bucket_lane(bucket)
+    return not any(bucket_lane(b) == lane and bucket_index(b) > bucket_index(bucket)
+                   for b in buckets)
 
 
 class QueueView:
@@ -212,7 +236,9 @@ class QueueView:
 
     async def candidates(self, skip: set[str]) -> list[Entry]:
         """Unclaimed items (lower priority value first, then oldest), from fresh lists: the
-        first ones of the oldest bucket holding unclaimed work.
+        first ones of the first bucket holding unclaimed work, in the most urgent lane
+        (each priority value has its lane of buckets, so an urgent item never waits behind
+        older items of a lower priority).
 
         ``skip`` holds keys this process is claiming right now.  An empty answer means every
         list needed to prove the queue has no unclaimed work was read with a watch (or that
@@ -229,11 +255,11 @@ class QueueView:
             buckets: list[str] = fresh["buckets"]
             claims: frozenset[str] = fresh["claims"]
             window: list[Entry] = []
-            for position, bucket in enumerate(buckets):
+            for bucket in buckets:  # the most urgent lane first, oldest bucket first
                 listed = self._items.get(bucket)
                 if listed is None:
                     listed = await self._read_bucket(bucket)
-                if not listed and position < len(buckets) - 1:
+                if not listed and not newest_of_lane(bucket, buckets):
                     await self._drop_empty_bucket(bucket)
                 for e in listed:  # already in (priority, seq) order
                     if e.claim_name not in claims and e.key not in skip:
@@ -257,7 +283,7 @@ class QueueView:
     async def _read_buckets(self, fresh: dict[str, Any]) -> None:
         stamp = self._stamp(("buckets",))
         names = await self.session.children(self.items_root, watch=self._watch("buckets"))
-        buckets = sorted(n for n in names if is_bucket(n))
+        buckets = sorted((n for n in names if is_bucket(n)), key=bucket_order)
         for gone in set(self._items) - set(buckets):
             del self._items[gone]
             self._listed.pop(gone, None)
@@ -289,7 +315,7 @@ class QueueView:
 
     async def _drop_empty_bucket(self, bucket: str) -> None:
         """An old bucket that is empty will never be written again (producers only add to
-        the newest): delete it.  A concurrent add makes the delete fail harmlessly."""
+        the newest of its lane): delete it.  A concurrent add makes the delete fail harmlessly."""
         try:
             await self.session.delete(f"{self.items_root}/{bucket}", missing_ok=True)
         except errors.NotEmptyError:
