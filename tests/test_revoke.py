@@ -111,3 +111,34 @@ async def test_framework_revoke_says_what_it_did(zk_hosts: str, chroot: str,
     assert code == 0 and "revoked task 't1' of 'rc'" in out
     code = await trio.to_thread.run_sync(cli_main, ["revoke", "nosuch", "t1", *argv[3:]])
     assert code == 2 and "no application 'nosuch'" in capsys.readouterr().err
+
+
+async def test_a_revoked_key_submitted_again_runs(zk_hosts: str, chroot: str) -> None:
+    worker = Slow("ra", name="w1")
+    with trio.fail_after(60):
+        async with Session(zk_hosts, chroot=chroot) as session:
+            client = Client(session, "ra")
+            await client.submit("quick", key="k")
+            assert await client.revoke("k") is Revocation.REVOKED
+            async with trio.open_nursery() as nursery:
+                await serve(nursery, zk_hosts, chroot, worker)
+                first = await client.result("k", wait=True)
+                await wait_gone(session, "/apps/ra/revoked/k")
+                await wait_gone(session, "/apps/ra/running/k")
+                await client.submit("quick", key="k")  # on purpose, after the revoke
+                while (again := await client.result("k")) is None or \
+                        again.outcome is Outcome.REVOKED:
+                    await wait_changed(session, "/apps/ra/results")
+                worker.request_stop()
+    assert first is not None and first.outcome is Outcome.REVOKED
+    assert again.outcome is Outcome.SUCCEEDED and worker.runs == ["k"]
+
+
+async def wait_changed(session: Session, path: str) -> None:
+    """Until a result record of the app is created or rewritten (a watch on its bucket)."""
+    from framework.runtime import App
+
+    record = App("ra").result_path("k")
+    fired = trio.Event()
+    await session.exists(record, watch=session.waker(fired))
+    await fired.wait()

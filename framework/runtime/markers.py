@@ -25,6 +25,7 @@ class Marker:
     record: RunningRecord
     version: int = 0
     finisher: Finisher | None = None  # when set and applied, the ack deleted the marker
+    after_ack: str | None = None  # a node to delete once the item is acknowledged alone
 
     @property
     def delivery(self) -> str:

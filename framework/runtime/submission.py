@@ -157,6 +157,9 @@ class Submitter:
             found = await self.existing(task.key)
             if found is not None and found.state not in ("failed", "revoked"):
                 raise TaskExists(self.app, found)
+            if found is not None and found.state == "revoked" and task_id is not None:
+                # submitted again on purpose: a revoke left behind must not stop it
+                await self.session.delete(f"{self.app.revoked}/{task_id}", missing_ok=True)
         task, data = await self._stored(task)
         if due is not None and due > time.time():
             await delay(self.session, self.app, task, level, due, explicit=explicit)

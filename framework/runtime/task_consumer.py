@@ -157,6 +157,7 @@ class TaskConsumer:
                             # an exception leaving this block hands the item back
                             await self._handle_item(session, queue, item, marker)
                         await payloads.discard(item.data, self.worker)  # acknowledged
+                        await self._after_ack(session, marker)
                         # the running/ marker outlives the ack or release, so an observer
                         # that sees no marker and an empty queue knows all is done
                     finally:
@@ -396,10 +397,23 @@ class TaskConsumer:
         async def fallback() -> None:
             await slots.made(slot)  # a refused entry's slot may be missing: made first
             await write_record(session, self.worker.app, task.key, encoded, slot)
+            if revoked:  # its revoked/ node goes once the item is acknowledged alone
+                mine.after_ack = f"{self.worker.app.revoked}/{task.id}"
 
         finisher = Finisher(build, fallback)
         queue.finish_with(item, finisher)
         mine.finisher = finisher
+
+    async def _after_ack(self, session: Session, marker: list[Marker]) -> None:
+        """What an acknowledgement made alone (its finisher's fallback ran) still owes:
+        a revoked task's ``revoked/`` node (kept until the item left the queue, so a
+        redelivery before that is still acknowledged as revoked, never run)."""
+        if marker and marker[0].after_ack is not None:
+            with cleanup_scope(session):
+                try:
+                    await session.delete(marker[0].after_ack, missing_ok=True)
+                except errors.ZooKeeperError:
+                    pass  # left behind: a resubmission of the id would find it revoked
 
     async def _follow_revoked(self, session: Session,
                               task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
