@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from framework import PermanentFailure, Session, records
 from framework.runtime import App, Client, Master, MasterContext, Task, Worker
 from framework.runtime.actions import generations, history_path, rerun
 from framework.runtime.records import JobDone, PastRun
+from framework.testing import spawn
 from framework.zk import wait_exists
 from tests.test_cli_ops import Idle, cli, wait_children, zk
 
@@ -283,26 +285,22 @@ async def test_a_keyed_submit_says_what_exists_and_result_exits_1_on_failure(
 
 
 async def test_run_concurrency_overrides_the_worker_class(
-        zk_hosts: str, chroot: str, session: Session,
+        zk_hosts: str, chroot: str, session: Session, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """``Together`` (concurrency 1) finishes its tasks only if 3 run at once: with
     ``--concurrency 3`` they do."""
     client = Client(session, "lc-together")
     for n in range(3):
         await client.submit("handle", n, key=f"t{n}")
-    env = {k: v for k, v in os.environ.items() if k != "FRAMEWORK_ZK_HOSTS"}
-    env |= {"PYTHONPATH": HELPERS, "FRAMEWORK_LOG_LEVEL": "error"}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "framework", "run", "lifecycle_app:Together",
-         "--concurrency", "3", "--zk", zk_hosts, "--chroot", chroot], env=env)
-    try:
+    env = {"FRAMEWORK_ZK_HOSTS": None, "PYTHONPATH": HELPERS,
+           "FRAMEWORK_LOG_LEVEL": "error"}
+    async with spawn([sys.executable, "-m", "framework", "run", "lifecycle_app:Together",
+                      "--concurrency", "3", "--zk", zk_hosts, "--chroot", chroot],
+                     name="together", env=env, log_dir=tmp_path):
         with trio.fail_after(60):
             for n in range(3):
                 record = await client.result(f"t{n}", wait=True)
                 assert record is not None and record.result == {"running_at_once": 3}
-    finally:
-        proc.kill()
-        await proc.wait()
     master = run_cli("run", "lifecycle_app:Quick", "--concurrency", "2", "--zk", zk_hosts,
                      "--chroot", chroot)
     assert master.returncode == 2 and master.stderr == (
