@@ -231,10 +231,10 @@ async def test_a_thread_handler_that_returned_in_time_is_not_failed_by_a_late_pi
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(blocker)
-        done = await consumer._call_within(Task("t1", {"takes": 0.12}), rules, 0.2)
+        done = await consumer.handlers.call_within(Task("t1", {"takes": 0.12}), rules.kind, 0.2)
     assert done == "ok"
     with pytest.raises(trio.TooSlowError):
-        await consumer._call_within(Task("t2", {"takes": 0.4}), rules, 0.1)
+        await consumer.handlers.call_within(Task("t2", {"takes": 0.4}), rules.kind, 0.1)
 
 
 async def test_a_set_up_write_whose_reply_was_lost_is_retried_not_fatal(

@@ -20,12 +20,9 @@ unstarted (its ``running/`` marker goes in the same transaction; no delivery is 
 
 from __future__ import annotations
 
-import math
-import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -35,11 +32,11 @@ from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
 from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
-from framework.runtime.handlers import ThreadCall, handle_in_process, returned
+from framework.runtime.handlers import HandlerPool
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
 from framework.runtime.result_index import SlotKeeper, entry_path, write_record
-from framework.runtime.task_types import Catalog, TaskRules, TaskType, type_info
+from framework.runtime.task_types import Catalog, TaskRules, type_info
 from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
@@ -79,10 +76,7 @@ class TaskConsumer:
         self._in_flight = 0
         self._waiting: set[trio.CancelScope] = set()
         self._markers: dict[str, Marker] = {}  # running/ path -> this worker's marker
-        self._stuck_threads = 0
-        self._threads_lock = threading.Lock()
-        self._pool_limiter = trio.CapacityLimiter(math.inf)
-        self._processes: Any = None  # the trio-parallel context of a process pool
+        self.handlers = HandlerPool(worker)  # where handlers run (threads, processes)
         self._slots: SlotKeeper | None = None  # the result index's slots written into
         self._revoked: frozenset[str] = frozenset()  # task ids under revoked/, as last seen
         self._revocable: dict[str, trio.CancelScope] = {}  # running task id -> its handler
@@ -116,7 +110,7 @@ class TaskConsumer:
         queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.most_attempts,
                           dead_letter=worker.app.dead, lease=worker.lease,
                           claim_with=self._claim_extras)
-        async with self._handler_pool(), trio.open_nursery() as timer:
+        async with self.handlers.open(), trio.open_nursery() as timer:
             await timer.start(self._follow_revoked, session)  # known before the first take
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
             async with trio.open_nursery() as slots:
@@ -136,7 +130,7 @@ class TaskConsumer:
         dead-lettered, the duration histogram) for the dashboard to sum."""
         return {"load": self._in_flight / max(self.worker.concurrency, 1),
                 "in_flight": self._in_flight, "done": self.tasks_done,
-                "failed": self.tasks_failed, "stuck_threads": self._stuck_threads,
+                "failed": self.tasks_failed, "stuck_threads": self.handlers.stuck_threads,
                 **metrics.task_stats(self).published()}
 
     async def _slot(self, session: Session, queue: WorkQueue) -> None:
@@ -334,7 +328,7 @@ class TaskConsumer:
         revocable = self._revocable[task.id] = trio.CancelScope()
         try:
             with revocable:
-                value = await self._call_within(task, rules, limit)
+                value = await self.handlers.call_within(task, rules.kind, limit)
         except Exception as exc:
             await self._failed(session, task, exc, started, rules)
             # leaving take() with an error hands the item back (or buries it for good)
@@ -446,77 +440,6 @@ class TaskConsumer:
             )
         return None
 
-    async def _call_within(self, task: Task, rules: TaskRules, limit: float | None) -> Any:
-        """``handle(task)`` within ``limit`` seconds, or :class:`trio.TooSlowError`.
-
-        A handler that did not stop at its limit (an ``async def`` blocked in a thread it
-        does not abandon, or one that swallowed the cancellation) fails all the same once it
-        returns: its result is never recorded as a success."""
-        call = ThreadCall()
-        if not limit:
-            return await self._call_handler(task, rules.kind, call)
-        deadline = trio.current_time() + limit
-        ends_by = time.monotonic() + limit
-        with trio.CancelScope(deadline=deadline) as limited:
-            value = await self._call_handler(task, rules.kind, call)
-        if call.returned_at is not None and call.returned_at <= ends_by:
-            # a thread that returned in time, picked up late (a busy event loop)
-            if call.error is not None:
-                raise call.error
-            return call.value
-        if limited.cancelled_caught:
-            raise trio.TooSlowError
-        ended = time.monotonic() if call.returned_at is None else call.returned_at
-        overran = ended - ends_by
-        if overran > 0:
-            log.warning("task.time_limit_ignored", task=task.id, worker=self.worker.name,
-                        limit=limit, overran=round(overran, 3))
-            raise trio.TooSlowError
-        return value
-
-    async def _call_handler(self, task: Task, kind: TaskType, call: ThreadCall) -> Any:
-        """The task type's method on ``task``: awaited, or a plain ``def`` run in the
-        thread or process pool (a thread records in ``call`` when it returned, and what)."""
-        method = getattr(self.worker, kind.method)
-        if not kind.blocking:
-            return await method(task)
-        if self._processes is not None:
-            worker = self.worker
-            fields = {"app": worker.app, "name": worker.name, "address": worker.address,
-                      "config": worker.config}
-            # cancelled (time limit, drain timeout): the process is killed
-            return await self._processes.run_sync(handle_in_process, type(self.worker), fields,
-                                                  kind.method, task, kill_on_cancel=True,
-                                                  limiter=self._pool_limiter)
-
-        def run() -> Any:
-            try:
-                call.value = returned(type(self.worker), kind.method, method(task))
-                return call.value
-            except BaseException as exc:
-                call.error = exc
-                raise
-            finally:
-                with self._threads_lock:
-                    call.finished = True
-                    call.returned_at = time.monotonic()
-                    if call.abandoned:
-                        self._stuck_threads -= 1
-
-        try:
-            return await trio.to_thread.run_sync(run, abandon_on_cancel=True,
-                                                 limiter=self._pool_limiter)
-        except trio.Cancelled:
-            # a thread cannot be killed: it runs on, its result will be dropped
-            with self._threads_lock:
-                if not call.finished:
-                    call.abandoned = True
-                    self._stuck_threads += 1
-            if call.abandoned:
-                log.warning("task.thread_abandoned", task=task.id, worker=self.worker.name,
-                            stuck_threads=self._stuck_threads)
-            raise
-
     async def _failed(self, session: Session, task: Task, exc: Exception,
                       started: float, rules: TaskRules | None) -> None:
         ended = time.time()  # the record's time: not counting the traceback's formatting
@@ -559,24 +482,6 @@ class TaskConsumer:
         if not final:
             # hold the claim for a while so the retry is delayed (exponential backoff)
             await (rules.backoff if rules else self.worker.backoff).sleep(task.attempts)
-
-    @asynccontextmanager
-    async def _handler_pool(self) -> AsyncIterator[None]:
-        """The pool a plain-def ``handle`` runs in, for as long as the worker runs.  Its
-        limiter is unbounded: the slots bound the calls, and an abandoned thread keeps its
-        token until it returns."""
-        self._pool_limiter = trio.CapacityLimiter(math.inf)
-        if not (self.worker.handle_blocks and self.worker.handler_pool == "process"):
-            yield
-            return
-        import trio_parallel  # only a process pool needs it
-
-        async with trio_parallel.open_worker_context(grace_period=1.0) as context:
-            self._processes = context
-            try:
-                yield
-            finally:
-                self._processes = None
 
     async def _drain_deadline(self, slots: trio.CancelScope) -> None:
         await self.worker.stop_requested.wait()
