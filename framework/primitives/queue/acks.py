@@ -179,6 +179,9 @@ class Acker(QueueState):
         itself) or ``SENT`` (reply lost: it confirms its own).  A refusal caused by one ack leaves
         the others waiting for the next commit."""
         batch = [a for a in self._acks if a.stage is AckStage.PENDING][:_BATCH]
+        if len(batch) == 1:  # alone: settled by itself at once (see docs: waiting for a
+            batch[0].stage = AckStage.ALONE  # batch cost more than the writes it saved)
+            return
         txn = self.session.transaction()
         ends = []
         for ack in batch:
