@@ -415,3 +415,33 @@ async def test_term_statistics_are_kept_per_index_version(
                         assert abs(hit.score - want.scores[hit.url]) < 1e-4
                     await remove_index(session, "ix")
                     await wait_gone(session, "ix")
+
+
+async def test_an_index_added_again_under_its_name_is_built_again(
+        zk_hosts: str, chroot: str, session: Session, tmp_path: Path) -> None:
+    """Removed and added again with another corpus and store, the same name is a new
+    incarnation (a new record znode): its shards are built again, not taken for done from
+    the first one's build results, and searches count the new corpus."""
+    from examples.katta_like.load import reference
+
+    first = record("again", tmp_path / "one", docs=200, seed=3)
+    second = record("again", tmp_path / "two", docs=260, seed=5)
+    with trio.fail_after(TIMEOUT):
+        async with cluster(zk_hosts, chroot, tmp_path, nodes=2):
+            await add_index(session, first)
+            assert (await wait_state(session, "again", (IndexState.DEPLOYED,
+                                                        IndexState.ERROR))).state \
+                is IndexState.DEPLOYED
+            await remove_index(session, "again")
+            await wait_gone(session, "again")
+            await add_index(session, second)
+            done = await wait_state(session, "again", (IndexState.DEPLOYED, IndexState.ERROR))
+            assert done.state is IndexState.DEPLOYED, done.error
+            await wait_replicated(session, "again", 2)
+            query = sample_queries(second.corpus, 1)[0]
+            want = reference(second.corpus, tmp_path, [query], 10)[query]
+            async with SearchClient.open(session) as client:
+                await client.wait_routable("again", 2)
+                result = await client.search(query, index="again")
+    assert not result.partial and result.count == want.count
+    assert (tmp_path / "two").exists()  # built into the second store

@@ -9,7 +9,8 @@ What the leader guarantees (every write fenced by its election node, so a depose
 late write fails on the server):
 
 * **build**: an index in state ``building`` gets one task per shard that has no successful
-  result yet (idempotency key ``build-<index>-<shard>``: a new master never builds a shard
+  result yet (idempotency key ``build-<index>-<incarnation>-<shard>``, the incarnation being
+  the index record's czxid: a new master never builds a shard
   twice into view); once the queue is idle the index moves to ``deploying``, or to
   ``error`` naming the failed shards.
 * **place**: the shards of a placed index (:attr:`IndexRecord.placed`) are the runtime's
@@ -64,6 +65,9 @@ class _Leading:
     nursery: trio.Nursery
     records: dict[str, IndexRecord] = attrs.Factory(dict)
     builders: dict[str, trio.CancelScope] = attrs.Factory(dict)
+    #: each index record's creation zxid: which incarnation of a name it is (an index
+    #: removed and added again under the same name builds again)
+    incarnations: dict[str, int] = attrs.Factory(dict)
 
 
 class KattaMaster(Master):
@@ -134,6 +138,8 @@ class KattaMaster(Master):
                 record = decode_logged(snap.data, IndexRecord, path)
                 if record is None:
                     continue  # kept as it was until the record is rewritten
+                assert snap.stat is not None
+                leading.incarnations[name] = snap.stat.czxid
                 leading.records[name] = record
                 self._records_changed(leading)
 
@@ -144,16 +150,17 @@ class KattaMaster(Master):
         ctx = leading.ctx
         with scope:
             started = time.monotonic()
+            incarnation = leading.incarnations.get(record.name, 0)
             missing = [s for s in range(record.shards)
-                       if not _ok(await ctx.result(_build_key(record.name, s)))]
+                       if not _ok(await ctx.result(_build_key(record.name, incarnation, s)))]
             for shard in missing:
                 await ctx.submit("handle", records.unstructure(BuildTask(record, shard)),
-                                 idempotency_key=_build_key(record.name, shard))
+                                 idempotency_key=_build_key(record.name, incarnation, shard))
             log.info("katta.build_submitted", index=record.name, tasks=len(missing))
             await ctx.wait_idle()
             failed = []
             for shard in range(record.shards):
-                result = await ctx.result(_build_key(record.name, shard))
+                result = await ctx.result(_build_key(record.name, incarnation, shard))
                 if not _ok(result):
                     failed.append(f"{shard}: {getattr(result, 'error', 'no result')}")
             state = IndexState.ERROR if failed else IndexState.DEPLOYING
@@ -212,8 +219,10 @@ class KattaMaster(Master):
         log.info("katta.index_removed", index=record.name)
 
 
-def _build_key(index: str, shard: int) -> str:
-    return f"build-{index}-{shard}"
+def _build_key(index: str, incarnation: int, shard: int) -> str:
+    """The build task of ``shard`` of this incarnation of ``index`` (its record's czxid):
+    a new master finds it done; an index added again under the same name does not."""
+    return f"build-{index}-{incarnation:x}-{shard}"
 
 
 def _ok(result: Any) -> bool:
