@@ -11,7 +11,7 @@ import trio
 
 from framework import Session
 from framework.cli import main as cli_main
-from framework.runtime import Client, Outcome, Revocation, Task, Worker, task
+from framework.runtime import Client, Outcome, Revocation, Task, TaskResult, Worker, task
 from framework.zk import wait_exists, wait_gone
 
 TIMEOUT = 4.0
@@ -126,19 +126,22 @@ async def test_a_revoked_key_submitted_again_runs(zk_hosts: str, chroot: str) ->
                 await wait_gone(session, "/apps/ra/revoked/k")
                 await wait_gone(session, "/apps/ra/running/k")
                 await client.submit("quick", key="k")  # on purpose, after the revoke
-                while (again := await client.result("k")) is None or \
-                        again.outcome is Outcome.REVOKED:
-                    await wait_changed(session, "/apps/ra/results")
+                again = await outcome_after(session, "k", Outcome.REVOKED)
                 worker.request_stop()
     assert first is not None and first.outcome is Outcome.REVOKED
     assert again.outcome is Outcome.SUCCEEDED and worker.runs == ["k"]
 
 
-async def wait_changed(session: Session, path: str) -> None:
-    """Until a result record of the app is created or rewritten (a watch on its bucket)."""
+async def outcome_after(session: Session, key: str, old: Outcome) -> TaskResult:
+    """The result record of ``key`` once its outcome is no longer ``old`` (read with a
+    watch each time, so a rewrite between two reads is never missed)."""
     from framework.runtime import App
 
-    record = App("ra").result_path("k")
-    fired = trio.Event()
-    await session.exists(record, watch=session.waker(fired))
-    await fired.wait()
+    path = App("ra").result_path(key)
+    while True:
+        fired = trio.Event()
+        data, _stat = await session.get(path, watch=session.waker(fired))
+        record = TaskResult.decode(data)
+        if record.outcome is not old:
+            return record
+        await fired.wait()
