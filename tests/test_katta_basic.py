@@ -379,20 +379,20 @@ async def test_term_statistics_are_kept_per_index_version(
     (and is scored as one index would); the same name removed and added again is another
     version (another record znode): its statistics are gathered again."""
     from examples.katta_like.load import reference
-    from examples.katta_like.wire import Endpoint
+    from examples.katta_like.wire import Answer, Kind, ShardRequest
 
-    stats = Endpoint.STATS.value.strip("/")
+    stats = Kind.STATS
     with trio.fail_after(TIMEOUT):
         async with cluster(zk_hosts, chroot, tmp_path, nodes=2):
             async with SearchClient.open(session) as client:
-                rounds: list[str] = []
-                post = client._http.post
+                rounds: list[Kind] = []
+                call = client._call
 
-                async def counted(url: str, **kwargs: object) -> object:
-                    rounds.append(url.rsplit("/", 1)[1])
-                    return await post(url, **kwargs)  # type: ignore[arg-type]
+                async def counted(address: str, kind: Kind, request: ShardRequest) -> Answer:
+                    rounds.append(kind)
+                    return await call(address, kind, request)
 
-                client._http.post = counted  # type: ignore[method-assign]
+                client._call = counted  # type: ignore[method-assign]
                 spec = record("ix", tmp_path)
                 words = [q for q in dict.fromkeys(sample_queries(spec.corpus, 30))
                          if " " not in q][:2]

@@ -196,19 +196,33 @@ def test_bad_settings_of_the_processes_are_one_line(
 
 
 def test_the_search_api_answers_what_it_cannot_take_clearly() -> None:
-    """The node's HTTP API: a body that is not a request is a 400 with one line, a shard it
-    does not serve is answered in ``refused``, an unknown path is a 404."""
+    """The node's query protocol: a call that is not one is answered with one line, a
+    shard it does not serve in ``refused``; a frame that is not a msgpack map with an id
+    cannot be answered at all (:class:`ProtocolError`: the node closes the connection)."""
+    import msgpack
+
     from examples.katta_like.node import SearchNode
-    from examples.katta_like.wire import ErrorReply, SearchReply, ShardRequest
+    from examples.katta_like.wire import (
+        Answer,
+        Call,
+        Kind,
+        ProtocolError,
+        SearchReply,
+        ShardRequest,
+    )
     from framework import records
 
     node = SearchNode(name="n0")
-    status, reply = node._answer("/search", b"{not json")
-    assert status == 400 and isinstance(reply, ErrorReply)
-    assert reply.error.startswith("bad request: not a ShardRequest record")
-    status, reply = node._answer("/search", b'{"index": "ix", "shards": ["x"], "query": "a"}')
-    assert status == 400 and isinstance(reply, ErrorReply) and "shards" in reply.error
-    status, reply = node._answer("/search", records.encode(ShardRequest("ix", (0,), "a")))
-    assert (status, reply) == (200, SearchReply({}, {0: "n0 does not serve ix/0"}))
-    status, reply = node._answer("/nope", b"{}")
-    assert status == 404 and isinstance(reply, ErrorReply)
+    with pytest.raises(ProtocolError, match="not msgpack"):
+        node._reply(b"\xc1")
+    with pytest.raises(ProtocolError, match="integer id"):
+        node._reply(msgpack.packb({"kind": "search"}))
+    answer = node._reply(msgpack.packb({"id": 3, "kind": "nope"}))
+    assert answer.id == 3 and answer.reply is None
+    assert answer.error is not None and answer.error.startswith("bad request: not a Call record")
+    answer = node._reply(msgpack.packb({"id": 4, "kind": "search", "request": {
+        "index": "ix", "shards": ["x"], "query": "a"}}))
+    assert answer.id == 4 and answer.error is not None and "shards" in answer.error
+    call = Call(5, Kind.SEARCH, ShardRequest("ix", (0,), "a"))
+    answer = node._reply(msgpack.packb(records.unstructure(call)))
+    assert answer == Answer(5, SearchReply({}, {0: "n0 does not serve ix/0"}))

@@ -18,7 +18,7 @@ from examples.katta_like.layout import IndexRecord, IndexState, KattaPaths
 from examples.katta_like.load import LoadStats, reference, run_load
 from examples.katta_like.master import KattaMaster
 from examples.katta_like.node import SearchNode
-from examples.katta_like.wire import ErrorReply, SearchReply, StatsReply
+from examples.katta_like.wire import ErrorReply, Kind, SearchReply, ShardRequest, StatsReply
 from framework import Session
 from framework.runtime import App, Plan
 from framework.zk import watch_children, watch_data
@@ -142,14 +142,14 @@ class StatsRefused(SearchNode):
 
     refused = 1
 
-    def _answer(self, path: str, body: bytes
-                ) -> tuple[int, StatsReply | SearchReply | ErrorReply]:
-        status, answer = super()._answer(path, body)
+    def _answer(self, kind: Kind, request: ShardRequest
+                ) -> StatsReply | SearchReply | ErrorReply:
+        answer = super()._answer(kind, request)
         if isinstance(answer, StatsReply) and self.refused in answer.shards:
             shards = {s: a for s, a in answer.shards.items() if s != self.refused}
             refused = answer.refused | {self.refused: "no statistics (test)"}
-            return status, StatsReply(shards, refused)
-        return status, answer
+            return StatsReply(shards, refused)
+        return answer
 
 
 async def test_a_shard_missing_from_the_statistics_makes_the_result_partial(

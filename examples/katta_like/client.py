@@ -26,7 +26,8 @@ Guarantees:
   ``scoring="local"``: each shard's own BM25, one round.
 
 Raises: :class:`UnknownIndex` (no such index or alias), :class:`FrameworkError` (bad query
-syntax, ``top`` out of range, an index record that cannot be read, a node's 400 answer).
+syntax, ``top`` out of range, an index record that cannot be read, a node's error answer:
+bad request or query syntax).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, overload
 
 import attrs
-import httpx
 import trio
 
 from examples.katta_like.layout import (
@@ -55,6 +55,7 @@ from examples.katta_like.layout import (
     read_record,
     shard_name,
 )
+from examples.katta_like.links import LinkFailed, NodeLinks
 from examples.katta_like.store import (
     GlobalStats,
     ShardResult,
@@ -62,7 +63,7 @@ from examples.katta_like.store import (
     check_query,
     query_terms,
 )
-from examples.katta_like.wire import REPLIES, Endpoint, ErrorReply, ShardRequest
+from examples.katta_like.wire import REPLIES, Answer, Kind, ProtocolError, ShardRequest
 from framework import errors, get_logger, records
 from framework.errors import FrameworkError
 from framework.runtime import App
@@ -163,7 +164,7 @@ class SearchClient:
     hedge_ratio: float = 0.1
     hedge_burst: float = 20.0
 
-    def __init__(self, session: Session, nursery: trio.Nursery, http: httpx.AsyncClient, *,
+    def __init__(self, session: Session, nursery: trio.Nursery, links: NodeLinks, *,
                  app: str = APP_NAME, shard_timeout: float = 1.0,
                  scoring: str = "global") -> None:
         if scoring not in ("global", "local"):
@@ -176,7 +177,7 @@ class SearchClient:
         self.paths = KattaPaths(App(app))
         self.shard_timeout = shard_timeout
         self._nursery = nursery
-        self._http = http
+        self._links = links
         self._views: dict[str, _IndexView] = {}
         self._aliases: dict[str, str | None] = {}
         self._alias_ready: dict[str, trio.Event] = {}
@@ -190,11 +191,13 @@ class SearchClient:
     @asynccontextmanager
     async def open(cls, session: Session, *, app: str = APP_NAME, shard_timeout: float = 1.0,
                    scoring: str = "global") -> AsyncIterator[SearchClient]:
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-        async with httpx.AsyncClient(limits=limits, timeout=shard_timeout) as http:
-            async with trio.open_nursery() as nursery:
-                yield cls(session, nursery, http, app=app, shard_timeout=shard_timeout,
+        async with trio.open_nursery() as nursery:
+            links = NodeLinks(nursery)
+            try:
+                yield cls(session, nursery, links, app=app, shard_timeout=shard_timeout,
                           scoring=scoring)
+            finally:
+                links.close()
                 nursery.cancel_scope.cancel()
 
     # ------------------------------------------------------------ the cached view
@@ -292,7 +295,7 @@ class SearchClient:
         ``top`` hits.
 
         Each shard is asked of one serving replica, healthy ones first.  A replica that
-        fails (connection, status, unreadable answer) or refuses the shard: the next
+        fails (its connection, an unreadable answer) or refuses the shard: the next
         replica at once.  A request running longer than :meth:`hedge_delay`: its shards are
         *also* sent to the next replica (the first answer wins), within a budget of
         ``hedge_ratio`` hedges per request (``hedge_burst`` saved); a request whose node
@@ -317,7 +320,7 @@ class SearchClient:
             known = self._stats.get(key)
             stats = known.of(keys) if known is not None else None
             if stats is None:
-                parts = await self._scatter(view, Endpoint.STATS, request, every, counts,
+                parts = await self._scatter(view, Kind.STATS, request, every, counts,
                                             errors_seen)
                 if errors_seen:
                     raise FrameworkError(errors_seen[0])
@@ -328,7 +331,7 @@ class SearchClient:
                 else:
                     log.warning("katta.stats_missing", index=name, query=query,
                                 missing=sorted(set(every) - set(parts)))
-        answers = await self._scatter(view, Endpoint.SEARCH, attrs.evolve(request, stats=stats),
+        answers = await self._scatter(view, Kind.SEARCH, attrs.evolve(request, stats=stats),
                                       searched, counts, errors_seen) if searched else {}
         if errors_seen:
             raise FrameworkError(errors_seen[0])
@@ -356,6 +359,10 @@ class SearchClient:
             known = self._stats[key] = _TermStats(merged.docs, tokens)
         known.df.update(merged.df)
 
+    async def _call(self, address: str, kind: Kind, request: ShardRequest) -> Answer:
+        """One call to the node at ``address`` (see :class:`NodeLinks`), unbounded."""
+        return await self._links.call(address, kind, request)
+
     def hedge_delay(self) -> float:
         """Seconds a request may run before its shards are also sent to another replica:
         ``hedge_factor`` x the 95th percentile of the recent answered requests' latencies,
@@ -368,25 +375,26 @@ class SearchClient:
         return min(self.hedge_max, max(self.hedge_floor, self.hedge_factor * p95))
 
     @overload
-    async def _scatter(self, view: _IndexView, endpoint: Literal[Endpoint.STATS],
+    async def _scatter(self, view: _IndexView, kind: Literal[Kind.STATS],
                        request: ShardRequest, shards: list[int], counts: _Counts,
                        errors_seen: list[str]) -> dict[int, ShardStats]: ...
 
     @overload
-    async def _scatter(self, view: _IndexView, endpoint: Literal[Endpoint.SEARCH],
+    async def _scatter(self, view: _IndexView, kind: Literal[Kind.SEARCH],
                        request: ShardRequest, shards: list[int], counts: _Counts,
                        errors_seen: list[str]) -> dict[int, ShardResult]: ...
 
-    async def _scatter(self, view: _IndexView, endpoint: Endpoint, request: ShardRequest,
+    async def _scatter(self, view: _IndexView, kind: Kind, request: ShardRequest,
                        shards: list[int], counts: _Counts,
                        errors_seen: list[str]) -> dict[int, Any]:
-        """Ask one serving replica for each of ``shards`` (one HTTP request per node, with
+        """Ask one serving replica for each of ``shards`` (one call per node, with
         the list of its shards), trying the next replica as :meth:`search` says.  Returns
         shard -> answer when every shard answered, or no replica is left to try for the
-        others (missing from the answers); a node's 400 is appended to ``errors_seen``."""
+        others (missing from the answers); a node's error answer is appended to
+        ``errors_seen``."""
         assert view.record is not None
         answers: dict[int, Any] = {}
-        reply_class = REPLIES[endpoint]
+        reply_class = REPLIES[kind]
         tried: dict[int, set[str]] = {s: set() for s in shards}
         in_flight: dict[int, int] = {s: 0 for s in shards}
         exhausted: set[int] = set()  # no replica left to try
@@ -429,26 +437,23 @@ class SearchClient:
 
         async def ask(sent: _Request, address: str) -> None:
             node = sent.node
-            body = records.encode(attrs.evolve(request, shards=tuple(sent.shards)))
             try:
                 with trio.fail_after(self.shard_timeout):
-                    response = await self._http.post(
-                        f"http://{address}{endpoint.value}", content=body,
-                        headers={"content-type": "application/json"})
-                if response.status_code == 400:
-                    errors_seen.append(records.decode(response.content, ErrorReply).error)
-                elif response.status_code == 200:
-                    reply = records.decode(response.content, reply_class)
+                    answer = await self._call(address, kind, attrs.evolve(
+                        request, shards=tuple(sent.shards)))
+                if answer.error is not None:
+                    errors_seen.append(answer.error)
+                else:
+                    reply = records.structure(answer.reply, reply_class)
                     self._latencies.append(trio.current_time() - sent.started)
                     self._answered_at[node] = trio.current_time()
-                    for shard, answer in reply.shards.items():
-                        answers.setdefault(shard, answer)
+                    for shard, result in reply.shards.items():
+                        answers.setdefault(shard, result)
                     for shard, why in reply.refused.items():
                         log.debug("katta.replica_refused", node=node, shard=shard, error=why)
                     self._suspect.pop(node, None)
-                else:
-                    self._suspect[node] = trio.current_time()
-            except (httpx.HTTPError, trio.TooSlowError, records.CorruptRecord) as exc:
+            except (LinkFailed, ProtocolError, trio.TooSlowError,
+                    records.CorruptRecord) as exc:
                 log.debug("katta.replica_failed", node=node, shards=sent.shards,
                           error=repr(exc))
                 self._suspect[node] = trio.current_time()
@@ -514,7 +519,7 @@ class SearchClient:
 
 @attrs.define(eq=False)
 class _Request:
-    """One HTTP request of a scatter: a node and the shards it was asked for."""
+    """One call of a scatter: a node and the shards it was asked for."""
 
     node: str
     shards: list[int]

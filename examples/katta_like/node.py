@@ -1,4 +1,5 @@
-"""``SearchNode``: builds shards (pull mode) and serves its assigned shards over HTTP/JSON.
+"""``SearchNode``: builds shards (pull mode) and serves its assigned shards over TCP
+(length-prefixed msgpack frames, :mod:`examples.katta_like.wire`).
 
 Run it with ``python -m framework run examples.katta_like.node:SearchNode --app katta``.
 Settings come from the environment: ``KATTA_STORE`` (the shard store, default
@@ -11,7 +12,7 @@ Guarantees:
 * It serves exactly the shards assigned to it (the runtime's
   ``assignments/<me>/<index>.<shard>``), and only while its ZooKeeper session is trusted.
 * **SUSPENDED** past the trust deadline, or **LOST**: the runtime cancels every shard at
-  once; from then on the HTTP API answers each of them in ``refused``, although the
+  once; from then on the query protocol answers each of them in ``refused``, although the
   deployment records stay on the server until it expires the session.  Even before that
   cancellation runs, an answer for a shard is given only if the session that announced it
   is still trusted (:meth:`Session.ensure_trusted`).  Connected again (the same session or
@@ -39,10 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from examples.katta_like.corpus import documents, shard_of
 from examples.katta_like.layout import (
@@ -65,13 +62,19 @@ from examples.katta_like.store import (
     shard_dir_name,
 )
 from examples.katta_like.wire import (
-    Endpoint,
+    Answer,
+    Call,
     ErrorReply,
+    FrameReader,
+    Kind,
+    ProtocolError,
     SearchReply,
     ShardRequest,
     StatsReply,
+    frame,
+    unpack,
 )
-from framework import Worker, errors, get_logger, records, web
+from framework import Worker, errors, get_logger, records
 from framework.runtime import Task
 from framework.zk import Session
 
@@ -130,8 +133,8 @@ class SearchNode(Worker):
 
     @asynccontextmanager
     async def lifetime(self, session: Session) -> AsyncIterator[None]:
-        """The node's disk and its search API, for as long as the node runs (its address
-        goes into its group status)."""
+        """The node's disk and its query listener, for as long as the node runs (its
+        address goes into its group status and its deployment records)."""
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.data_dir, os.W_OK | os.X_OK):
@@ -140,13 +143,12 @@ class SearchNode(Worker):
             raise errors.ConfigurationError(
                 f"KATTA_DATA: cannot use {str(self.data_dir)!r} as this node's disk "
                 f"({exc.strerror or exc})") from None
-        listener = web.listen("127.0.0.1", 0, what="search node", graceful_timeout=0.2,
-                              keep_alive_timeout=60.0)
-        self.address = listener.address
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        host, port = listeners[0].socket.getsockname()[:2]
+        self.address = f"{host}:{port}"
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: web.serve(
-                self.http_app(), listener, task_status=task_status))
-            log.info("node.http", node=self.name, address=self.address)
+            nursery.start_soon(trio.serve_listeners, self.serve_connection, listeners)
+            log.info("node.listening", node=self.name, address=self.address)
             yield
             nursery.cancel_scope.cancel()
 
@@ -229,24 +231,33 @@ class SearchNode(Worker):
             await trio.to_thread.run_sync(
                 lambda: [shutil.rmtree(d, ignore_errors=True) for d in stale])
 
-    # ------------------------------------------------------------ HTTP/JSON
+    # ------------------------------------------------------------ query protocol
 
-    def http_app(self) -> Starlette:
-        """The search API (:mod:`examples.katta_like.wire`): ``POST /stats`` and
-        ``POST /search``; a shard this node does not serve (now) is answered in
-        ``refused``."""
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        """Answer one client connection's calls (:mod:`.wire`), each in turn, until the
+        client closes it; bytes that are not frames end it (``node.bad_frame``)."""
+        reader = FrameReader(stream)
+        try:
+            async with stream:
+                while (body := await reader.next()) is not None:
+                    await stream.send_all(frame(self._reply(body)))
+        except ProtocolError as exc:
+            log.warning("node.bad_frame", node=self.name, error=str(exc))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away
 
-        async def endpoint(request: Request) -> Response:
-            status, answer = self._answer(request.url.path, await request.body())
-            return Response(records.encode(answer), status_code=status,
-                            media_type="application/json")
-
-        async def not_found(request: Request, exc: Exception) -> Response:
-            return Response(records.encode(ErrorReply(f"no such endpoint {request.url.path}")),
-                            status_code=404, media_type="application/json")
-
-        return Starlette(routes=[Route(e.value, endpoint, methods=["POST"]) for e in Endpoint],
-                         exception_handlers={404: not_found})
+    def _reply(self, body: bytes) -> Answer:
+        """The answer to one frame's ``body``; :class:`ProtocolError` if it is not a map
+        with an ``id`` (nothing can be answered)."""
+        message = unpack(body)
+        try:
+            call = records.structure(message, Call)
+        except records.CorruptRecord as exc:
+            return Answer(message["id"], error=f"bad request: {exc}")
+        reply = self._answer(call.kind, call.request)
+        if isinstance(reply, ErrorReply):
+            return Answer(call.id, error=reply.error)
+        return Answer(call.id, reply)
 
     def _trusted(self, key: tuple[str, int]) -> bool:
         """Right before answering as an owner of a shard: is the session it was announced
@@ -264,17 +275,10 @@ class SearchNode(Worker):
             return False
         return True
 
-    def _answer(self, path: str, body: bytes
-                ) -> tuple[int, StatsReply | SearchReply | ErrorReply]:
-        """The status and reply to ``body`` at ``path`` (see :mod:`.wire`)."""
-        try:
-            endpoint = Endpoint(path)
-        except ValueError:
-            return 404, ErrorReply(f"no such endpoint {path}")
-        try:
-            request = records.decode(body or b"{}", ShardRequest)
-        except records.CorruptRecord as exc:
-            return 400, ErrorReply(f"bad request: {exc}")
+    def _answer(self, kind: Kind, request: ShardRequest
+                ) -> StatsReply | SearchReply | ErrorReply:
+        """The reply to one call (see :mod:`.wire`): an :class:`ErrorReply` for a query
+        that is not valid syntax."""
         refused: dict[int, str] = {}
         searchers = {}
         for shard in request.shards:
@@ -287,12 +291,12 @@ class SearchNode(Worker):
             else:
                 searchers[shard] = searcher
         try:
-            if endpoint is Endpoint.STATS:
-                return 200, StatsReply({shard: searcher.stats(request.query)
-                                        for shard, searcher in searchers.items()}, refused)
+            if kind is Kind.STATS:
+                return StatsReply({shard: searcher.stats(request.query)
+                                   for shard, searcher in searchers.items()}, refused)
             self.queries += len(searchers)
-            return 200, SearchReply({shard: searcher.search(request.query, request.top,
-                                                            request.stats)
-                                     for shard, searcher in searchers.items()}, refused)
+            return SearchReply({shard: searcher.search(request.query, request.top,
+                                                       request.stats)
+                                for shard, searcher in searchers.items()}, refused)
         except ValueError as exc:
-            return 400, ErrorReply(f"bad query syntax: {exc}")
+            return ErrorReply(f"bad query syntax: {exc}")
