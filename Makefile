@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: netns-tools browser test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench zookeeper redis-server install clean
+.PHONY: netns-tools browser test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench profile zookeeper redis-server install clean
 
 test: zookeeper netns-tools browser install lint
 	$(PY) -m pytest -q
@@ -73,6 +73,13 @@ bench: zookeeper redis-server install
 	$(PY) bench/bridge.py
 	$(PY) bench/primitives.py
 	$(PY) bench/runtime.py
+
+# Where the runtime's time goes: py-spy samples a worker and the master under the 4 workers x
+# 4 slots load of bench/runtime.py; prints the top frames, writes flame graphs (svg) to
+# /tmp/framework-profile (about 20 s).  py-spy reads other processes: root or CAP_SYS_PTRACE.
+# Options: .venv/bin/python -m bench.profile -h (--workload submit-many: the master submitting)
+profile: zookeeper install
+	$(PY) -m bench.profile
 
 # The crawl benchmark: the partitioned crawler vs one plain process (about 20 minutes; --quick).
 bench-crawl: zookeeper install
