@@ -239,13 +239,24 @@ async def wait_count(session: Session, path: str, count: int) -> None:
             return
 
 
+def server_stats(hosts: str) -> dict[str, str]:
+    """The ``mntr`` counters of the first server of ``hosts``."""
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    return dict(line.split("\t", 1) for line in four_letter(int(port), "mntr", host=host)
+                .splitlines() if "\t" in line)
+
+
 def server_counters(hosts: str) -> tuple[int, int]:
     """(requests received, write transactions committed) so far, from the server's ``mntr``
     (``zk_packets_received``, ``zk_cnt_updatelatency``); the first server of ``hosts``."""
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    stats = dict(line.split("\t", 1) for line in four_letter(int(port), "mntr", host=host)
-                 .splitlines() if "\t" in line)
+    stats = server_stats(hosts)
     return int(stats["zk_packets_received"]), int(stats["zk_cnt_updatelatency"])
+
+
+def server_traffic(hosts: str) -> tuple[int, int]:
+    """(requests received, bytes received) so far (``mntr``, the first server of ``hosts``)."""
+    stats = server_stats(hosts)
+    return int(stats["zk_packets_received"]), int(stats["zk_bytes_received_count"])
 
 
 @attrs.frozen
@@ -321,6 +332,67 @@ async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, flo
             procs = [await spawn_python(stack, f"kazoo-drainer-{i}", "-c", KAZOO_DRAINER, hosts,
                                         path, str(each), read=True) for i in range(WORKERS)]
             return submitted, await drained_rate(procs, each)
+
+
+@attrs.frozen
+class Submitted:
+    """One submission of a backlog: tasks/s, and requests and bytes the server received per
+    task (everything the submitter sent, its start included)."""
+
+    rate: float
+    requests: float
+    bytes: float
+
+
+async def ours_submit(hosts: str, backlog: int) -> Submitted:
+    """``submit_many`` of ``backlog`` tasks (5,000 a call) by the bench master, no worker."""
+    chroot = f"/bench-sm-{time.time_ns()}"
+    async with AsyncExitStack() as stack:
+        before = server_traffic(hosts)
+        master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
+                                     BENCH_TASKS=str(backlog), BENCH_MODE="backlog")
+        seconds = float((await lines(master).next()).split()[1])
+        after = server_traffic(hosts)
+    return Submitted(backlog / seconds, (after[0] - before[0]) / backlog,
+                     (after[1] - before[1]) / backlog)
+
+
+async def kazoo_submit(hosts: str, backlog: int) -> Submitted:
+    """kazoo's ``LockingQueue.put_all`` of ``backlog`` items, 1,000 a call (one multi each),
+    as in :func:`kazoo_backlog`."""
+    async with kazoo_queue(hosts, "ksm", timeout=30.0) as (_client, queue, _path):
+        before = server_traffic(hosts)
+        start = time.perf_counter()
+        for offset in range(0, backlog, 1000):
+            batch = [json.dumps({"n": i}).encode()
+                     for i in range(offset, min(offset + 1000, backlog))]
+            await trio.to_thread.run_sync(queue.put_all, batch)
+        rate = backlog / (time.perf_counter() - start)
+        after = server_traffic(hosts)
+    return Submitted(rate, (after[0] - before[0]) / backlog, (after[1] - before[1]) / backlog)
+
+
+def measure_submit(runs: int) -> None:
+    """``--submit-many RUNS``: ours and kazoo's submission of LARGE_BACKLOG tasks, alternated
+    RUNS times (kazoo first in odd runs, ours first in even ones), each on a fresh server
+    (a standalone one's 256 MB heap holds about three such backlogs, and a fuller heap is
+    slower); each run and the ranges."""
+    got: dict[str, list[Submitted]] = {"kazoo": [], "ours": []}
+    for n in range(runs):
+        order = (("kazoo", kazoo_submit), ("ours", ours_submit))
+        for who, run in order if n % 2 == 0 else order[::-1]:
+            with zookeeper() as hosts:
+                last = trio.run(run, hosts, LARGE_BACKLOG)
+            got[who].append(last)
+            print(f"run {n + 1} {who:5}: {last.rate:9,.0f} tasks/s  {last.requests:.4f} "
+                  f"requests and {last.bytes:6.1f} bytes a task", flush=True)
+    ratios = sorted(o.rate / k.rate for o, k in zip(got["ours"], got["kazoo"], strict=True))
+    for who, runs_of in got.items():
+        rates = sorted(r.rate for r in runs_of)
+        print(f"{who:5}: {rates[0]:,.0f}-{rates[-1]:,.0f} tasks/s "
+              f"(median {statistics.median(rates):,.0f})")
+    print(f"ours/kazoo, run by run: {ratios[0]:.2f}-{ratios[-1]:.2f} "
+          f"(median {statistics.median(ratios):.2f})")
 
 
 @asynccontextmanager
@@ -607,6 +679,9 @@ def parse_args() -> argparse.Namespace:
                       help="only the rows against Dramatiq, Celery and RQ")
     only.add_argument("--no-peers", action="store_true",
                       help="skip the rows against Dramatiq, Celery and RQ")
+    only.add_argument("--submit-many", type=int, metavar="RUNS", default=0,
+                      help=f"only submit_many of {LARGE_BACKLOG:,} vs kazoo's put_all, "
+                           "alternated RUNS times (each run and the ranges)")
     parser.add_argument("--quick", action="store_true",
                         help="peers: one run of 200 tasks and 10 latency rounds (smoke test)")
     return parser.parse_args()
@@ -623,6 +698,10 @@ async def measure_all(hosts: str, args: argparse.Namespace
 
 def main() -> None:
     args = parse_args()
+    if args.submit_many:
+        configure_logging(level="warning")
+        measure_submit(args.submit_many)
+        return
     why_not = None if args.no_peers else peers.missing()
     if why_not and args.peers:
         raise SystemExit(f"--peers: {why_not}")
