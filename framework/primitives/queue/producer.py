@@ -1,5 +1,17 @@
 """The producer half of :class:`~framework.primitives.queue.WorkQueue`: puts, batched and
-pipelined, recovered after lost replies by the GUIDs in item names, and the bucket chain."""
+pipelined, recovered after lost replies by the GUIDs in item names, and the bucket chain.
+
+A ``put_many`` goes in rounds.  A round plans the items into the rest of the lane's current
+bucket and as many following buckets as they need (up to ``_ROUND_BUCKETS``), in batches of
+up to ``_BATCH_OPS`` items or ``_BATCH_BYTES`` of data, and sends them with up to
+``_PIPELINE`` in flight.  The first batch into a following bucket creates that bucket in its
+own multi (so a bucket never exists empty because of a put: a consumer drops only old empty
+buckets, and this one holds the batch's items from the moment it exists).  If the bucket is
+there already - another producer went ahead - that batch is refused whole, and the rest of
+the items go to the newest bucket found by a listing, as after a bucket dropped under a put.
+A bucket's sequence numbers are known from the replies, so a round costs no request besides
+its batches (and a listing when its first bucket is not known yet).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +19,7 @@ import enum
 import uuid
 from typing import Callable, Iterable
 
+import attrs
 import trio
 
 from framework import errors
@@ -22,15 +35,37 @@ from framework.primitives.queue.view import (
     item_name_prefix,
     item_token,
 )
-from framework.zk import Transaction, create_protected, delete_guid_nodes, new_guid
+from framework.zk import (
+    Transaction,
+    cleanup_scope,
+    create_protected,
+    delete_guid_nodes,
+    new_guid,
+)
 
 log = get_logger("framework.primitives.queue")
 
-#: Items per multi-op in ``put_many`` (and its byte budget), well under ZooKeeper's 1 MB.
-_BATCH_OPS = 500
+#: Items per multi-op in ``put_many`` (and its byte budget): a default bucket in one request,
+#: and with the items' names (about 100 bytes each) still well under ZooKeeper's 1 MB.
+_BATCH_OPS = 1000
 _BATCH_BYTES = 512 * 1024
 #: Batches of one ``put_many`` in flight at once.
 _PIPELINE = 4
+#: Buckets one round of ``put_many`` plans its items into (the current one included).
+_ROUND_BUCKETS = 8
+#: Where an item's name is cut around its token (no token holds it).
+_CUT = "\x00"
+
+
+@attrs.define
+class _Put(Batch):
+    """A batch of a round, into ``bucket``: ``opens`` - its multi creates that bucket (the
+    first batch into a bucket not made yet); ``hint`` - the highest sequence number known
+    taken in the bucket before the round (-1: none)."""
+
+    bucket: str = ""
+    opens: bool = False
+    hint: int = -1
 
 
 class _Then(enum.Enum):
@@ -76,8 +111,9 @@ class Producer(QueueState):
                        also: Callable[[Transaction], None] | None = None) -> list[str]:
         """Add items in order; return their names.
 
-        Items are written in multi-op batches (up to 500 items or 512 KiB per request), and
-        up to four batches are in flight at once.  Order still holds: each batch also bumps
+        Items are written in multi-op batches (up to 1,000 items or 512 KiB per request),
+        across buckets (the first batch into a bucket creates it), and up to four batches
+        are in flight at once.  Order still holds: each batch also bumps
         an ephemeral node of this call at the version the batch before it left, so batches
         are applied in order or not at all, and those after a lost one are sent again after
         it.  Each batch is atomic; if the call fails, a prefix of the items stays queued.
@@ -98,31 +134,44 @@ class Producer(QueueState):
         try:
             start = 0
             while start < len(payloads):
-                bucket = await self._current_bucket(priority)
-                room = self.bucket_size - 1 - self._hint_of[priority]
-                if room <= 0:  # known full: go to the next bucket first
-                    await self._advance(bucket)
-                    continue
-                batches = _plan(payloads, start, room)
+                batches = await self._plan_round(priority, payloads, start)
                 if len(batches) > 1 and chain is None:
                     chain = await self._open_chain()
                 ordered = chain if len(batches) > 1 else None
-                await self._send_round(bucket, priority, batches, payloads, ordered, also)
-                applied, then = await self._conclude(bucket, priority, batches, ordered)
+                await self._send_round(batches, payloads, ordered, also)
+                applied, then = await self._conclude(priority, batches, ordered)
                 if chain is not None and not chain.alive:
                     chain = None  # gone with an expired session: a new one if needed
-                end = batches[applied - 1].end if applied else start
-                created = [path for batch in batches[:applied] for path in batch.outcome]
-                names.extend(await self._settle(bucket, created, payloads[start:end], priority))
-                start = end
+                names.extend(await self._settle(priority, batches[:applied], payloads))
+                start = batches[applied - 1].end if applied else start
                 if then is _Then.NEW_BUCKET:
                     self._bucket_of.pop(priority, None)
         finally:
             if chain is not None:
-                await delete_guid_nodes(self.session, self.puts_root, chain.guid)
+                await self._close_chain(chain)
         if names:
             log.debug("queue.put", path=self.path, items=len(names), priority=priority)
         return names
+
+    async def _plan_round(self, lane: int, payloads: list[bytes], start: int) -> list[_Put]:
+        """The next round's batches of ``payloads[start:]``: the room left in the lane's
+        current bucket, then following buckets (each opened by its first batch), up to
+        ``_ROUND_BUCKETS`` buckets."""
+        bucket = await self._current_bucket(lane)
+        hint = self._hint_of[lane]
+        index = bucket_index(bucket)
+        opens = False
+        batches: list[_Put] = []
+        for _ in range(_ROUND_BUCKETS):
+            room = self.bucket_size - 1 - hint
+            if room > 0:
+                batches += _plan(payloads, start, room, bucket, hint, opens)
+                start = batches[-1].end
+                if start >= len(payloads):
+                    break
+            index += 1
+            bucket, hint, opens = bucket_name(index, lane), -1, True
+        return batches
 
     async def _open_chain(self) -> Chain:
         guid = new_guid()
@@ -139,21 +188,36 @@ class Producer(QueueState):
                 await delete_guid_nodes(self.session, self.puts_root, guid)
                 raise
 
+    async def _close_chain(self, chain: Chain) -> None:
+        """Delete the chain's node by its path (one request), else - the connection lost, a
+        new session - by its GUID; shielded and bounded either way (see
+        :func:`~framework.zk.delete_guid_nodes`)."""
+        with cleanup_scope(self.session) as scope:
+            try:
+                await self.session.delete(chain.path, missing_ok=True)
+                return
+            except (errors.ConnectionLossError, errors.SessionExpiredError,
+                    errors.NotConnectedError):
+                pass
+        if scope.cancelled_caught:
+            self.session.delete_guid_later(self.puts_root, chain.guid)
+        else:
+            await delete_guid_nodes(self.session, self.puts_root, chain.guid)
+
     async def _send_round(
-        self, bucket: str, priority: int, batches: list[Batch], payloads: list[bytes],
-        chain: Chain | None, also: Callable[[Transaction], None] | None = None,
+        self, batches: list[_Put], payloads: list[bytes], chain: Chain | None,
+        also: Callable[[Transaction], None] | None = None,
     ) -> None:
         """Send the batches, each setting its ``outcome``; several at once with a chain."""
         if chain is None:
             for batch in batches:
-                batch.outcome = await self._send(bucket, priority, batch, payloads, None, 0,
-                                                 also)
+                batch.outcome = await self._send(batch, payloads, None, 0, also)
             return
         turns = [trio.Event() for _ in batches]
         turns[0].set()
         window = trio.Semaphore(_PIPELINE)
 
-        async def send(k: int, batch: Batch) -> None:
+        async def send(k: int, batch: _Put) -> None:
             try:
                 await turns[k].wait()
                 if k + 1 < len(turns):
@@ -161,7 +225,7 @@ class Producer(QueueState):
                 # No checkpoint from here until the request is handed to kazoo (a free
                 # in-flight slot and a live connection cost none), so batches usually leave
                 # in order; when they do not, the chain makes the early one fail, harmlessly.
-                batch.outcome = await self._send(bucket, priority, batch, payloads, chain, k)
+                batch.outcome = await self._send(batch, payloads, chain, k)
             finally:
                 window.release()
 
@@ -171,23 +235,28 @@ class Producer(QueueState):
                 nursery.start_soon(send, k, batch)
 
     async def _send(
-        self, bucket: str, priority: int, batch: Batch, payloads: list[bytes],
-        chain: Chain | None, k: int, also: Callable[[Transaction], None] | None = None,
+        self, batch: _Put, payloads: list[bytes], chain: Chain | None, k: int,
+        also: Callable[[Transaction], None] | None = None,
     ) -> list[str] | Exception:
-        parent = f"{self.items_root}/{bucket}"
+        parent = f"{self.items_root}/{batch.bucket}"
         data = payloads[batch.start:batch.end]
         fence = self.fence
         extra = 0
+        head = (chain is not None) + batch.opens  # operations before the items'
+        priority = bucket_lane(batch.bucket)
         try:
-            if chain is None and len(data) == 1 and fence is None and also is None:
+            if not head and len(data) == 1 and fence is None and also is None:
                 prefix = item_name_prefix(priority, batch.tokens[0])
                 return [await self.session.create(f"{parent}/{prefix}", data[0], sequence=True)]
             txn = self.session.transaction()
             if chain is not None:
                 txn.set(chain.path, b"", version=chain.version + k)
+            if batch.opens:
+                txn.create(parent, b"")
+            before_token, after_token = f"{parent}/{item_name_prefix(priority, _CUT)}".split(
+                _CUT)
             for token, payload in zip(batch.tokens, data, strict=True):
-                txn.create(f"{parent}/{item_name_prefix(priority, token)}", payload,
-                           sequence=True)
+                txn.create(f"{before_token}{token}{after_token}", payload, sequence=True)
             if also is not None:
                 before = len(txn.operations)
                 also(txn)
@@ -195,23 +264,24 @@ class Producer(QueueState):
             if fence is not None:  # last, so the other operations keep their indexes
                 txn.check(*fence)
             results = await txn.commit()
-            first = 0 if chain is None else 1
-            return [str(r) for r in results[first:first + len(data)]]
+            return [str(r) for r in results[head:head + len(data)]]
         except errors.TransactionFailedError as exc:
-            first_also = len(data) + (chain is not None)
+            first_also = head + len(data)
             if extra and first_also <= exc.failed_index < first_also + extra:
                 return _AlsoRefused(exc.results[first_also:first_also + extra])
-            if fence is not None and exc.failed_index == len(data) + (chain is not None) + extra:
+            if fence is not None and exc.failed_index == first_also + extra:
                 return errors.LeadershipLost(
                     f"put refused: {fence[0]} is no longer at version {fence[1]} "
                     "(a new leader was elected)"
                 )
+            if batch.opens and exc.failed_index == head - 1:
+                return _BucketTaken(exc.results)  # another producer made it: find the newest
             return exc  # judged by _conclude, in order
         except Exception as exc:  # judged by _conclude, in order
             return exc
 
     async def _conclude(
-        self, bucket: str, priority: int, batches: list[Batch], chain: Chain | None
+        self, priority: int, batches: list[_Put], chain: Chain | None
     ) -> tuple[int, _Then]:
         """How many leading batches were applied (their outcomes become the paths created),
         and what to do about the rest."""
@@ -227,7 +297,7 @@ class Producer(QueueState):
                 raise exc
         applied = first
         if chain is not None or any(_in_doubt(b.outcome) for b in batches[first:]):
-            applied = await self._recover(bucket, priority, batches, first, chain)
+            applied = await self._recover(priority, batches, first, chain)
         if applied == len(batches):
             return applied, _Then.DONE
         exc = batches[applied].outcome
@@ -235,34 +305,36 @@ class Producer(QueueState):
             isinstance(exc, errors.TransactionFailedError)
             and (chain is None or exc.failed_index > 0)
         ):
-            return applied, _Then.NEW_BUCKET  # a consumer dropped it: it was an old one
+            return applied, _Then.NEW_BUCKET  # dropped by a consumer, or opened by another
         return applied, _Then.AGAIN  # lost, or after a lost one: send again, in order
 
     async def _recover(
-        self, bucket: str, priority: int, batches: list[Batch], first: int,
-        chain: Chain | None,
+        self, priority: int, batches: list[_Put], first: int, chain: Chain | None,
     ) -> int:
         """After lost replies: find which batches were applied - by the chain's version
-        while it lives, else by the GUIDs in the bucket - and fill in their paths."""
-        parent = f"{self.items_root}/{bucket}"
+        while it lives, else by the GUIDs in their buckets - and fill in their paths."""
         doubt = any(_in_doubt(b.outcome) for b in batches[first:])
+        buckets = sorted({b.bucket for b in batches[first:]}) if doubt else []
         while True:
             try:
                 await self.session.wait_connected()
-                listed: list[str] = []
+                listed: dict[str, list[str]] = {}
                 if doubt:
-                    await self.session.sync(parent)
+                    await self.session.sync(self.items_root)
+                for bucket in buckets:
                     try:
-                        listed = await self.session.children(parent)
+                        listed[bucket] = await self.session.children(
+                            f"{self.items_root}/{bucket}")
                     except errors.NoNodeError:
-                        pass
+                        listed[bucket] = []
                 chain_stat = None
                 if chain is not None:
                     chain_stat = await self.session.exists(chain.path)
                 break
             except (errors.ConnectionLossError, errors.SessionExpiredError):
                 continue
-        found = {item_token(name): name for name in listed}
+        found = {bucket: {item_token(name): name for name in names}
+                 for bucket, names in listed.items()}
         applied = first
         if chain is not None:
             if chain_stat is None:
@@ -271,34 +343,42 @@ class Producer(QueueState):
                 applied = max(applied, chain_stat.version - chain.version)
                 chain.version = chain_stat.version
         for k in range(first, len(batches)):
-            outcome = batches[k].outcome
-            if isinstance(outcome, list) or any(t in found for t in batches[k].tokens):
+            outcome, there = batches[k].outcome, found.get(batches[k].bucket, {})
+            if isinstance(outcome, list) or any(t in there for t in batches[k].tokens):
                 applied = max(applied, k + 1)
         for batch in batches[first:applied]:
             if not isinstance(batch.outcome, list):
-                batch.outcome = _recovered_paths(parent, priority, batch.tokens, found)
+                batch.outcome = _recovered_paths(f"{self.items_root}/{batch.bucket}", priority,
+                                                 batch.tokens, found.get(batch.bucket, {}))
         if applied > first:
-            log.info("queue.put_recovered", path=self.path, bucket=bucket,
+            log.info("queue.put_recovered", path=self.path, buckets=buckets,
                      batches=applied - first)
         return applied
 
-    async def _settle(
-        self, bucket: str, created: list[str], payloads: list[bytes], priority: int
-    ) -> list[str]:
-        """Close a full bucket and move items created past its capacity (in order)."""
-        seqs = [_sequence(path) for path in created]
-        known = [s for s in seqs if s is not None]
-        lane = bucket_lane(bucket)
-        if known and self._bucket_of.get(lane) == bucket:
-            top = max(known)
-            self._hint_of[lane] = max(self._hint_of[lane], top)
-            if top >= self.bucket_size - 1:
-                await self._advance(bucket)
+    async def _settle(self, lane: int, batches: list[_Put], payloads: list[bytes]
+                      ) -> list[str]:
+        """After a round's applied ``batches``: write to the last bucket they reached from
+        now on, knowing a lower bound of the highest sequence number taken in it (a full one
+        makes the next round open the following bucket), and move items created past their
+        bucket's capacity (in order).  Their names."""
+        top: dict[str, int] = {}
+        for batch in batches:  # each batch took len(batch) numbers after those before it
+            known = [s for s in map(_sequence, batch.outcome) if s is not None]
+            top[batch.bucket] = max([top.get(batch.bucket, batch.hint) + len(batch.outcome),
+                                     *known])
+        if batches:
+            last, current = batches[-1].bucket, self._bucket_of.get(lane)
+            if current is None or bucket_index(last) > bucket_index(current):
+                self._bucket_of[lane], self._hint_of[lane] = last, top[last]
+            elif last == current:
+                self._hint_of[lane] = max(self._hint_of[lane], top[last])
         names = []
-        for path, seq, data in zip(created, seqs, payloads, strict=True):
-            if seq is not None and seq >= self.bucket_size:
-                path = await self._move(path, data, priority)
-            names.append(path[len(self.items_root) + 1:])
+        for batch in batches:
+            for path, data in zip(batch.outcome, payloads[batch.start:batch.end], strict=True):
+                seq = _sequence(path)
+                if seq is not None and seq >= self.bucket_size:
+                    path = await self._move(path, data, lane)
+                names.append(path[len(self.items_root) + 1:])
         return names
 
     async def _current_bucket(self, lane: int) -> str:
@@ -403,10 +483,12 @@ class Producer(QueueState):
                 continue
 
 
-def _plan(payloads: list[bytes], start: int, room: int) -> list[Batch]:
-    """Split the next ``room`` items into batches of at most 500 items / 512 KiB."""
+def _plan(payloads: list[bytes], start: int, room: int, bucket: str, hint: int,
+          opens: bool) -> list[_Put]:
+    """Split the next ``room`` items into batches of at most ``_BATCH_OPS`` items /
+    ``_BATCH_BYTES`` into ``bucket`` (the first one opening it if ``opens``)."""
     stop = min(len(payloads), start + room)
-    batches = []
+    batches: list[_Put] = []
     begin = start
     while begin < stop:
         end, size = begin, 0
@@ -416,9 +498,15 @@ def _plan(payloads: list[bytes], start: int, room: int) -> list[Batch]:
             size += len(payloads[end])
             end += 1
         batch_id = uuid.uuid4().hex[:12]
-        batches.append(Batch(begin, end, [f"{batch_id}{i:04x}" for i in range(end - begin)]))
+        batches.append(_Put(begin, end, [f"{batch_id}{i:04x}" for i in range(end - begin)],
+                            bucket=bucket, opens=opens and not batches, hint=hint))
         begin = end
     return batches
+
+
+class _BucketTaken(errors.TransactionFailedError):
+    """A batch's bucket was there already when the batch would open it (another producer
+    went ahead): the rest of the items go to the newest bucket."""
 
 
 class _AlsoRefused(errors.TransactionFailedError):
@@ -434,7 +522,7 @@ def _expected_put_error(exc: Exception, chain: Chain | None) -> bool:
     """Errors a put recovers from: lost replies, an old bucket gone, a broken chain."""
     if isinstance(exc, _AlsoRefused):
         return False
-    if _in_doubt(exc) or isinstance(exc, errors.NoNodeError):
+    if _in_doubt(exc) or isinstance(exc, (errors.NoNodeError, _BucketTaken)):
         return True
     if isinstance(exc, errors.TransactionFailedError):
         if chain is not None and exc.failed_index == 0:
