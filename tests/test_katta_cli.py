@@ -171,6 +171,47 @@ def test_global_rescoring_is_exact_whatever_the_first_page(
     assert {query: merged(query) for query in queries} == first
 
 
+def test_global_rescoring_is_exact_when_field_lengths_differ(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disjunction is re-scored in the order of its terms boosted by idf_g/idf_l; what
+    is left between that order and the global one is the field lengths.  With one shard
+    of short documents and one of long ones (average lengths 10x apart) every merged top
+    10 is the single index's, in pages of 1, 2, 4... (a bound of 0.9 instead of the
+    field-length factor fails here)."""
+    import random
+
+    from examples.katta_like.corpus import Doc
+    from examples.katta_like.store import GlobalStats, ShardSearcher
+
+    monkeypatch.setattr(ShardSearcher, "POOL", 0)
+    for seed in range(10):
+        rng = random.Random(seed)
+        filler = [f"w{i}" for i in range(50)]
+
+        def doc(n: int, length: int, tf: int, rng: random.Random = rng,
+                filler: list[str] = filler) -> Doc:
+            words = [rng.choice(filler) for _ in range(max(0, length - tf))] + ["x"] * tf
+            rng.shuffle(words)
+            return Doc(f"u{n:04d}", "t", " ".join(words))
+
+        short = [doc(n, rng.randint(1, 30), rng.randint(1, 3)) for n in range(100)]
+        long = [doc(1000 + n, rng.randint(20, 300), rng.randint(1, 10)) for n in range(100)]
+        store = ShardStore(tmp_path / str(seed))
+        store.build_shard("d", 0, short)
+        store.build_shard("d", 1, long)
+        store.build_shard("all", 0, short + long)
+        one = ShardSearcher(store.shard_path("all", 0))
+        shards = [ShardSearcher(store.shard_path("d", s)) for s in (0, 1)]
+        for query in ("x", "x w1", "w2 w3 x"):
+            want = [(h.url, h.score) for h in one.search(query, 10).hits]
+            stats = GlobalStats.merge([sh.stats(query) for sh in shards])
+            hits = sorted((h for sh in shards for h in sh.search(query, 10, stats).hits),
+                          key=lambda h: (-h.score, h.url))[:10]
+            assert [h.url for h in hits] == [url for url, _ in want], (seed, query)
+            for hit, (_, score) in zip(hits, want, strict=True):
+                assert abs(hit.score - score) < 1e-4, (seed, query, hit.url)
+
+
 def test_bad_settings_of_the_processes_are_one_line(
         zk_hosts: str, chroot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

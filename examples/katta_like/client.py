@@ -184,6 +184,7 @@ class SearchClient:
         self._rng = random.Random()
         self._suspect: dict[str, float] = {}
         self._answered_at: dict[str, float] = {}  # node -> when it last answered
+        self._busy: dict[str, int] = {}  # node -> this client's calls to it in flight
         self._hedge_tokens = self.hedge_burst
         self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
 
@@ -294,7 +295,8 @@ class SearchClient:
         """Search every shard of ``index`` (or the index an alias names) and merge the best
         ``top`` hits.
 
-        Each shard is asked of one serving replica, healthy ones first.  A replica that
+        Each shard is asked of one serving replica: healthy ones first, then the one with
+        the fewest of this client's calls in flight (ties: fewer calls).  A replica that
         fails (its connection, an unreadable answer) or refuses the shard: the next
         replica at once.  A request running longer than :meth:`hedge_delay`: its shards are
         *also* sent to the next replica (the first answer wins), within a budget of
@@ -416,10 +418,11 @@ class SearchClient:
                     continue
                 self._rng.shuffle(candidates)
                 # healthy first (a killed node's records stay until its session expires),
-                # then nodes already asked in this round (fewer requests)
+                # then the least busy with this client's calls (a call waits behind those
+                # sent before it), then nodes already asked in this round (fewer calls)
                 node, address = min(candidates, key=lambda c: (
                     self._suspect.get(c[0], -math.inf) > now - SUSPECT_FOR,
-                    c[0] not in batches))
+                    self._busy.get(c[0], 0), c[0] not in batches))
                 tried[shard].add(node)
                 batches.setdefault(node, []).append(shard)
                 addresses[node] = address
@@ -431,6 +434,7 @@ class SearchClient:
                                              self._hedge_tokens + self.hedge_ratio)
                 sent = _Request(node, batch, now)
                 outstanding.add(sent)
+                self._busy[node] = self._busy.get(node, 0) + 1
                 for shard in batch:
                     in_flight[shard] += 1
                 nursery.start_soon(ask, sent, addresses[node])
@@ -438,9 +442,12 @@ class SearchClient:
         async def ask(sent: _Request, address: str) -> None:
             node = sent.node
             try:
-                with trio.fail_after(self.shard_timeout):
-                    answer = await self._call(address, kind, attrs.evolve(
-                        request, shards=tuple(sent.shards)))
+                try:
+                    with trio.fail_after(self.shard_timeout):
+                        answer = await self._call(address, kind, attrs.evolve(
+                            request, shards=tuple(sent.shards)))
+                finally:
+                    self._busy[node] -= 1
                 if answer.error is not None:
                     errors_seen.append(answer.error)
                 else:

@@ -310,10 +310,12 @@ class ShardSearcher:
         re-scored with the global document frequencies and field lengths - the score one
         index over the whole corpus would give (other clauses keep their local score; a
         query with a boost ``^`` keeps every local score) - and the best ``top`` returned.
-        Candidates are re-scored in local order until none left could reach the ``top``:
-        a term's global part is at most :meth:`_ratio_bound` times its local part, so
-        a candidate whose local score times that bound is below the ``top``-th global score
-        cannot enter (exact, not a fixed pool).
+        Candidates are re-scored in the order of a query whose score bounds the global
+        one, until none left could reach the ``top``: a candidate whose score in that order
+        times the bound is below the ``top``-th global score cannot enter (exact, not a
+        fixed pool).  For a disjunction of term queries that order is
+        :meth:`_global_order`'s (the bound is the field-length factor, about 1), for
+        another query the local order with :meth:`_ratio_bound`.
         """
         parsed = self.index.parse_query(query, list(DEFAULT_FIELDS))
         shape = repr(parsed)
@@ -321,18 +323,19 @@ class ShardSearcher:
             result = self.searcher.search(parsed, top, count=True)
             return ShardResult(result.count, self._hits(result.hits))
         pure = _only_terms(shape)
-        bound = self._ratio_bound(shape, stats, pure)
+        order = self._global_order(shape, stats) if pure else None
+        ordering, bound = order or (parsed, self._ratio_bound(shape, stats, pure))
         best: list[tuple[float, int, Any]] = []  # min-heap of (global score, -rank, address)
         count, offset, limit, rank = 0, 0, max(top * self.POOL, 1), 0
         while True:
-            result = self.searcher.search(parsed, limit, count=not offset, offset=offset)
+            result = self.searcher.search(ordering, limit, count=not offset, offset=offset)
             if not offset:
                 count = result.count
             for local, address in result.hits:
                 if len(best) >= top and best[0][0] > local * bound:
                     return ShardResult(count, self._ranked(best))
                 text = parsed.explain(self.searcher, address).to_json()
-                score = _rescore(text, float(local), stats, pure)
+                score = _rescore(text, None if order else float(local), stats, pure)
                 rank += 1
                 entry = (score, -rank, address)
                 if len(best) < top:
@@ -345,7 +348,7 @@ class ShardSearcher:
             limit *= 2
 
     def _ranked(self, best: list[tuple[float, int, Any]]) -> tuple[ShardHit, ...]:
-        """Best first; equal scores in local order (the order of a fixed pool before)."""
+        """Best first; equal scores in the order they were re-scored."""
         ordered = sorted(best, reverse=True)
         return self._hits([(score, address) for score, _, address in ordered])
 
@@ -356,6 +359,44 @@ class ShardSearcher:
             hits.append(ShardHit(float(score), stored.get_first("url"),
                                  stored.get_first("title") or ""))
         return tuple(hits)
+
+    def _global_order(self, shape: str, stats: GlobalStats
+                      ) -> tuple[tantivy.Query, float] | None:
+        """For a query (its ``repr``: ``shape``) that is a disjunction of term queries
+        over the default fields, each known to ``stats`` if it occurs in this shard: the
+        same disjunction with each term query boosted by ``idf_g/idf_l`` (the same
+        documents match), and a bound of (global score / its score).  A term's global part
+        is ``idf_g/idf_l`` times its local part times a factor between 1 and
+        ``avgdl_g/avgdl_l`` (see :meth:`_ratio_bound`), so the bound is the largest such
+        factor, padded by 1e-4 for tantivy's 32-bit floats.  ``None`` for another query.
+        Re-scoring in this order needs few candidates beyond ``top`` whatever the terms'
+        idf ratios (a frequent word's, near 0 locally, made the local order's bound large)."""
+        if "Must" in shape or any(n != "1" for n in _SHOULD_MATCH.findall(shape)):
+            return None  # not a disjunction (a Should clause alone: min 1 in the parser)
+        docs = self.searcher.num_docs
+        schema = self.index.schema
+        clauses = []
+        factor = 1.0
+        for _negated, field_id, term in _QUERY_TERM.findall(shape):
+            field = _FIELD_IDS.get(int(field_id))
+            if field is None:
+                return None
+            clause = tantivy.Query.term_query(schema, field, term)
+            local_n = self.searcher.doc_freq(field, term)
+            if local_n:  # else it matches nothing here: its weight does not matter
+                global_n = stats.df.get(f"{field}:{term}")
+                if global_n is None or not stats.docs:
+                    return None
+                tokens = self.manifest.tokens.get(field)
+                local_avgdl = tokens / docs if tokens and docs else 0.0
+                global_avgdl = stats.avgdl.get(field) or local_avgdl
+                factor = max(factor, global_avgdl / local_avgdl if local_avgdl else 1.0)
+                clause = tantivy.Query.boost_query(
+                    clause, _idf(stats.docs, global_n) / _idf(docs, local_n))
+            clauses.append((tantivy.Occur.Should, clause))
+        if not clauses:
+            return None
+        return tantivy.Query.boolean_query(clauses), factor * (1 + 1e-4)
 
     def _ratio_bound(self, shape: str, stats: GlobalStats, pure: bool) -> float:
         """An upper bound of (global score / local score) of any document for the query
@@ -398,6 +439,8 @@ def _idf(docs: int, n: int) -> float:
     return math.log(1 + (docs - n + 0.5) / (n + 0.5))
 
 
+#: The minimum number of Should clauses to match of each boolean query in a ``repr``.
+_SHOULD_MATCH = re.compile(r"minimum_number_should_match: (\d+)")
 #: A term query in a parsed query's ``repr`` (``MustNot`` ones never score).
 _QUERY_TERM = re.compile(r'(MustNot, )?TermQuery\(Term\(field=(\d+), type=Str, "([^"\\]*)"\)\)')
 #: What a ``repr`` of a query made of boolean and term queries only holds besides terms.
@@ -410,6 +453,8 @@ _BOOLEAN_SHAPE = re.compile(
 _PIECE = re.compile(
     r'"value": ([^,\s]+),\s*"description": "(TermQuery|\(K1\+1\)|freq,|k1,|b,|dl,|avgdl,)'
     r'|"Term=Term\(field=(\d+), type=Str, \\"([^"\\]*)\\"\)"')
+#: The explanation's own value (the score it explains), at the start of its text.
+_TOP_VALUE = re.compile(r'\s*\{\s*"value": ([^,\s]+)')
 _TERM_PIECES = ("TermQuery", "(K1+1)", "freq,", "k1,", "b,", "dl,", "avgdl,")
 
 
@@ -419,13 +464,16 @@ def _only_terms(shape: str) -> bool:
     return _BOOLEAN_SHAPE.fullmatch(_QUERY_TERM.sub("", shape)) is not None
 
 
-def _rescore(text: str, local: float, stats: GlobalStats, pure: bool) -> float:
+def _rescore(text: str, local: float | None, stats: GlobalStats, pure: bool) -> float:
     """A document's score with global statistics, from tantivy's BM25 explanation of its
     ``local`` score (``text``, its JSON: tantivy's format, read where it is parsed, not a
-    record of ours; see docs/architecture.md, "Katta-like search").  Each term query's part
-    is recomputed; for a ``pure`` query (terms only) the score is their sum, otherwise the
-    other clauses keep their local part (``local`` minus the term parts)."""
-    total, rest, rescored = 0.0, local, False
+    record of ours; see docs/architecture.md, "Katta-like search"; ``None``: read from the
+    explanation).  Each term query's part is recomputed; for a ``pure`` query (terms only)
+    the score is their sum, otherwise the other clauses keep their local part (``local``
+    minus the term parts)."""
+    if local is None and not pure:
+        local = _explained(text)
+    total, rest, rescored = 0.0, local or 0.0, False
     values: dict[str, float] = {}
     for value, what, field_id, term in _PIECE.findall(text):
         if what:
@@ -444,4 +492,12 @@ def _rescore(text: str, local: float, stats: GlobalStats, pure: bool) -> float:
         rescored = True
     if pure:
         rest = 0.0
-    return total + rest if rescored else local
+    if not rescored:
+        return local if local is not None else _explained(text)
+    return total + rest
+
+
+def _explained(text: str) -> float:
+    """The score an explanation (its JSON text) explains: its first value."""
+    top = _TOP_VALUE.match(text)
+    return float(top.group(1)) if top else 0.0
