@@ -104,15 +104,54 @@ class Profile:
         return self.samples / max(1.0, self.seconds * self.rate)
 
     def top(self, count: int, *, by: str = "own") -> list[Frame]:
-        """The ``count`` functions with the most ``own`` (or ``total``) samples."""
+        """The ``count`` functions with the most ``own`` (or ``total``) samples; by total,
+        the process's entry frames (ENTRY_FRAMES: on every stack of their thread) are left
+        out."""
         own: Counter[str] = Counter()
         total: Counter[str] = Counter()
         for stack, n in self.stacks.items():
             own[stack[-1]] += n
             for name in set(stack):
                 total[name] += n
-        ranked = own if by == "own" else total
+        ranked = own if by == "own" else Counter(
+            {name: n for name, n in total.items() if not is_entry(name)})
         return [Frame(name, own[name], total[name]) for name, _ in ranked.most_common(count)]
+
+    def threads(self) -> dict[str, int]:
+        """Samples of the main thread (trio's) and of the other threads (kazoo's connection
+        thread, trio's worker threads)."""
+        split: Counter[str] = Counter()
+        for stack, n in self.stacks.items():
+            split["other threads" if stack[0].startswith("Thread._bootstrap ") else "main"] += n
+        return dict(split)
+
+    def areas(self) -> list[tuple[str, int]]:
+        """Self samples by where the code lives (:func:`area_of`), most first."""
+        by: Counter[str] = Counter()
+        for stack, n in self.stacks.items():
+            by[area_of(stack[-1])] += n
+        return by.most_common()
+
+
+#: Entry frames, on every stack of their thread: left out of the ranking by total time.
+ENTRY_FRAMES = ("<frozen runpy>", "(threading.py:", "(framework/cli.py:", "(framework/__main__.py:",
+                "run_component (framework/runtime/runner.py:", "(kazoo/retry.py:")
+
+
+def is_entry(frame: str) -> bool:
+    return any(mark in frame for mark in ENTRY_FRAMES)
+
+
+def area_of(frame: str) -> str:
+    """Where a frame's code lives: ``framework/<package>``, ``bench``, or the top-level
+    module or package of a library (``kazoo``, ``trio``, ``json``, ``threading``...)."""
+    file = frame.rpartition(" (")[2].rsplit(":", 1)[0]
+    parts = file.split("/")
+    if parts[0] == "framework" and len(parts) > 2:
+        return "/".join(parts[:2])
+    if file.startswith("<attrs generated") or file.startswith("<cattrs generated"):
+        return "attrs/cattrs (generated)"
+    return parts[0].removesuffix(".py")
 
 
 def parse_collapsed(text: str) -> tuple[dict[tuple[str, ...], int], int]:
@@ -199,14 +238,16 @@ def _colour(name: str) -> str:
 
 
 def report(profile: Profile, count: int) -> str:
-    """The top ``count`` functions by self time and by total time, as text."""
+    """The threads' and areas' shares, and the top ``count`` functions by self time and by
+    total time (entry frames left out), as text: shares of the active samples."""
     n = max(1, profile.samples)
-    rows = [_title(profile), f"  top {count} by self time:        self%  total%  function"]
-    rows += [f"  {'':28}{100 * f.own / n:6.1f}  {100 * f.total / n:6.1f}  {f.name}"
-             for f in profile.top(count, by="own")]
-    rows.append(f"  top {count} by total time:       self%  total%  function")
-    rows += [f"  {'':28}{100 * f.own / n:6.1f}  {100 * f.total / n:6.1f}  {f.name}"
-             for f in profile.top(count, by="total")]
+    threads = ", ".join(f"{name} {100 * k / n:.0f}%" for name, k in profile.threads().items())
+    areas = ", ".join(f"{name} {100 * k / n:.0f}%" for name, k in profile.areas()[:10])
+    rows = [_title(profile), f"  threads: {threads}", f"  self time by area: {areas}"]
+    for by, what in (("own", "self time"), ("total", "total time (entry frames left out)")):
+        rows += [f"  top {count} by {what}:", "   self%  total%  function"]
+        rows += [f"  {100 * f.own / n:6.1f}  {100 * f.total / n:6.1f}  {f.name}"
+                 for f in profile.top(count, by=by)]
     return "\n".join(rows)
 
 
