@@ -386,7 +386,7 @@ def main() -> None:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     configure_logging(level="warning")
-    for old in LOGS.glob("*.log"):
+    for old in [*LOGS.glob("*.log"), *args.out.glob("py-spy-*.log")]:  # this run's only
         old.unlink()
     trio.run(check_py_spy, args.out)
     with zookeeper() as hosts:
