@@ -38,7 +38,6 @@ import argparse
 import colorsys
 import hashlib
 import html
-import os
 import signal
 import subprocess
 import sys
@@ -53,6 +52,7 @@ import trio
 from bench.common import zookeeper
 from bench.runtime import (
     LOGS,
+    cpu_seconds,
     framework_run,
     lines,
     server_counters,
@@ -316,15 +316,6 @@ class Recorder:
                              f"{self.child.log()[-2000:]}")
         stacks, imports = parse_collapsed(self.path.read_text())
         return Profile(self.process, stacks, seconds, self.rate, imports, self.used)
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User and system CPU seconds of process ``pid`` so far (``None``: gone, or no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def profile_runtime(hosts: str, tasks: int, out: Path, rate: int) -> list[Profile]:

@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import attrs
 import trio
@@ -60,7 +61,7 @@ from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Rendezvous  # noqa: E402
 from framework.testing import Child, Lines, spawn  # noqa: E402
 from framework.zk import watch_children  # noqa: E402
-from framework.zkserver import four_letter  # noqa: E402
+from framework.zkserver import ZooKeeperEnsemble, four_letter  # noqa: E402
 
 TASKS = 2000
 WORKERS = 4
@@ -337,11 +338,40 @@ async def kazoo_backlog(hosts: str, backlog: int, each: int) -> tuple[float, flo
 @attrs.frozen
 class Submitted:
     """One submission of a backlog: tasks/s, and requests and bytes the server received per
-    task (everything the submitter sent, its start included)."""
+    task (everything the submitter sent, its start included); ``server_cpu``: CPU seconds
+    the server used meanwhile (when the benchmark started it)."""
 
     rate: float
     requests: float
     bytes: float
+    server_cpu: float | None = None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User and system CPU seconds of process ``pid`` so far (``None``: gone, or no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def fresh_server() -> Iterator[tuple[str, int | None]]:
+    """(hosts, the server's pid): ``FRAMEWORK_ZK_HOSTS`` (pid unknown) or a fresh standalone
+    server."""
+    hosts = os.environ.get("FRAMEWORK_ZK_HOSTS")
+    if hosts:
+        yield hosts, None
+        return
+    with ZooKeeperEnsemble(1) as server:
+        yield server.connect_string, server.members[0].process.pid
+
+
+def with_server_cpu(run: Submitted, pid: int | None, before: float | None) -> Submitted:
+    after = cpu_seconds(pid)
+    used = None if after is None or before is None else after - before
+    return attrs.evolve(run, server_cpu=used)
 
 
 async def ours_submit(hosts: str, backlog: int) -> Submitted:
@@ -381,11 +411,13 @@ def measure_submit(runs: int) -> None:
     for n in range(runs):
         order = (("kazoo", kazoo_submit), ("ours", ours_submit))
         for who, run in order if n % 2 == 0 else order[::-1]:
-            with zookeeper() as hosts:
-                last = trio.run(run, hosts, LARGE_BACKLOG)
+            with fresh_server() as (hosts, pid):
+                before = cpu_seconds(pid)
+                last = with_server_cpu(trio.run(run, hosts, LARGE_BACKLOG), pid, before)
             got[who].append(last)
+            cpu = "" if last.server_cpu is None else f"; server {last.server_cpu:.2f} CPU s"
             print(f"run {n + 1} {who:5}: {last.rate:9,.0f} tasks/s  {last.requests:.4f} "
-                  f"requests and {last.bytes:6.1f} bytes a task", flush=True)
+                  f"requests and {last.bytes:6.1f} bytes a task{cpu}", flush=True)
     ratios = sorted(o.rate / k.rate for o, k in zip(got["ours"], got["kazoo"], strict=True))
     for who, runs_of in got.items():
         rates = sorted(r.rate for r in runs_of)
