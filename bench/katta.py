@@ -47,7 +47,8 @@ from examples.katta_like.cluster import Cluster, active_master, wait_new_master
 from examples.katta_like.corpus import CorpusSpec, documents, sample_queries
 from examples.katta_like.ctl import add_index, wait_replicated
 from examples.katta_like.layout import IndexRecord, KattaPaths
-from examples.katta_like.store import ShardSearcher, ShardStore
+from examples.katta_like.searcher import ShardSearcher
+from examples.katta_like.store import ShardStore
 from framework import Session, configure_logging
 from framework.runtime import App
 from framework.zk import watch_children, watch_data

@@ -27,7 +27,8 @@ from examples.katta_like.ctl import (
 from examples.katta_like.layout import IndexRecord, IndexState, ShardSpec
 from examples.katta_like.master import KattaMaster
 from examples.katta_like.node import SearchNode
-from examples.katta_like.store import ShardSearcher, ShardStore
+from examples.katta_like.searcher import ShardSearcher
+from examples.katta_like.store import ShardStore
 from framework import Session, records
 from framework.errors import ConfigurationError, FrameworkError
 

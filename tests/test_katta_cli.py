@@ -106,7 +106,8 @@ def test_global_statistics_give_the_single_index_ranking(tmp_path: Path) -> None
     """Scatter-gather with summed statistics ranks like one index over the whole corpus."""
     from examples.katta_like.corpus import sample_queries, shard_of
     from examples.katta_like.load import reference
-    from examples.katta_like.store import GlobalStats, ShardSearcher
+    from examples.katta_like.searcher import ShardSearcher
+    from examples.katta_like.store import GlobalStats
 
     spec = CorpusSpec(docs=800, seed=9)
     docs = list(documents(spec))
@@ -134,12 +135,15 @@ def test_global_rescoring_is_exact_whatever_the_first_page(
     with shards whose statistics differ much (one holds every document with a frequent
     word, so its local order is not the global one) every merged hit has the single
     index's score, for term queries of every shape, and the answer is the same when the
-    candidates come in pages of 1, 2, 4... (a bound that stopped too early fails here)."""
+    candidates come in pages of 1, 2, 4... (a bound that stopped too early fails here),
+    and when the shards are searched together (one node's call: each shard's count, and
+    only its hits among the best of them all)."""
     from collections import Counter
 
     from examples.katta_like.corpus import shard_of
     from examples.katta_like.load import reference
-    from examples.katta_like.store import GlobalStats, ShardSearcher
+    from examples.katta_like.searcher import ShardSearcher, search_shards
+    from examples.katta_like.store import GlobalStats
 
     spec = CorpusSpec(docs=600, seed=5)
     docs = list(documents(spec))
@@ -158,8 +162,17 @@ def test_global_rescoring_is_exact_whatever_the_first_page(
 
     def merged(query: str) -> list[tuple[str, float]]:
         stats = GlobalStats.merge([sh.stats(query) for sh in shards])
-        hits = [h for sh in shards for h in sh.search(query, 10, stats).hits]
-        return [(h.url, h.score) for h in sorted(hits, key=lambda h: (-h.score, h.url))[:10]]
+        answers = [sh.search(query, 10, stats) for sh in shards]
+        together = search_shards(dict(enumerate(shards)), query, 10, stats)
+        assert [a.count for a in answers] == [together[s].count for s in range(3)]
+        assert sum(len(a.hits) for a in together.values()) <= 10
+        hits = [h for a in answers for h in a.hits]
+        best = [(h.url, h.score) for h in sorted(hits, key=lambda h: (-h.score, h.url))[:10]]
+        hits = sorted((h for a in together.values() for h in a.hits), key=lambda h: -h.score)
+        assert [h.score for h in hits] == [score for _, score in best]
+        cut = best[-1][1] if best else 0.0  # equal scores at the cut: either may be kept
+        assert {h.url for h in hits if h.score > cut} == {u for u, sc in best if sc > cut}
+        return best
 
     first = {query: merged(query) for query in queries}
     for query, hits in first.items():
@@ -176,12 +189,13 @@ def test_global_rescoring_is_exact_when_field_lengths_differ(
     """A disjunction is re-scored in the order of its terms boosted by idf_g/idf_l; what
     is left between that order and the global one is the field lengths.  With one shard
     of short documents and one of long ones (average lengths 10x apart) every merged top
-    10 is the single index's, in pages of 1, 2, 4... (a bound of 0.9 instead of the
-    field-length factor fails here)."""
+    10 is the single index's, in pages of 1, 2, 4..., the shards searched apart or together
+    (a bound of 0.9 instead of the field-length factor fails here)."""
     import random
 
     from examples.katta_like.corpus import Doc
-    from examples.katta_like.store import GlobalStats, ShardSearcher
+    from examples.katta_like.searcher import ShardSearcher, search_shards
+    from examples.katta_like.store import GlobalStats
 
     monkeypatch.setattr(ShardSearcher, "POOL", 0)
     for seed in range(10):
@@ -210,6 +224,9 @@ def test_global_rescoring_is_exact_when_field_lengths_differ(
             assert [h.url for h in hits] == [url for url, _ in want], (seed, query)
             for hit, (_, score) in zip(hits, want, strict=True):
                 assert abs(hit.score - score) < 1e-4, (seed, query, hit.url)
+            together = search_shards(dict(enumerate(shards)), query, 10, stats)
+            both = sorted((h for a in together.values() for h in a.hits), key=lambda h: -h.score)
+            assert [h.score for h in both] == [h.score for h in hits], (seed, query)
 
 
 def test_bad_settings_of_the_processes_are_one_line(

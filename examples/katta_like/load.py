@@ -10,7 +10,8 @@ import trio
 
 from examples.katta_like.client import SearchClient
 from examples.katta_like.corpus import CorpusSpec, documents
-from examples.katta_like.store import ShardSearcher, ShardStore
+from examples.katta_like.searcher import ShardSearcher
+from examples.katta_like.store import ShardStore
 from framework import get_logger
 
 log = get_logger("examples.katta_like.load")

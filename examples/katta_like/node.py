@@ -53,9 +53,9 @@ from examples.katta_like.layout import (
     parse_replica,
     read_record,
 )
+from examples.katta_like.searcher import ShardSearcher, search_shards
 from examples.katta_like.store import (
     CorruptShard,
-    ShardSearcher,
     ShardStore,
     fetch_shard,
     reuse_local,
@@ -280,7 +280,7 @@ class SearchNode(Worker):
         """The reply to one call (see :mod:`.wire`): an :class:`ErrorReply` for a query
         that is not valid syntax."""
         refused: dict[int, str] = {}
-        searchers = {}
+        searchers: dict[int, ShardSearcher] = {}
         for shard in request.shards:
             searcher = self.served.get((request.index, shard))
             if searcher is None:
@@ -295,8 +295,7 @@ class SearchNode(Worker):
                 return StatsReply({shard: searcher.stats(request.query)
                                    for shard, searcher in searchers.items()}, refused)
             self.queries += len(searchers)
-            return SearchReply({shard: searcher.search(request.query, request.top,
-                                                       request.stats)
-                                for shard, searcher in searchers.items()}, refused)
+            return SearchReply(search_shards(searchers, request.query, request.top,
+                                             request.stats), refused)
         except ValueError as exc:
             return ErrorReply(f"bad query syntax: {exc}")

@@ -21,16 +21,13 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
-import math
 import os
 import re
 import shutil
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import attrs
 import tantivy
@@ -74,7 +71,6 @@ _PARSER = tantivy.Index(schema())  # in RAM, only used to check syntax
 #: lower-cased): used to count field lengths at build time and to find a query's terms.
 ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
             .filter(tantivy.Filter.remove_long(40)).filter(tantivy.Filter.lowercase()).build())
-_FIELD_IDS = {1: "title", 2: "body"}  # schema order: url=0, title=1, body=2
 _OPERATORS = re.compile(r"\b(AND|OR|NOT)\b|\b(url|title|body):")
 
 
@@ -284,220 +280,3 @@ def fetch_shard(store: ShardStore, index: str, shard: int, local_root: Path) -> 
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return target
-
-
-class ShardSearcher:
-    """An opened shard: answers queries (blocking calls).  Opening raises
-    :class:`CorruptShard` if the manifest is unreadable, ``ValueError``/``OSError`` if
-    tantivy cannot open the directory."""
-
-    #: With global statistics, local candidates are fetched this many per requested hit at
-    #: first (more, page by page, while one not re-scored could still make the top).
-    POOL = 2
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.manifest = Manifest.load(directory)
-        self.index = tantivy.Index.open(str(directory))
-        self.searcher = self.index.searcher()
-
-    def search(self, query: str, top: int, stats: GlobalStats | None = None) -> ShardResult:
-        """The documents matching ``query`` and the best ``top`` of them; ``ValueError`` on
-        bad syntax.
-
-        Without ``stats`` the scores are this shard's own BM25.  With ``stats`` (the whole
-        index's, see :class:`GlobalStats`) every term query's part of a candidate's score is
-        re-scored with the global document frequencies and field lengths - the score one
-        index over the whole corpus would give (other clauses keep their local score; a
-        query with a boost ``^`` keeps every local score) - and the best ``top`` returned.
-        Candidates are re-scored in the order of a query whose score bounds the global
-        one, until none left could reach the ``top``: a candidate whose score in that order
-        times the bound is below the ``top``-th global score cannot enter (exact, not a
-        fixed pool).  For a disjunction of term queries that order is
-        :meth:`_global_order`'s (the bound is the field-length factor, about 1), for
-        another query the local order with :meth:`_ratio_bound`.
-        """
-        parsed = self.index.parse_query(query, list(DEFAULT_FIELDS))
-        shape = repr(parsed)
-        if stats is None or "Boost(" in shape:
-            result = self.searcher.search(parsed, top, count=True)
-            return ShardResult(result.count, self._hits(result.hits))
-        pure = _only_terms(shape)
-        order = self._global_order(shape, stats) if pure else None
-        ordering, bound = order or (parsed, self._ratio_bound(shape, stats, pure))
-        best: list[tuple[float, int, Any]] = []  # min-heap of (global score, -rank, address)
-        count, offset, limit, rank = 0, 0, max(top * self.POOL, 1), 0
-        while True:
-            result = self.searcher.search(ordering, limit, count=not offset, offset=offset)
-            if not offset:
-                count = result.count
-            for local, address in result.hits:
-                if len(best) >= top and best[0][0] > local * bound:
-                    return ShardResult(count, self._ranked(best))
-                text = parsed.explain(self.searcher, address).to_json()
-                score = _rescore(text, None if order else float(local), stats, pure)
-                rank += 1
-                entry = (score, -rank, address)
-                if len(best) < top:
-                    heapq.heappush(best, entry)
-                elif entry > best[0]:
-                    heapq.heapreplace(best, entry)
-            if len(result.hits) < limit:
-                return ShardResult(count, self._ranked(best))
-            offset += limit
-            limit *= 2
-
-    def _ranked(self, best: list[tuple[float, int, Any]]) -> tuple[ShardHit, ...]:
-        """Best first; equal scores in the order they were re-scored."""
-        ordered = sorted(best, reverse=True)
-        return self._hits([(score, address) for score, _, address in ordered])
-
-    def _hits(self, scored: list[tuple[float, Any]]) -> tuple[ShardHit, ...]:
-        hits = []
-        for score, address in scored:
-            stored = self.searcher.doc(address)
-            hits.append(ShardHit(float(score), stored.get_first("url"),
-                                 stored.get_first("title") or ""))
-        return tuple(hits)
-
-    def _global_order(self, shape: str, stats: GlobalStats
-                      ) -> tuple[tantivy.Query, float] | None:
-        """For a query (its ``repr``: ``shape``) that is a disjunction of term queries
-        over the default fields, each known to ``stats`` if it occurs in this shard: the
-        same disjunction with each term query boosted by ``idf_g/idf_l`` (the same
-        documents match), and a bound of (global score / its score).  A term's global part
-        is ``idf_g/idf_l`` times its local part times a factor between 1 and
-        ``avgdl_g/avgdl_l`` (see :meth:`_ratio_bound`), so the bound is the largest such
-        factor, padded by 1e-4 for tantivy's 32-bit floats.  ``None`` for another query.
-        Re-scoring in this order needs few candidates beyond ``top`` whatever the terms'
-        idf ratios (a frequent word's, near 0 locally, made the local order's bound large)."""
-        if "Must" in shape or any(n != "1" for n in _SHOULD_MATCH.findall(shape)):
-            return None  # not a disjunction (a Should clause alone: min 1 in the parser)
-        docs = self.searcher.num_docs
-        schema = self.index.schema
-        clauses = []
-        factor = 1.0
-        for _negated, field_id, term in _QUERY_TERM.findall(shape):
-            field = _FIELD_IDS.get(int(field_id))
-            if field is None:
-                return None
-            clause = tantivy.Query.term_query(schema, field, term)
-            local_n = self.searcher.doc_freq(field, term)
-            if local_n:  # else it matches nothing here: its weight does not matter
-                global_n = stats.df.get(f"{field}:{term}")
-                if global_n is None or not stats.docs:
-                    return None
-                tokens = self.manifest.tokens.get(field)
-                local_avgdl = tokens / docs if tokens and docs else 0.0
-                global_avgdl = stats.avgdl.get(field) or local_avgdl
-                factor = max(factor, global_avgdl / local_avgdl if local_avgdl else 1.0)
-                clause = tantivy.Query.boost_query(
-                    clause, _idf(stats.docs, global_n) / _idf(docs, local_n))
-            clauses.append((tantivy.Occur.Should, clause))
-        if not clauses:
-            return None
-        return tantivy.Query.boolean_query(clauses), factor * (1 + 1e-4)
-
-    def _ratio_bound(self, shape: str, stats: GlobalStats, pure: bool) -> float:
-        """An upper bound of (global score / local score) of any document for the query
-        whose ``repr`` is ``shape``: a term's part is (K1+1) idf tf/(tf + k1 (1-b+b dl/avgdl));
-        idf_g/idf_l is known, and tf/(tf+K) with another avgdl changes by a factor between
-        1 and avgdl_g/avgdl_l (for any tf, dl).  A clause that is not a re-scored term
-        query counts 1.  Padded by 1e-4 for tantivy's 32-bit floats."""
-        docs = self.searcher.num_docs
-        ratios = [] if pure else [1.0]
-        for negated, field_id, term in _QUERY_TERM.findall(shape):
-            field = _FIELD_IDS.get(int(field_id))
-            if negated:
-                continue
-            if field is None:
-                ratios.append(1.0)
-                continue
-            local_n = self.searcher.doc_freq(field, term)
-            global_n = stats.df.get(f"{field}:{term}")
-            if not local_n:
-                continue  # no document of this shard has it
-            if global_n is None or not stats.docs:
-                ratios.append(1.0)
-                continue
-            idf = _idf(stats.docs, global_n) / _idf(docs, local_n)
-            tokens = self.manifest.tokens.get(field)
-            local_avgdl = tokens / docs if tokens and docs else 0.0
-            global_avgdl = stats.avgdl.get(field) or local_avgdl
-            lengths = global_avgdl / local_avgdl if local_avgdl else 1.0
-            ratios.append(idf * max(1.0, lengths))
-        return max(ratios, default=1.0) * (1 + 1e-4)
-
-    def stats(self, query: str) -> ShardStats:
-        """This shard's part of the global statistics for ``query`` (see GlobalStats)."""
-        return ShardStats(self.searcher.num_docs, self.manifest.tokens,
-                          {f"{f}:{t}": self.searcher.doc_freq(f, t)
-                           for f, t in query_terms(query)})
-
-
-def _idf(docs: int, n: int) -> float:
-    return math.log(1 + (docs - n + 0.5) / (n + 0.5))
-
-
-#: The minimum number of Should clauses to match of each boolean query in a ``repr``.
-_SHOULD_MATCH = re.compile(r"minimum_number_should_match: (\d+)")
-#: A term query in a parsed query's ``repr`` (``MustNot`` ones never score).
-_QUERY_TERM = re.compile(r'(MustNot, )?TermQuery\(Term\(field=(\d+), type=Str, "([^"\\]*)"\)\)')
-#: What a ``repr`` of a query made of boolean and term queries only holds besides terms.
-_BOOLEAN_SHAPE = re.compile(
-    r"(?:Query|BooleanQuery|subqueries|Should|Must|MustNot|minimum_number_should_match"
-    r"|\d+|[\s(){}\[\]:,])*")
-#: The pieces of tantivy's BM25 explanation (its JSON text) a term query's part is
-#: recomputed from, in the order tantivy writes them: the part's value, (K1+1), freq, k1, b,
-#: dl, avgdl (each a value and the start of its description), then the term.
-_PIECE = re.compile(
-    r'"value": ([^,\s]+),\s*"description": "(TermQuery|\(K1\+1\)|freq,|k1,|b,|dl,|avgdl,)'
-    r'|"Term=Term\(field=(\d+), type=Str, \\"([^"\\]*)\\"\)"')
-#: The explanation's own value (the score it explains), at the start of its text.
-_TOP_VALUE = re.compile(r'\s*\{\s*"value": ([^,\s]+)')
-_TERM_PIECES = ("TermQuery", "(K1+1)", "freq,", "k1,", "b,", "dl,", "avgdl,")
-
-
-def _only_terms(shape: str) -> bool:
-    """Whether a query (its ``repr``) is boolean and term queries only: its score is the
-    sum of its term queries' parts."""
-    return _BOOLEAN_SHAPE.fullmatch(_QUERY_TERM.sub("", shape)) is not None
-
-
-def _rescore(text: str, local: float | None, stats: GlobalStats, pure: bool) -> float:
-    """A document's score with global statistics, from tantivy's BM25 explanation of its
-    ``local`` score (``text``, its JSON: tantivy's format, read where it is parsed, not a
-    record of ours; see docs/architecture.md, "Katta-like search"; ``None``: read from the
-    explanation).  Each term query's part is recomputed; for a ``pure`` query (terms only)
-    the score is their sum, otherwise the other clauses keep their local part (``local``
-    minus the term parts)."""
-    if local is None and not pure:
-        local = _explained(text)
-    total, rest, rescored = 0.0, local or 0.0, False
-    values: dict[str, float] = {}
-    for value, what, field_id, term in _PIECE.findall(text):
-        if what:
-            if what == "TermQuery":
-                values = {}
-            values[what] = float(value)
-            continue
-        field = _FIELD_IDS.get(int(field_id))
-        n = stats.df.get(f"{field}:{term}") if field else None
-        if field is None or n is None or not stats.docs or len(values) != len(_TERM_PIECES):
-            continue  # kept in ``rest``
-        part, k1_plus_1, freq, k1, b, dl, local_avgdl = (values[p] for p in _TERM_PIECES)
-        avgdl = stats.avgdl.get(field) or local_avgdl
-        total += k1_plus_1 * _idf(stats.docs, n) * freq / (freq + k1 * (1 - b + b * dl / avgdl))
-        rest -= part
-        rescored = True
-    if pure:
-        rest = 0.0
-    if not rescored:
-        return local if local is not None else _explained(text)
-    return total + rest
-
-
-def _explained(text: str) -> float:
-    """The score an explanation (its JSON text) explains: its first value."""
-    top = _TOP_VALUE.match(text)
-    return float(top.group(1)) if top else 0.0

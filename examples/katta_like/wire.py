@@ -15,7 +15,10 @@ calls came:
 
 * ``Kind.STATS``: ``reply`` is a :class:`StatsReply`; ``Kind.SEARCH``: a
   :class:`SearchReply` - one answer per shard the node serves now, and for each other shard
-  asked, in ``refused``, why not;
+  asked, in ``refused``, why not.  A search answer holds the shard's match count and those
+  of its hits among the best ``top`` of all the shards answered in that reply
+  (:func:`~examples.katta_like.searcher.search_shards`): merging the replies gives the
+  whole index's best ``top``;
 * a call that is not one (an unknown kind, a missing or mistyped field) or a query that is
   not valid syntax: ``error`` (one line) instead of ``reply``; the connection stays open.
 
@@ -81,7 +84,8 @@ class StatsReply:
 
 @attrs.frozen
 class SearchReply:
-    """``Kind.SEARCH``: shard -> its answer; shard -> why this node did not answer it."""
+    """``Kind.SEARCH``: shard -> its answer (its count, its hits among the best ``top`` of
+    the reply's shards); shard -> why this node did not answer it."""
 
     shards: dict[int, ShardResult] = attrs.Factory(dict)
     refused: dict[int, str] = attrs.Factory(dict)
