@@ -295,8 +295,9 @@ class SearchClient:
         """Search every shard of ``index`` (or the index an alias names) and merge the best
         ``top`` hits.
 
-        Each shard is asked of one serving replica: healthy ones first, then the one with
-        the fewest of this client's calls in flight (ties: fewer calls).  A replica that
+        Each shard is asked of one serving replica: healthy ones first, then one already
+        asked in this round (fewer calls), then the one with the fewest of this client's
+        calls in flight.  A replica that
         fails (its connection, an unreadable answer) or refuses the shard: the next
         replica at once.  A request running longer than :meth:`hedge_delay`: its shards are
         *also* sent to the next replica (the first answer wins), within a budget of
@@ -418,11 +419,12 @@ class SearchClient:
                     continue
                 self._rng.shuffle(candidates)
                 # healthy first (a killed node's records stay until its session expires),
-                # then the least busy with this client's calls (a call waits behind those
-                # sent before it), then nodes already asked in this round (fewer calls)
+                # then nodes already asked in this round (fewer calls, and a node's call
+                # re-scores for the best of its shards together), then the least busy
+                # with this client's calls (a call waits behind those sent before it)
                 node, address = min(candidates, key=lambda c: (
                     self._suspect.get(c[0], -math.inf) > now - SUSPECT_FOR,
-                    self._busy.get(c[0], 0), c[0] not in batches))
+                    c[0] not in batches, self._busy.get(c[0], 0)))
                 tried[shard].add(node)
                 batches.setdefault(node, []).append(shard)
                 addresses[node] = address
