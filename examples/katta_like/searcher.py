@@ -194,20 +194,23 @@ def search_shards(shards: Mapping[int, ShardSearcher], query: str, top: int,
     (the bound is the field-length factor, about 1), for another query the local order
     with :meth:`ShardSearcher._ratio_bound` - and the candidate with the highest bound of
     all the shards is re-scored next, until the ``top``-th global score is above every
-    bound left.  Among equal scores at the cut, the one re-scored first is kept."""
+    bound left.  Among equal scores at the cut, the one re-scored first is kept.  The
+    query is parsed once, by the first shard: the shards of an index share its schema."""
+    if not shards:
+        return {}
     plans: list[_Candidates] = []
     local: list[tuple[float, int, int, Any]] = []  # (score, -order, shard, address)
     counts: dict[int, int] = {}
+    parsed = next(iter(shards.values())).index.parse_query(query, list(DEFAULT_FIELDS))
+    shape = repr(parsed)
+    pure = _only_terms(shape)
     for shard, searcher in shards.items():
-        parsed = searcher.index.parse_query(query, list(DEFAULT_FIELDS))
-        shape = repr(parsed)
-        if stats is None or "Boost(" in shape:  # the same for every shard
+        if stats is None or "Boost(" in shape:
             result = searcher.searcher.search(parsed, top, count=True)
             counts[shard] = result.count
             for score, address in result.hits:
                 local.append((float(score), -len(local), shard, address))
             continue
-        pure = _only_terms(shape)
         order = searcher._global_order(shape, stats) if pure else None
         ordering, bound = order or (parsed, searcher._ratio_bound(shape, stats, pure))
         plans.append(_Candidates(shard, searcher, parsed, ordering, bound, pure,
