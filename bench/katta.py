@@ -1,16 +1,19 @@
 """Katta-like search benchmark: scatter-gather over 8 replicated shards against one index.
 
-    .venv/bin/python bench/katta.py [--json] [--docs N] [--queries N]
+    .venv/bin/python bench/katta.py [--json] [--docs N] [--queries N] [--rounds N]
+                                    [--concurrency N]
 
 Runs 1 master and 4 search nodes as real processes (``framework run``) on a fresh standalone
 ZooKeeper (or ``$FRAMEWORK_ZK_HOSTS``, in a fresh chroot), builds a generated corpus into
 8 shards x 2 replicas as a job, then measures:
 
-* queries/s and p50/p99 latency of scatter-gather (HTTP/JSON to one replica per shard, top 10
-  merged) with global term statistics (cold: a new client, a statistics round for each query
-  with a term it has not seen; warm: every term's statistics cached) and with per-shard
-  scoring, against the same queries on one tantivy index in this process; with and without
-  the client's hedged requests (what hedging costs when nothing fails);
+* queries/s and p50/p99 latency of scatter-gather (one call per node carrying its shards,
+  msgpack frames on a persistent TCP connection per node; top 10 merged) at ``--concurrency``
+  queries in flight (default 4) with global term statistics (cold: a new client, a
+  statistics round for each query with a term it has not seen; warm: every term's
+  statistics cached) and with per-shard scoring, against the same queries on one tantivy
+  index in this process; with and without the client's hedged requests (what hedging costs
+  when nothing fails);
 * CPU time per query of the search nodes (all four, from ``/proc``) and of this process (the
   client; for the baseline, the in-process searches): unlike latency, it does not grow with
   what the neighbours on this shared machine run;
