@@ -1,12 +1,9 @@
-"""Bridge overhead: the same get/create workloads through ``Session`` and through plain kazoo.
+"""The session against plain kazoo: the same get/create workloads through ``Session`` (the
+trio-native protocol driver, :mod:`framework.zk.connection`) and through ``KazooClient``.
 
 Run: ``.venv/bin/python bench/bridge.py`` (starts its own ZooKeeper unless FRAMEWORK_ZK_HOSTS).
 Sequential latency (one request at a time) and throughput with 200 requests in flight
-(200 trio tasks for the bridge; a 200-deep window of ``*_async`` calls for kazoo).
-
-The bridge runs kazoo with :class:`~framework.zk.bridge.BridgeHandler`, whose connection
-thread waits with one ``poll`` call where stock kazoo builds an epoll selector.  The rows marked
-"same handler" compare against kazoo given that handler too, isolating what the trio side costs.
+(200 trio tasks for the session; a 200-deep window of ``*_async`` calls for kazoo).
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Result, median, print_results, zookeeper
 from framework import Session, configure_logging
-from framework.zk.bridge import BridgeHandler
 
 SEQUENTIAL_OPS = 500
 CONCURRENT_OPS = 6000
@@ -65,7 +61,7 @@ def kazoo_window(client: KazooClient, op: str, n: int, depth: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-# ------------------------------------------------------------------ the bridge
+# ------------------------------------------------------------------ the session
 
 
 async def ours_sequential(session: Session, op: str, n: int) -> float:
@@ -98,8 +94,6 @@ async def ours_concurrent(session: Session, op: str, n: int, tasks: int) -> floa
 async def measure(hosts: str) -> list[Result]:
     client = KazooClient(hosts=hosts)
     await trio.to_thread.run_sync(client.start)
-    same_handler = KazooClient(hosts=hosts, handler=BridgeHandler())
-    await trio.to_thread.run_sync(same_handler.start)
     client.ensure_path("/bench/seq")
     client.ensure_path("/bench/con")
     client.create("/bench/node", b"v" * 100)
@@ -107,7 +101,7 @@ async def measure(hosts: str) -> list[Result]:
     try:
         async with Session(hosts) as session:
             for op in ("get", "create"):
-                k_lat, o_lat, k_tp, o_tp, h_tp = [], [], [], [], []
+                k_lat, o_lat, k_tp, o_tp = [], [], [], []
                 for _ in range(ROUNDS):
                     k_lat.append(await trio.to_thread.run_sync(
                         kazoo_sequential, client, op, SEQUENTIAL_OPS))
@@ -115,22 +109,16 @@ async def measure(hosts: str) -> list[Result]:
                     k_tp.append(await trio.to_thread.run_sync(
                         kazoo_window, client, op, CONCURRENT_OPS, CONCURRENCY))
                     o_tp.append(await ours_concurrent(session, op, CONCURRENT_OPS, CONCURRENCY))
-                    h_tp.append(await trio.to_thread.run_sync(
-                        kazoo_window, same_handler, op, CONCURRENT_OPS, CONCURRENCY))
                 results.append(Result(f"{op}: sequential latency", "µs/op", median(k_lat),
                                       median(o_lat), higher_is_better=False,
                                       note="kazoo: blocking call"))
                 results.append(Result(f"{op}: {CONCURRENCY} in flight", "ops/s", median(k_tp),
                                       median(o_tp),
                                       note=f"kazoo: *_async, {CONCURRENCY}-deep window"))
-                results.append(Result(f"{op}: {CONCURRENCY} in flight, same handler", "ops/s",
-                                      median(h_tp), median(o_tp),
-                                      note="kazoo given BridgeHandler too: trio's own cost"))
     finally:
         await trio.to_thread.run_sync(client.delete, "/bench", -1, True)
-        for kazoo_client in (client, same_handler):
-            await trio.to_thread.run_sync(kazoo_client.stop)
-            kazoo_client.close()
+        await trio.to_thread.run_sync(client.stop)
+        client.close()
     return results
 
 
@@ -138,7 +126,7 @@ def main() -> None:
     configure_logging(level="warning")
     with zookeeper() as hosts:
         results = trio.run(measure, hosts)
-    print_results(f"trio bridge vs plain kazoo (median of {ROUNDS} rounds)", results)
+    print_results(f"Session vs plain kazoo (median of {ROUNDS} rounds)", results)
 
 
 if __name__ == "__main__":

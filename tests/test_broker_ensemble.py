@@ -31,10 +31,10 @@ TIMEOUT = 4.0
 
 def connected_to(session: Session, ensemble: ZooKeeperEnsemble) -> int | None:
     """The ensemble member this session's connection goes to (test introspection only)."""
-    sock = getattr(session.client._connection, "_socket", None)
-    if sock is None:
+    server = session.server
+    if server is None:
         return None
-    port = sock.getpeername()[1]
+    port = server[1]
     return next((m.sid for m in ensemble.members if m.client_port == port), None)
 
 

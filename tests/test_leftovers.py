@@ -8,6 +8,7 @@ session deletes it as soon as it is connected again, in the same session.
 
 from __future__ import annotations
 
+import outcome
 import pytest
 import trio
 import trio.testing
@@ -80,9 +81,7 @@ async def test_a_step_lost_after_the_reconnection_was_seen_is_sent_again_at_once
     ghost = Leftover("/ghost", session.session_id or 0, step="get", in_flight=True)
     ghost.sent_in = leftovers._connections - (1 if reconnected_since else 0)
     leftovers._pending.append(ghost)
-    lost = session.client.handler.async_result()
-    lost.set_exception(kz.ConnectionLoss())
-    leftovers._replied(ghost, lost)
+    leftovers._replied(ghost, outcome.Error(kz.ConnectionLoss()))
     if reconnected_since:
         with trio.fail_after(10):
             await session.wait_leftovers_done()

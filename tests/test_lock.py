@@ -362,23 +362,23 @@ async def test_first_acquire_cancelled_mid_create_leaks_no_node(
     """Cancel the very first acquire on a fresh path while its create is in flight: no
     contender node may appear afterwards (kazoo's makepath used to re-issue the create from
     its own thread after the parents were made), so another session gets the lock at once."""
-    import framework.zk.session as session_module
+    from framework.zk.connection import Connection
 
-    real_send = session_module.send_request
+    real_call = Connection.call
     armed: list[trio.CancelScope] = []
 
-    async def cancelling_send(client: object, request: object, completions: object) -> object:
+    async def cancelling_call(self: Connection, record: object) -> object:
         if armed:
             armed.pop().cancel()  # lands while the create's reply is awaited
-        return await real_send(client, request, completions)
+        return await real_call(self, record)
 
     async with Session(zk_hosts, chroot=chroot) as s, Session(zk_hosts, chroot=chroot) as other:
-        monkeypatch.setattr(session_module, "send_request", cancelling_send)
+        monkeypatch.setattr(Connection, "call", cancelling_call)
         with trio.CancelScope() as scope:
             armed.append(scope)
             async with Lock(s, "/fresh/lock").acquire():
                 raise AssertionError("acquired although cancelled")
-        monkeypatch.setattr(session_module, "send_request", real_send)
+        monkeypatch.setattr(Connection, "call", real_call)
         assert scope.cancelled_caught
         with trio.fail_after(5):
             async with Lock(other, "/fresh/lock").acquire() as holding:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework import Session, SessionInterrupted
+from framework import LockLost, Session, SessionInterrupted
 from framework.primitives import Election, Lock, WorkQueue
 from framework.runtime import App
 from framework.testing import Lines, TcpProxy, python_argv, spawn
@@ -114,35 +114,44 @@ async def test_a_paused_owner_starts_no_step_past_its_trust_deadline(
     assert len(started) <= (0 if checked else 1), rest
 
 
-async def test_a_blocked_event_loop_is_not_a_pause_while_replies_prove_the_session(
+async def test_a_loop_blocked_past_the_read_timeout_is_a_pause(
     zk_hosts: str, chroot: str
 ) -> None:
-    """trio's loop blocked past the trust deadline it had armed (a CPU-bound step), while
-    kazoo's thread went on getting replies: the scope's deadline is moved forward before
-    trio expires it, so nothing is cancelled."""
+    """trio's loop blocked past the trust deadline (a CPU-bound step, no ``await``): the
+    session's heartbeat lives in that loop, so to the server this is a paused process.  The
+    lock's body is ended at the deadline, ``ensure_trusted`` refuses before any effect, and
+    the session serves again afterwards."""
     async with Session(zk_hosts, chroot=chroot, session_timeout=OWNER_TIMEOUT) as s:
         with trio.fail_after(20):
-            async with Lock(s, "/lock").acquire() as holding:
-                armed = trio.current_time()
-                time.sleep(s.read_timeout * 1.3)  # the whole loop is stuck, not waiting
-                assert trio.current_time() > armed + s.read_timeout  # past the old deadline
-                await trio.lowlevel.checkpoint()  # trio expires due deadlines here
-                s.ensure_trusted(holding.session_id)
+            with pytest.raises(LockLost):
+                async with Lock(s, "/lock").acquire() as holding:
+                    armed = trio.current_time()
+                    time.sleep(s.read_timeout * 1.3)  # the whole loop is stuck, not waiting
+                    assert trio.current_time() > armed + s.read_timeout  # past the deadline
+                    with pytest.raises(SessionInterrupted):
+                        s.ensure_trusted(holding.session_id)
+                    await trio.lowlevel.checkpoint()  # trio expires due deadlines here
+                    raise AssertionError("the body went on past its trust deadline")
+            await s.wait_connected()
+            async with Lock(s, "/lock").acquire():
+                s.ensure_trusted()
 
 
-async def test_a_body_that_ends_after_a_blocking_step_is_not_reported_lost(
+async def test_a_blocking_step_shorter_than_the_read_timeout_keeps_ownership(
     zk_hosts: str, chroot: str
 ) -> None:
-    """A body that ends on its own right after a CPU-bound step longer than the read
-    timeout (kazoo's thread kept getting replies): its scope is not reported lost."""
+    """CPU-bound steps shorter than the read timeout (the heartbeat is late, not missing)
+    end nothing, and a body that ends right after one is not reported lost."""
     async with Session(zk_hosts, chroot=chroot, session_timeout=OWNER_TIMEOUT) as s:
         with trio.fail_after(20):
             async with s.guard():
                 await trio.sleep(0.05)
-                time.sleep(s.read_timeout * 1.3)
-            async with Lock(s, "/lock").acquire():
-                await trio.sleep(0.05)
-                time.sleep(s.read_timeout * 1.3)
+                time.sleep(s.read_timeout * 0.4)
+            async with Lock(s, "/lock").acquire() as holding:
+                for _ in range(2):  # 0.8 read timeouts in all: within the deadline
+                    time.sleep(s.read_timeout * 0.4)
+                    await trio.sleep(0.02)
+                s.ensure_trusted(holding.session_id)
 
 
 async def test_a_body_ended_by_its_trust_deadline_never_exits_normally(

@@ -175,25 +175,39 @@ async def test_connection_cut_while_the_vote_is_in_flight(
     """The site's connection is cut right after it sends its commit vote (the session
     survives): the site resolves the lost reply from the server's state, is not taken for
     crashed, and learns the same outcome as the coordinator."""
+    from kazoo.exceptions import ConnectionDropped
+
     import framework.zk.session as session_module
+    from framework.zk.connection import Connection
+    from framework.zk.wire import parse_header
 
     real_commit = session_module.Transaction.commit
-    real_wait = session_module.wait_result
-    cut_next_wait: list[bool] = []
+    real_enqueue, real_dispatch = Connection._enqueue, Connection._dispatch
+    vote_next_send: list[bool] = []
+    vote_xid: list[int] = []
 
     async def commit(self: session_module.Transaction) -> list[object]:
         if any(op[0] == "set_data" and op[1][1] == b"commit" for op in self.operations):
-            cut_next_wait.append(True)
+            vote_next_send.append(True)
         return await real_commit(self)
 
-    async def wait(async_result: object, completions: object) -> object:
-        if cut_next_wait:
-            cut_next_wait.clear()
-            proxy.cut()
-        return await real_wait(async_result, completions)
+    def enqueue(self: Connection, record: object) -> object:
+        request = real_enqueue(self, record)
+        if vote_next_send:
+            vote_next_send.clear()
+            vote_xid.append(request.xid)
+        return request
+
+    def dispatch(self: Connection, packet: bytes) -> None:
+        if vote_xid and parse_header(packet)[0].xid == vote_xid[0]:
+            vote_xid.clear()
+            proxy.cut()  # the server applied the vote; its reply is lost with the link
+            raise ConnectionDropped("cut by the test")
+        real_dispatch(self, packet)
 
     monkeypatch.setattr(session_module.Transaction, "commit", commit)
-    monkeypatch.setattr(session_module, "wait_result", wait)
+    monkeypatch.setattr(Connection, "_enqueue", enqueue)
+    monkeypatch.setattr(Connection, "_dispatch", dispatch)
     site_outcome: list[Outcome] = []
     async with Session(proxy.address, chroot=chroot, session_timeout=4.0) as flaky:
 

@@ -1,4 +1,5 @@
-"""Layer 1: the trio bridge over kazoo (sessions, requests, watches, protected creates)."""
+"""Layer 1: the session - ZooKeeper's client protocol from trio, with kazoo's records (requests,
+watches, protected creates)."""
 
 from framework.zk.acl import TlsConfig
 from framework.zk.paths import (

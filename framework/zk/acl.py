@@ -32,6 +32,7 @@ every framework process (the CLI, masters, workers, the dashboard) picks it up u
 from __future__ import annotations
 
 import os
+import ssl
 from typing import Any, Mapping
 
 import attrs
@@ -93,15 +94,18 @@ class TlsConfig:
         if self.check_hostname and not self.verify:
             raise ConfigurationError("check_hostname needs verify=True")
 
-    def kazoo_kwargs(self) -> dict[str, Any]:
-        return {
-            "use_ssl": True,
-            "ca": self.ca,
-            "certfile": self.certfile,
-            "keyfile": self.keyfile,
-            "verify_certs": self.verify,
-            "check_hostname": self.check_hostname,
-        }
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client context of these settings (TLS 1.2 or later)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        context.check_hostname = self.check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED if self.verify else ssl.CERT_NONE
+        if self.ca is not None:
+            context.load_verify_locations(self.ca)
+        if self.certfile is not None:
+            context.load_cert_chain(self.certfile, self.keyfile)
+        return context
 
 
 @attrs.frozen
@@ -138,17 +142,10 @@ class Security:
         return acl
 
     def auth_data(self) -> list[tuple[str, str]]:
-        """kazoo's ``auth_data``: sent on every (re)connection before any request."""
+        """``(scheme, credential)`` pairs sent on every (re)connection before any request."""
         if self.credentials is None:
             return []
         return [("digest", ":".join(self.credentials))]
-
-    def kazoo_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``KazooClient`` for these settings."""
-        kwargs: dict[str, Any] = {"auth_data": self.auth_data(), "default_acl": self.acl()}
-        if self.tls is not None:
-            kwargs.update(self.tls.kazoo_kwargs())
-        return kwargs
 
     def describe(self) -> dict[str, Any]:
         """For logs: never the password."""

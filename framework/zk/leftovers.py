@@ -19,9 +19,9 @@ A step whose reply is lost is sent again at the next reconnection (at once if th
 came back before the loss was known); a node found gone, not ours or changed is done.  When
 the session is lost they are forgotten: the server deleted them with it.
 
-No trio task runs this: each step is a kazoo request sent from the trio thread, and its
-completion comes back to the trio thread (``run_sync_soon``) to send the next one, so nothing
-outlives the session's ``async with``.
+No trio task runs this: each step is a request sent on the session's connection with a
+callback, which the connection runs in the trio thread with the reply and which sends the
+next step, so nothing outlives the session's ``async with``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import outcome
 import trio
 from kazoo import exceptions as kz
+from kazoo.protocol.serialization import Delete, GetChildren, GetData, Sync
 
 from framework.logs import get_logger
 
@@ -58,10 +60,9 @@ class Leftover:
 class Leftovers:
     """The leftovers of one :class:`~framework.zk.Session` (see the module doc)."""
 
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self._token = token
+    def __init__(self) -> None:
         self._pending: list[Leftover] = []
-        self._client: Any = None
+        self._connection: Any = None
         self._session_id: int | None = None
         self._connections = 0  # how many times the connection came up
         self._settled = trio.Event()  # set while nothing is pending
@@ -90,17 +91,17 @@ class Leftovers:
                     note="not deleted in time; deleted when the connection is back")
         self._sweep()
 
-    def connected(self, client: Any, session_id: int | None) -> None:
-        """The connection is up in session ``session_id`` (trio thread): forget the nodes of
-        other sessions, send the deletes of this one's."""
-        self._client, self._session_id = client, session_id
+    def connected(self, connection: Any, session_id: int | None) -> None:
+        """The connection is up in session ``session_id``: forget the nodes of other
+        sessions, send the deletes of this one's."""
+        self._connection, self._session_id = connection, session_id
         self._connections += 1
         self._pending = [p for p in self._pending if p.session_id == session_id]
         self._check_settled()
         self._sweep()
 
     def disconnected(self) -> None:
-        self._client = None
+        self._connection = None
 
     def forget(self) -> None:
         """The session is lost or closed: the server deletes (or deleted) its nodes."""
@@ -108,52 +109,43 @@ class Leftovers:
         self._check_settled()
 
     def _sweep(self) -> None:
-        if self._client is None:
+        if self._connection is None:
             return
         for leftover in list(self._pending):
             if leftover.session_id == self._session_id and not leftover.in_flight:
                 self._send(leftover)
 
     def _send(self, leftover: Leftover, version: int = -1) -> None:
-        client = self._client
-        current = getattr(client, "client_id", None)
-        if current is None or current[0] != leftover.session_id:
-            return  # kazoo is already in another session (trio will hear of it next)
+        connection = self._connection
+        if connection is None or connection.session_id != leftover.session_id:
+            return  # already in another session (trio will hear of it next)
         leftover.in_flight = True
         leftover.sent_in = self._connections
         if leftover.step == "start":
             leftover.step = "sync" if leftover.guid is not None else "get"
+        path = connection.chroot + leftover.path
+        if leftover.step == "sync":
+            record: Any = Sync(path)
+        elif leftover.step == "list":
+            record = GetChildren(path, None)
+        elif leftover.step == "get":
+            record = GetData(path, None)
+        else:
+            record = Delete(path, version)
         try:
-            if leftover.step == "sync":
-                result = client.sync_async(leftover.path)
-            elif leftover.step == "list":
-                result = client.get_children_async(leftover.path)
-            elif leftover.step == "get":
-                result = client.get_async(leftover.path)
-            else:
-                result = client.delete_async(leftover.path, version=version)
-        except Exception:  # the client is closing: nothing more to do in this session
+            connection.send(record, lambda done: self._replied(leftover, done))
+        except kz.KazooException:  # not connected, or closing: sent again at reconnection
             leftover.in_flight = False
-            return
 
-        def replied(done: Any) -> None:  # on a kazoo thread: hand over to trio, return
-            try:
-                self._token.run_sync_soon(self._replied, leftover, done)
-            except trio.RunFinishedError:
-                pass
-
-        replied.direct_safe = True  # type: ignore[attr-defined]
-        result.rawlink(replied)
-
-    def _replied(self, leftover: Leftover, done: Any) -> None:
+    def _replied(self, leftover: Leftover, done: outcome.Outcome) -> None:
         leftover.in_flight = False
         if leftover not in self._pending:
             return
         try:
-            value = done.get_nowait()
+            value = done.unwrap()
         except _RETRY:  # sent again at the next reconnection, from a fresh read
             leftover.step = {"delete": "get", "list": "sync"}.get(leftover.step, leftover.step)
-            if self._client is not None and self._connections != leftover.sent_in:
+            if self._connection is not None and self._connections != leftover.sent_in:
                 # that reconnection came before this reply (its sweep skipped us: we were
                 # in flight): now, once per connection, never in a loop
                 self._send(leftover)

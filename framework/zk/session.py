@@ -1,8 +1,8 @@
 """``Session``: one ZooKeeper session, used from trio.
 
-A ``Session`` owns one ``KazooClient``.  Requests are kazoo protocol records queued on that
-client's connection and awaited without blocking trio (see :mod:`framework.zk.bridge`).
-kazoo's blocking retry and recipes are never used: reads are retried here, in trio, only
+A ``Session`` owns one :class:`~framework.zk.connection.Connection`, which speaks ZooKeeper's
+client protocol from trio itself with kazoo's protocol records: a request is written and its
+reply awaited by the calling task, with no thread in between.  Reads are retried here only
 within the same session; writes are never retried, because after a ``ConnectionLossError``
 their outcome is unknown.
 
@@ -16,19 +16,23 @@ What a caller sees when the connection wavers:
   a ZooKeeper leader change, and cancels it at :meth:`Session.trusted_until` at the latest:
   a third of the session timeout before the server could expire the session.
 * LOST: requests in flight fail with :class:`SessionExpiredError`; guarded work is cancelled;
-  kazoo reconnects with a *new* session, reported as CONNECTED with another ``session_id``.
+  the connection goes on with a *new* session, reported as CONNECTED with another
+  ``session_id``.
+
+The session lives in the trio loop that entered it: its heartbeat and its reader are trio
+tasks.  A loop blocked (a CPU-bound step, not an ``await``) longer than the read timeout is
+treated like a paused process: its ownership scopes end at their trust deadline.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import trio
 from kazoo import exceptions as kz
-from kazoo.client import KazooClient
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.serialization import (
     CheckVersion,
@@ -42,40 +46,26 @@ from kazoo.protocol.serialization import (
     Sync,
 )
 from kazoo.protocol.serialization import Transaction as MultiRequest
-from kazoo.protocol.states import KazooState, ZnodeStat
+from kazoo.protocol.states import ZnodeStat
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from framework import errors
 from framework.logs import get_logger
 from framework.zk.acl import FROM_ENV, TlsConfig, resolve_security
-from framework.zk.bridge import (
-    BridgeHandler,
-    Completions,
-    describe,
-    send_request,
-    translate,
-    wait_result,
-    waker,
-)
+from framework.zk.connection import Connection
 from framework.zk.inflight import InFlightLimit
 from framework.zk.leftovers import Leftover, Leftovers
 from framework.zk.liveness import Liveness
 from framework.zk.paths import MAX_REQUEST_BYTES, validate_data, validate_path
 from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
+from framework.zk.translate import describe, translate
 from framework.zk.trust import Trust, TrustKeeper
 
 Stat = ZnodeStat
 WatchCallback = Callable[..., None]
 
 log = get_logger("framework.zk")
-
-_KAZOO_STATES = {
-    KazooState.CONNECTED: SessionState.CONNECTED,
-    KazooState.SUSPENDED: SessionState.SUSPENDED,
-    KazooState.LOST: SessionState.LOST,
-}
-
 
 #: Upper bounds of a multi request's framing and of one operation's encoding besides its
 #: path and data (op header, lengths, version, flags, an open ACL).
@@ -161,7 +151,8 @@ class Session:
         self._limit = InFlightLimit(max_in_flight)
         self._liveness = Liveness(session_timeout)
         self._trust = TrustKeeper(self._liveness)
-        self._client: KazooClient | None = None
+        self._connection: Connection | None = None
+        self._stack: AsyncExitStack | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._state = SessionState.LOST
         self._session_id: int | None = None
@@ -174,28 +165,26 @@ class Session:
 
     async def __aenter__(self) -> Session:
         self._token = trio.lowlevel.current_trio_token()
-        self._completions = Completions(self._token)
-        self._leftovers = Leftovers(self._token)
-        client = KazooClient(
-            hosts=self.hosts,
-            timeout=self.session_timeout,
-            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
-            command_retry={"max_tries": 0},
-            handler=BridgeHandler(),
-            **self.security.kazoo_kwargs(),
+        self._leftovers = Leftovers()
+        hosts, _chroot = collect_hosts(self.hosts)
+        connection = Connection(
+            hosts,
+            session_timeout=self.session_timeout,
+            liveness=self._liveness,
+            on_state=self._on_state,
+            auth_data=self.security.auth_data(),
+            ssl_context=self.security.tls.ssl_context() if self.security.tls else None,
         )
-        self._liveness.install(client._connection)
-        client.handler.liveness = self._liveness
-        self._client = client
-        client.add_listener(self._listener)
-        client.start_async()
+        self._connection = connection
+        self._stack = AsyncExitStack()
         try:
+            nursery = await self._stack.enter_async_context(trio.open_nursery())
+            nursery.start_soon(connection.run)
             with trio.fail_after(self.connect_timeout):
                 await self.wait_connected()
             if self.chroot:
                 await self._make_chroot(self.chroot)
-                client.chroot = self.chroot  # for transactions, which kazoo still builds
-                self._prefix = self.chroot
+                connection.chroot = self._prefix = self.chroot
         except BaseException as exc:
             await self._shutdown()
             if isinstance(exc, trio.TooSlowError):
@@ -214,48 +203,23 @@ class Session:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
-        if self._closed or self._client is None:
+        if self._closed or self._connection is None or self._stack is None:
             return
         self._closed = True
         self._trust.close()
-        client = self._client
+        connection, stack = self._connection, self._stack
         with trio.CancelScope(shield=True):
-            # a healthy close takes one round trip; a server that does not answer (or a
-            # connection still being attempted) must not hold the caller for a session
-            # timeout, so past CLOSE_GRACE (at once, if not connected) the connection is
+            # a healthy close takes one round trip; a server that does not answer must not
+            # hold the caller for a session timeout: past CLOSE_GRACE the connection is
             # dropped and the server expires the session by itself
-            stopped = trio.Event()
-
-            async def stop() -> None:
-                await trio.to_thread.run_sync(client.stop)
-                stopped.set()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stop)
-                grace = CLOSE_GRACE if self.state is SessionState.CONNECTED else 0.0
-                with trio.move_on_after(grace):
-                    await stopped.wait()
-                if not stopped.is_set():
-                    self._liveness.give_up()
-            await trio.to_thread.run_sync(client.close)
+            await connection.close(CLOSE_GRACE if self.state is SessionState.CONNECTED else 0.0)
+        # the connection's nursery is left outside the shield (it encloses it)
+        connection.stop()
+        await stack.aclose()
         self._on_state(SessionState.LOST, None)
         log.info("zk.session.closed", hosts=self.hosts)
 
     # ------------------------------------------------------------------ state
-
-    def _listener(self, state: KazooState) -> None:
-        """kazoo's connection thread calls this; hand the change to trio and return."""
-        assert self._client is not None and self._token is not None
-        session_id = self._client._session_id if state == KazooState.CONNECTED else None
-        if state == KazooState.CONNECTED:
-            # runs inside kazoo's handshake, before any select
-            self._liveness.connected(session_id)
-        elif state == KazooState.LOST:
-            self._liveness.lost()
-        try:
-            self._token.run_sync_soon(self._on_state, _KAZOO_STATES[state], session_id)
-        except trio.RunFinishedError:
-            pass
 
     def _on_state(self, state: SessionState, session_id: int | None) -> None:
         previous_id = self._session_id
@@ -270,7 +234,7 @@ class Session:
         self._changed.set()
         self._changed = trio.Event()
         if state is SessionState.CONNECTED and not self._closed:
-            self._leftovers.connected(self._client, session_id)
+            self._leftovers.connected(self._connection, session_id)
         else:
             self._leftovers.disconnected()
             if state is SessionState.LOST or self._closed:
@@ -305,16 +269,18 @@ class Session:
         return self._state is SessionState.CONNECTED and not self._closed
 
     @property
-    def client(self) -> KazooClient:
-        """The underlying kazoo client (for benchmarks and escape hatches only)."""
-        if self._client is None:
+    def client_id(self) -> tuple[int, bytes]:
+        """``(session_id, password)`` as the server knows them (for tools that must act as
+        this session, such as the fault injectors that expire it)."""
+        connection = self._connection
+        if connection is None or connection.session_id is None:
             raise errors.NotConnectedError("session not started: use `async with Session(...)`")
-        return self._client
+        return connection.session_id, connection.password
 
     @property
-    def client_id(self) -> tuple[int, bytes]:
-        """``(session_id, password)`` as the server knows them."""
-        return self.client.client_id
+    def server(self) -> tuple[str, int] | None:
+        """The ensemble member the session is connected to now (``None`` while not)."""
+        return self._connection.peer if self._connection is not None else None
 
     def snapshot(self) -> StateChange:
         return StateChange(self._state, self._session_id, self._generation)
@@ -330,6 +296,8 @@ class Session:
         while self._state is not SessionState.CONNECTED:
             if self._closed:
                 raise errors.NotConnectedError("session is closed")
+            if self._connection is not None and self._connection.failure is not None:
+                raise errors.NotConnectedError(self._connection.failure)
             await self._changed.wait()
         assert self._session_id is not None
         return self._session_id
@@ -507,23 +475,18 @@ class Session:
         return path
 
     async def _call(self, request: Any) -> Any:
-        """Send one request once and await it, with errors translated: a kazoo protocol
-        record (``GetData(...)``), or a callable returning a kazoo async result."""
+        """Send one request (a kazoo protocol record: ``GetData(...)``) once and await its
+        reply, with errors translated."""
         await self._limit.acquire()
         with self._limit.held():
             await self._usable()
-            issued_in = self._session_id
+            assert self._connection is not None
             try:
-                if callable(request):
-                    return await wait_result(request(), self._completions)
-                return await send_request(self._client, request, self._completions)
+                return await self._connection.call(request)
             except kz.ConnectionClosedError as exc:  # closed for good: never retry
                 raise errors.NotConnectedError(str(exc) or "connection closed") from exc
-            except kz.SessionExpiredError as exc:
-                # kazoo also says "expired" for a request made while it reconnects.
-                if self._session_id == issued_in and self._state is not SessionState.LOST:
-                    raise errors.ConnectionLossError("connection lost while reconnecting") from exc
-                raise translate(exc) from exc
+            except kz.AuthFailedError as exc:
+                raise errors.NotConnectedError(str(exc)) from exc
             except kz.KazooException as exc:
                 path = getattr(request, "path", None)
                 context = None
@@ -547,7 +510,7 @@ class Session:
 
     async def _usable(self) -> None:
         """Wait for a connection before sending (sending nothing is always safe)."""
-        if self._closed or self._client is None:
+        if self._closed or self._connection is None:
             raise errors.NotConnectedError("session is closed")
         if self._state is not SessionState.CONNECTED:
             await self.wait_connected()
@@ -710,7 +673,7 @@ class Session:
     @property
     def leftovers(self) -> list[Leftover]:
         """Nodes waiting for :meth:`delete_later` (diagnostics and tests)."""
-        return self._leftovers.pending if self._client is not None else []
+        return self._leftovers.pending if self._connection is not None else []
 
     async def wait_leftovers_done(self) -> None:
         """Return once no node waits for :meth:`delete_later` (deleted, found gone, or
@@ -722,9 +685,12 @@ class Session:
         return Transaction(self)
 
     def waker(self, event: trio.Event) -> WatchCallback:
-        """A kazoo watch callback that sets ``event`` in this trio run."""
-        assert self._token is not None
-        return waker(self._token, event)
+        """A watch callback that sets ``event`` (watch callbacks run in this trio run)."""
+
+        def wake(*_args: Any) -> None:
+            event.set()
+
+        return wake
 
 
 class Transaction:
@@ -791,14 +757,8 @@ class Transaction:
         self._check_size(len(session._prefix))
         request = MultiRequest([_record(session, name, args, kwargs)
                                 for name, args, kwargs in self._ops])
-        client = session.client
-
-        def send() -> Any:  # kazoo's records directly: its builder re-checks every path
-            result = client.handler.async_result()
-            client._call(request, result)
-            return result
-
-        results = await session._call(send)
+        results = [session._relative(r) if isinstance(r, str) else r
+                   for r in await session._call(request)]
         if any(isinstance(r, Exception) for r in results):
             raise errors.TransactionFailedError(
                 [

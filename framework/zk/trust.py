@@ -14,9 +14,10 @@ proven one since the last loop pass (one float comparison per pass otherwise, an
 
 * a paused process (every thread stopped, no newer proof) finds its scopes expired and
   cancelled before any of their tasks takes another step;
-* an event loop that was merely blocked while kazoo's thread went on receiving replies
-  finds its scopes extended first: no false cancellation;
-* a scope belongs to one session: once kazoo's thread knows that session is gone (LOST, or
+* an event loop that was blocked (not paused) finds its scopes extended first if replies
+  proved the session meanwhile; the heartbeat lives in the loop, though, so a loop blocked
+  past the read timeout is a pause (:mod:`framework.zk.connection`);
+* a scope belongs to one session: once the connection knows that session is gone (LOST, or
   a new session), the scope's deadline is not extended again.
 
 A scope may also carry a cap (``cap``): the end of a SUSPENDED grace period.

@@ -1,0 +1,564 @@
+"""The ZooKeeper client protocol, driven from trio: one connection at a time for one session.
+
+:class:`Connection` connects to a member of the ensemble (in random order, the next one after
+a failure, pausing after each full round), performs the handshake (session id, password,
+last zxid seen, requested timeout), sends the digest credentials, and then runs four tasks
+on the socket until it drops: a reader, a writer, a heartbeat and a watchdog.  Requests are
+kazoo protocol records (:mod:`framework.zk.wire` frames them); a caller waits for its own
+reply in its own task, with no thread and no hand-off.
+
+Contract:
+
+* **Order.**  Requests are written in the order they are made and answered in that order
+  (ZooKeeper's per-session FIFO); replies are matched to requests by xid.
+* **Liveness.**  Every reply proves the session alive as of its request's send time
+  (:mod:`framework.zk.liveness`).  The heartbeat pings after half a read timeout without
+  sending; the watchdog drops the connection when no reply has proven life for a read timeout
+  (2/3 of the negotiated session timeout), however busy the client is - so a half-open link
+  or a hung server ends in SUSPENDED, never in a session that looks alive.  The loop itself
+  keeps the session: an event loop blocked (or a process paused) past the read timeout sends
+  no heartbeat, and its ownership scopes end (:mod:`framework.zk.trust`).
+* **SUSPENDED.**  When a connection drops, requests in flight fail with kazoo's
+  ``ConnectionLoss`` (their outcome unknown), every registered watch fires once with an
+  ``EventType.NONE`` event and is forgotten (kazoo's behaviour: watchers read again once
+  connected, see :mod:`framework.zk.watches`), and the next member is tried with the same
+  session.  Requests made while not connected fail at once with ``ConnectionLoss`` (nothing
+  was sent).
+* **LOST.**  A handshake answered "expired" ends the session: state LOST, then a new session
+  is made on the next connection (reported as CONNECTED with another id).
+* **Close.**  :meth:`close` sends the close request and waits up to ``grace`` for its answer,
+  then stops; requests fail with ``ConnectionClosedError`` from then on.
+
+State changes are reported synchronously to ``on_state(state, session_id)`` in the trio
+thread; watch callbacks and :meth:`send` callbacks run in the trio thread too, and must not
+block.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import select
+import ssl
+import time
+from typing import Any, Callable, Iterable
+
+import outcome
+import trio
+from kazoo import exceptions as kz
+from kazoo.protocol.serialization import (
+    Auth,
+    Close,
+    CloseInstance,
+    Connect,
+    Exists,
+    GetChildren,
+    GetChildren2,
+    PingInstance,
+    Watch,
+)
+from kazoo.protocol.states import EVENT_TYPE_MAP, EventType, KeeperState, WatchedEvent
+
+from framework.logs import get_logger
+from framework.zk.liveness import Liveness
+from framework.zk.states import SessionState
+from framework.zk.wire import (
+    AUTH_XID,
+    PING_XID,
+    WATCH_XID,
+    PacketReader,
+    connect_packet,
+    parse_connect,
+    parse_header,
+    request_packet,
+)
+
+log = get_logger("framework.zk")
+
+StateListener = Callable[[SessionState, "int | None"], None]
+WatchCallback = Callable[[WatchedEvent], Any]
+ReplyCallback = Callable[[outcome.Outcome], None]
+
+#: bytes asked of the socket per read
+RECEIVE_BYTES = 1 << 18
+#: the pause before a new round of members: first (after a round that got an answer), the
+#: factor it grows by after each round without one, and its most (seconds)
+BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MOST = 0.05, 1.5, 1.0
+#: the watch event types that fire data watches, child watches
+_CREATED, _DELETED, _CHANGED, _CHILD = 1, 2, 3, 4
+_EMPTY_PASSWORD = b"\x00" * 16
+
+#: what ends one connection (others are bugs and end the session's nursery)
+_CONNECTION_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                      trio.TooSlowError, ssl.SSLError, ValueError, kz.ConnectionDropped)
+
+
+class _Request:
+    """One request in flight: its record, xid, send time and who waits for the reply."""
+
+    __slots__ = ("callback", "record", "sent", "task", "xid")
+
+    def __init__(self, record: Any, xid: int, sent: float) -> None:
+        self.record = record
+        self.xid = xid
+        self.sent = sent
+        self.task: trio.lowlevel.Task | None = None
+        self.callback: ReplyCallback | None = None
+
+    def complete(self, result: outcome.Outcome) -> None:
+        task, callback = self.task, self.callback
+        self.task = self.callback = None
+        if task is not None:
+            trio.lowlevel.reschedule(task, result)
+        elif callback is not None:
+            try:
+                callback(result)
+            except Exception:
+                log.exception("zk.reply_callback_failed", record=type(self.record).__name__)
+
+
+class Connection:
+    """One session's connection to a ZooKeeper ensemble (see the module doc).
+
+    ``hosts`` is a list of ``(host, port)``; ``session_timeout`` (seconds) is asked of the
+    server; ``auth_data`` is kazoo's list of ``(scheme, credential)``; ``ssl_context`` makes
+    every connection TLS.  Run :meth:`run` in a nursery; it returns after :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        hosts: list[tuple[str, int]],
+        *,
+        session_timeout: float,
+        liveness: Liveness,
+        on_state: StateListener,
+        auth_data: Iterable[tuple[str, str]] = (),
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.hosts = hosts
+        self.session_timeout = session_timeout
+        self.chroot = ""  # stripped from the paths of watch events
+        self.session_id: int | None = None  # the session held, connected or not
+        self.password = _EMPTY_PASSWORD
+        self.last_zxid = 0
+        self.connected = False
+        self.peer: tuple[str, int] | None = None  # the member of the current connection
+        self._liveness = liveness
+        self._on_state = on_state
+        self._auth_data = list(auth_data)
+        self._ssl_context = ssl_context
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._outbox: list[bytes] = []
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._xid = 0
+        self._last_send = 0.0
+        self._ping_sent: float | None = None
+        self._data_watchers: dict[str, dict[WatchCallback, None]] = {}
+        self._child_watchers: dict[str, dict[WatchCallback, None]] = {}
+        self._scope: trio.CancelScope | None = None  # the current connection's tasks
+        self._drop_reason = ""
+        self._closing = False
+        self._stopped = trio.Event()
+        self._shield = trio.CancelScope(shield=True)
+        self._failure: str | None = None  # why the session can never connect (auth refused)
+
+    # ------------------------------------------------------------------ requests
+
+    async def call(self, record: Any) -> Any:
+        """Send ``record`` and return its reply (kazoo's deserialized value).
+
+        Raises kazoo's exception for an error reply, ``ConnectionLoss`` when not connected
+        or when the connection drops before the reply, ``ConnectionClosedError`` once
+        closing.  Cancelling the wait does not withdraw the request."""
+        request = self._enqueue(record)
+        request.task = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            request.task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def send(self, record: Any, callback: ReplyCallback) -> None:
+        """Send ``record`` now; ``callback(outcome)`` runs in the trio thread with its reply
+        (or its failure).  Raises like :meth:`call` when it cannot be sent."""
+        self._enqueue(record).callback = callback
+
+    def _enqueue(self, record: Any) -> _Request:
+        if self._failure is not None:
+            raise kz.AuthFailedError(self._failure)
+        if self._closing and record is not CloseInstance:
+            raise kz.ConnectionClosedError("Connection has been closed")
+        if not self.connected:
+            raise kz.ConnectionLoss("not connected to ZooKeeper")
+        self._xid = self._xid % 2147483647 + 1
+        now = time.monotonic()
+        request = _Request(record, self._xid, now)
+        self._pending.append(request)
+        self._outbox.append(request_packet(request.xid, record))
+        self._last_send = now
+        self._writer_lot.unpark()
+        return request
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Keep a connection up (see the module doc) until :meth:`stop`.
+
+        Shielded from its caller's cancellation: a cancelled owner must still be able to
+        close the session (a close request that is never written leaves the session's
+        ephemeral nodes for a whole session timeout), so only :meth:`stop` ends it."""
+        try:
+            with self._shield:
+                await self._connect_loop()
+        finally:
+            self._stopped.set()
+
+    def stop(self) -> None:
+        """End :meth:`run` now (after :meth:`close`, or to drop everything)."""
+        self._closing = True
+        self._shield.cancel()
+
+    async def _connect_loop(self) -> None:
+        delay = BACKOFF_FIRST
+        while not self._closing and self._failure is None:
+            members = list(self.hosts)
+            random.shuffle(members)
+            progress = False
+            for host, port in members:
+                if self._closing or self._failure is not None:
+                    return
+                progress = await self._connect_once(host, port) or progress
+            # kazoo's rule: a pause before every new round, the first one short; it also
+            # lets a server finish with the old connection (a session being closed or
+            # moved) before the same session asks again
+            delay = BACKOFF_FIRST if progress else min(delay * BACKOFF_FACTOR, BACKOFF_MOST)
+            await trio.sleep(delay * random.uniform(1.0, 1.5))
+
+    async def close(self, grace: float) -> None:
+        """Close the session: send the close request, wait up to ``grace`` seconds for the
+        answer (then drop the connection: the server expires the session by itself), and
+        stop connecting; :meth:`stop` then ends :meth:`run`.  Safe to call twice."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.connected:
+            with trio.move_on_after(grace):
+                try:
+                    await self.call(CloseInstance)
+                except kz.KazooException:
+                    pass
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    @property
+    def failure(self) -> str | None:
+        """Why this session can never connect (the server refused its credentials)."""
+        return self._failure
+
+    async def _connect_once(self, host: str, port: int) -> bool:
+        """One connection to ``host:port``, served until it drops; True if the handshake
+        got an answer (a connection, or the news that the session expired)."""
+        stream: trio.abc.Stream | None = None
+        reason = ""
+        answered = False
+        try:
+            with trio.fail_after(self._handshake_timeout()):
+                stream = await self._open(host, port)
+                started = time.monotonic()
+                reader = PacketReader()
+                backlog: collections.deque[bytes] = collections.deque()
+                await stream.send_all(connect_packet(Connect(
+                    0, self.last_zxid, int(self.session_timeout * 1000),
+                    self.session_id or 0, self.password, False)))
+                reply = parse_connect(await _next_packet(stream, reader, backlog))
+                answered = True
+                if reply.time_out <= 0:
+                    self._expired()
+                    return True
+                self.session_id, self.password = reply.session_id, reply.passwd
+                for scheme, credential in self._auth_data:
+                    await stream.send_all(request_packet(AUTH_XID, Auth(0, scheme, credential)))
+                    header, _offset = parse_header(await _next_packet(stream, reader, backlog))
+                    if header.err:
+                        self._refused(scheme)
+                        return True
+            self._established(host, port, reply, started)
+            reason = await self._serve(stream, reader, backlog)
+        except _CONNECTION_ERRORS as exc:
+            reason = _describe(exc)
+        finally:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            if self.connected:
+                self._disconnected(reason)
+            elif reason and not self._closing:
+                log.info("zk.connect_failed", host=host, port=port, reason=reason)
+        return answered
+
+    def _handshake_timeout(self) -> float:
+        """kazoo's rule: a member has the session timeout divided among the members."""
+        return self.session_timeout / max(len(self.hosts), 1)
+
+    async def _open(self, host: str, port: int) -> trio.abc.Stream:
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        if self._ssl_context is not None:
+            tls = trio.SSLStream(stream, self._ssl_context, server_hostname=host)
+            await tls.do_handshake()
+            stream = tls
+        return stream
+
+    def _established(self, host: str, port: int, reply: Connect, started: float) -> None:
+        assert self.session_id is not None
+        self._liveness.connected(self.session_id, started, reply.time_out / 1000.0)
+        self._xid = 0
+        self._last_send = started
+        self._ping_sent = None
+        self.peer = (host, port)
+        self.connected = True
+        self._on_state(SessionState.CONNECTED, self.session_id)
+
+    async def _serve(self, stream: trio.abc.Stream, reader: PacketReader,
+                     backlog: collections.deque[bytes]) -> str:
+        """Run the connection's tasks until one of them drops it; return why."""
+        self._drop_reason = ""
+        for packet in backlog:
+            self._dispatch(packet)
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            if self._closing:
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(self._guarded, self._read_loop, stream, reader)
+            nursery.start_soon(self._guarded, self._write_loop, stream)
+            nursery.start_soon(self._guarded, self._heartbeat)
+            nursery.start_soon(self._guarded, self._watchdog, _raw_socket(stream))
+        self._scope = None
+        return self._drop_reason or ("closed" if self._closing else "dropped")
+
+    async def _guarded(self, loop: Callable[..., Any], *args: Any) -> None:
+        try:
+            await loop(*args)
+        except _CONNECTION_ERRORS as exc:
+            self._drop(_describe(exc))
+
+    def _drop(self, reason: str) -> None:
+        if not self._drop_reason:
+            self._drop_reason = reason
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _read_loop(self, stream: trio.abc.Stream, reader: PacketReader) -> None:
+        while True:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                self._drop("the server closed the connection")
+                return
+            for packet in reader.feed(data):
+                self._dispatch(packet)
+
+    async def _write_loop(self, stream: trio.abc.Stream) -> None:
+        outbox = self._outbox
+        while True:
+            if not outbox:
+                await self._writer_lot.park()
+                continue
+            data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+            outbox.clear()
+            await stream.send_all(data)
+
+    async def _heartbeat(self) -> None:
+        """A ping after half a read timeout without sending (requests count as pings)."""
+        while True:
+            due = self._last_send + self._liveness.read_timeout / 2
+            now = time.monotonic()
+            if now < due:
+                await trio.sleep(due - now)
+            elif self._ping_sent is None:
+                self._ping_sent = now
+                self._outbox.append(request_packet(PING_XID, PingInstance))
+                self._last_send = now
+                self._writer_lot.unpark()
+            else:  # one ping at a time; the watchdog judges a silent server
+                await trio.sleep(self._liveness.read_timeout / 2)
+
+    async def _watchdog(self, sock: Any) -> None:
+        """Drop the connection when no reply has proven the session for a read timeout."""
+        while True:
+            deadline = self._liveness.trusted_until()
+            now = time.monotonic()
+            if now < deadline:
+                await trio.sleep(deadline - now)
+            elif _readable(sock):
+                # replies are waiting (this process was paused, or the loop was busy): the
+                # reader takes them before the deadline is judged again
+                await trio.sleep(0)
+            else:
+                self._liveness.dropped_connections += 1
+                self._drop(f"no reply from ZooKeeper for {self._liveness.read_timeout:.2f}s "
+                           "(read timeout: 2/3 of the session timeout)")
+                return
+
+    # ------------------------------------------------------------------ replies
+
+    def _dispatch(self, packet: bytes) -> None:
+        header, offset = parse_header(packet)
+        xid = header.xid
+        if xid == WATCH_XID:
+            self._watch_event(packet, offset)
+            return
+        if xid == PING_XID:
+            if self._ping_sent is not None:
+                self._liveness.answered(self._ping_sent)
+                self._ping_sent = None
+            return
+        if xid == AUTH_XID:
+            return
+        if not self._pending:
+            raise kz.ConnectionDropped(f"a reply (xid {xid}) to no request")
+        request = self._pending.popleft()
+        if request.xid != xid:
+            raise kz.ConnectionDropped(f"reply xid {xid}, expected {request.xid}")
+        if header.zxid > 0:
+            self.last_zxid = header.zxid
+        self._liveness.answered(request.sent)
+        record = request.record
+        err = header.err
+        if err:
+            if err == kz.NoNodeError.code and type(record) is Exists:
+                self._register(record)
+                request.complete(outcome.Value(None))
+                return
+            request.complete(outcome.Error(kz.EXCEPTIONS[err]()))
+            return
+        if record is CloseInstance or type(record) is Close:
+            request.complete(outcome.Value(True))
+            return
+        try:
+            value = record.deserialize(packet, offset)
+        except Exception as exc:  # a reply this client cannot read: the request failed
+            request.complete(outcome.Error(kz.ZookeeperError(f"unreadable reply: {exc!r}")))
+            return
+        self._register(record)
+        request.complete(outcome.Value(value))
+
+    def _register(self, record: Any) -> None:
+        watcher = getattr(record, "watcher", None)
+        if watcher is None or self._closing:
+            return
+        kind = type(record)
+        table = (self._child_watchers if kind is GetChildren or kind is GetChildren2
+                 else self._data_watchers)
+        table.setdefault(record.path, {})[watcher] = None
+
+    def _watch_event(self, packet: bytes, offset: int) -> None:
+        watch, _offset = Watch.deserialize(packet, offset)
+        path, kind = watch.path, watch.type
+        fired: list[WatchCallback] = []
+        if kind in (_CREATED, _CHANGED, _DELETED):
+            fired.extend(self._data_watchers.pop(path, ()))
+        if kind in (_DELETED, _CHILD):
+            fired.extend(self._child_watchers.pop(path, ()))
+        if kind not in EVENT_TYPE_MAP or self._closing:
+            return
+        event = WatchedEvent(EVENT_TYPE_MAP[kind], KeeperState.CONNECTED, self._unchroot(path))
+        for callback in fired:
+            _fire(callback, event)
+
+    def _unchroot(self, path: str) -> str:
+        chroot = self.chroot
+        if chroot and path.startswith(chroot):
+            return path[len(chroot):] or "/"
+        return path
+
+    # ------------------------------------------------------------------ endings
+
+    def _disconnected(self, reason: str) -> None:
+        self.connected = False
+        self.peer = None
+        self._outbox.clear()
+        self._ping_sent = None
+        if self._closing:
+            self._fail_pending(kz.ConnectionClosedError("Connection has been closed"))
+            self._reset_watchers()
+            self._liveness.lost()
+            self._on_state(SessionState.LOST, None)
+            return
+        log.warning("zk.connection_dropped", reason=reason)
+        self._fail_pending(kz.ConnectionLoss(reason))
+        self._on_state(SessionState.SUSPENDED, self.session_id)
+        self._reset_watchers()
+
+    def _expired(self) -> None:
+        log.warning("zk.session_expired", session_id=_hex(self.session_id))
+        self.session_id, self.password, self.last_zxid = None, _EMPTY_PASSWORD, 0
+        self._fail_pending(kz.SessionExpiredError())
+        self._reset_watchers()
+        self._liveness.lost()
+        self._on_state(SessionState.LOST, None)
+
+    def _refused(self, scheme: str) -> None:
+        self._failure = (f"ZooKeeper refused the session's {scheme} credentials "
+                         "(AuthFailed): check FRAMEWORK_ZK_AUTH or Session(auth=...)")
+        log.error("zk.auth_failed", scheme=scheme)
+        self._liveness.lost()
+        self._on_state(SessionState.LOST, None)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        pending, self._pending = self._pending, collections.deque()
+        for request in pending:
+            request.complete(outcome.Error(error))
+
+    def _reset_watchers(self) -> None:
+        fired = [callback for table in (self._data_watchers, self._child_watchers)
+                 for callbacks in table.values() for callback in callbacks]
+        self._data_watchers, self._child_watchers = {}, {}
+        event = WatchedEvent(EventType.NONE, KeeperState.CONNECTING, None)
+        for callback in dict.fromkeys(fired):
+            _fire(callback, event)
+
+
+async def _next_packet(stream: trio.abc.Stream, reader: PacketReader,
+                       backlog: collections.deque[bytes]) -> bytes:
+    while not backlog:
+        data = await stream.receive_some(RECEIVE_BYTES)
+        if not data:
+            raise kz.ConnectionDropped("the server closed the connection during the handshake")
+        backlog.extend(reader.feed(data))
+    return backlog.popleft()
+
+
+def _fire(callback: WatchCallback, event: WatchedEvent) -> None:
+    try:
+        callback(event)
+    except Exception:
+        log.exception("zk.watch_callback_failed", path=event.path)
+
+
+def _raw_socket(stream: trio.abc.Stream) -> Any:
+    inner = getattr(stream, "transport_stream", stream)
+    return getattr(inner, "socket", None)
+
+
+def _readable(sock: Any) -> bool:
+    """Whether bytes (or the end of the stream) wait on ``sock``, without reading them."""
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, trio.TooSlowError):
+        return "no answer to the handshake in time"
+    return str(exc) or type(exc).__name__
+
+
+def _hex(session_id: int | None) -> str | None:
+    return None if session_id is None else f"{session_id:#x}"

@@ -1,0 +1,80 @@
+"""ZooKeeper's client framing, with kazoo's protocol records.
+
+Every packet is a 4-byte big-endian length and a body.  A request body is the xid, the
+operation type and the record's own serialization; a reply body is a :class:`ReplyHeader`
+(xid, zxid, error code) and the record's reply.  The handshake is the exception: neither
+header, only the ``Connect`` record each way.  kazoo stays the protocol: its records encode
+and decode every operation; this module only frames them.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from kazoo.protocol.serialization import Connect, ReplyHeader
+
+#: xids the server reserves: watch notifications, pings, authentication packets
+WATCH_XID = -1
+PING_XID = -2
+AUTH_XID = -4
+
+#: ZooKeeper's own bound on a packet (jute.maxbuffer is 1 MiB by default; replies to a large
+#: listing can be bigger, so the client accepts more, as the Java client does)
+MAX_PACKET = 64 * 1024 * 1024
+
+_LENGTH = struct.Struct(">i")
+_HEADER = struct.Struct(">ii")
+
+
+def request_packet(xid: int, record: Any) -> bytes:
+    """The framed packet of ``record`` (a kazoo request record) sent with ``xid``."""
+    body = record.serialize()
+    return _LENGTH.pack(len(body) + 8) + _HEADER.pack(xid, record.type) + body
+
+
+def connect_packet(record: Connect) -> bytes:
+    """The framed handshake packet (no xid, no type)."""
+    body = record.serialize()
+    return _LENGTH.pack(len(body)) + bytes(body)
+
+
+def parse_connect(packet: bytes) -> Connect:
+    """The server's handshake reply."""
+    reply, _offset = Connect.deserialize(packet, 0)
+    return reply
+
+
+def parse_header(packet: bytes) -> tuple[ReplyHeader, int]:
+    """A reply's header and the offset of the reply record behind it."""
+    return ReplyHeader.deserialize(packet, 0)
+
+
+class PacketReader:
+    """Splits the bytes of a stream into packets.
+
+    :meth:`feed` takes what the socket gave and returns every packet completed by it (the
+    bodies, without their length).  Raises :class:`ValueError` for a length no ZooKeeper
+    server sends (the stream is then unusable).
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        packets = []
+        offset = 0
+        end = len(buffer)
+        while end - offset >= 4:
+            length = _LENGTH.unpack_from(buffer, offset)[0]
+            if length < 0 or length > MAX_PACKET:
+                raise ValueError(f"bad packet length {length} from the server")
+            if end - offset - 4 < length:
+                break
+            start = offset + 4
+            offset = start + length
+            packets.append(bytes(buffer[start:offset]))
+        del buffer[:offset]
+        return packets

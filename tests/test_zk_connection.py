@@ -1,0 +1,106 @@
+"""The protocol driver's own parts: framing, chroot, watches across a drop, cancelled waits."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import trio
+from kazoo.protocol.states import EventType, WatchedEvent
+
+from framework import Session
+from framework.testing import TcpProxy
+from framework.zk.wire import MAX_PACKET, PacketReader
+
+
+def test_packets_are_split_wherever_the_stream_cuts_them() -> None:
+    packets = [b"", b"a", b"xyz" * 1000]
+    stream = b"".join(struct.pack(">i", len(p)) + p for p in packets)
+    for step in (1, 3, 7, len(stream)):
+        reader = PacketReader()
+        seen = []
+        for i in range(0, len(stream), step):
+            seen.extend(reader.feed(stream[i:i + step]))
+        assert seen == packets
+    with pytest.raises(ValueError, match="bad packet length"):
+        PacketReader().feed(struct.pack(">i", MAX_PACKET + 1))
+
+
+async def test_chroot_paths_go_out_under_it_and_come_back_without_it(session: Session) -> None:
+    """Paths of requests, created nodes, transaction results and watch events."""
+    assert session.chroot
+    assert (await session.exists("/")) is not None
+    node = await session.create("/seq-", b"", sequence=True, ephemeral=True)
+    assert node.startswith("/seq-") and len(node) == len("/seq-") + 10
+    assert await session.children("/") == [node[1:]]
+    await session.sync("/")
+    await session.ensure_path("/x/y/z")
+    assert sorted(await session.children("/")) == sorted([node[1:], "x"])
+    created, _stat = await session.transaction().create("/t-", sequence=True).set(
+        "/x", b"v").commit()
+    assert created.startswith("/t-")
+    events: list[WatchedEvent] = []
+    fired = trio.Event()
+
+    def watch(event: WatchedEvent) -> None:
+        events.append(event)
+        fired.set()
+
+    await session.get("/x", watch=watch)
+    await session.set("/x", b"w")
+    with trio.fail_after(10):
+        await fired.wait()
+    assert [(e.type, e.path) for e in events] == [(EventType.CHANGED, "/x")]
+
+
+async def test_programming_errors_are_caught_before_sending(session: Session) -> None:
+    with pytest.raises(TypeError, match="watch"):
+        await session.get("/", watch="not callable")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="version"):
+        await session.set("/", b"", version="3")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="version"):
+        await session.delete("/nope", version=True)
+    assert (await session.get("/"))[1].version == 0, "nothing was written"
+
+
+async def test_a_cancelled_wait_leaves_the_session_usable(session: Session) -> None:
+    """Cancel many waits while their replies are in flight; late replies are dropped quietly
+    and the session keeps answering, in order."""
+    await session.create("/n", b"v")
+    for _ in range(20):
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                for _ in range(50):
+                    nursery.start_soon(session.get, "/n")
+                await trio.lowlevel.checkpoint()
+                scope.cancel()
+    with trio.fail_after(5):
+        assert (await session.get("/n"))[0] == b"v"
+
+
+async def test_a_dropped_connection_fires_every_watch_once_and_keeps_the_session(
+    chroot: str, proxy: TcpProxy
+) -> None:
+    """The link is cut: each registered watch fires once with a NONE event and is forgotten;
+    the session comes back with the same id on a new connection."""
+    async with Session(proxy.address, chroot=chroot, session_timeout=6.0) as s:
+        await s.create("/w", b"")
+        events: list[WatchedEvent] = []
+        fired = trio.Event()
+
+        def watch(event: WatchedEvent) -> None:
+            events.append(event)
+            fired.set()
+
+        await s.get("/w", watch=watch)
+        await s.children("/w", watch=watch)
+        session_id, accepted = s.session_id, proxy.connections_accepted
+        proxy.cut()
+        with trio.fail_after(10):
+            await fired.wait()
+            await s.wait_connected()
+        assert [e.type for e in events] == [EventType.NONE]  # one callback, called once
+        assert s.session_id == session_id and proxy.connections_accepted > accepted
+        await s.set("/w", b"changed")  # the forgotten watch does not fire again
+        await s.sync("/")
+        assert len(events) == 1
