@@ -228,11 +228,10 @@ class TaskEncoder:
             piece.replace("%", "%%") if n % 2 == 0 else f"%({field_of[piece]})s"
             for n, piece in enumerate(pieces))
 
-    def encode(self, task_id: str, payload_json: str, key: str | None) -> bytes:
-        """The item of the task ``task_id`` (its payload already as JSON)."""
+    def encode(self, id_json: str, payload_json: str, key_json: str = "null") -> bytes:
+        """The item of a task, its id, payload and key already as JSON."""
         return (self._template % {
-            "id": _JSON.encode(task_id), "payload": payload_json,
-            "key": "null" if key is None else _JSON.encode(key)}).encode()
+            "id": id_json, "payload": payload_json, "key": key_json}).encode()
 
     def build(self, payloads: list[Any], keys: list[str] | None
               ) -> list[tuple[Task, bytes]]:
@@ -251,9 +250,13 @@ class TaskEncoder:
             except (TypeError, ValueError) as exc:
                 raise errors.ConfigurationError(
                     f"task payload must be JSON-serialisable: {exc}") from None
-            key = None if keys is None else task_id
-            built.append((Task(task_id, payload, key, None, self.name),
-                          self.encode(task_id, body, key)))
+            if keys is None:  # 32 hex digits: their JSON is themselves in quotes
+                built.append((Task(task_id, payload, None, None, self.name),
+                              self.encode(f'"{task_id}"', body)))
+            else:
+                key_json = _JSON.encode(task_id)
+                built.append((Task(task_id, payload, task_id, None, self.name),
+                              self.encode(key_json, body, key_json)))
         return built
 
 

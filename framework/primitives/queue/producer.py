@@ -362,23 +362,31 @@ class Producer(QueueState):
         makes the next round open the following bucket), and move items created past their
         bucket's capacity (in order).  Their names."""
         top: dict[str, int] = {}
-        for batch in batches:  # each batch took len(batch) numbers after those before it
-            known = [s for s in map(_sequence, batch.outcome) if s is not None]
-            top[batch.bucket] = max([top.get(batch.bucket, batch.hint) + len(batch.outcome),
-                                     *known])
+        past: set[int] = set()  # batches with items numbered past their bucket's capacity
+        for k, batch in enumerate(batches):
+            # one multi's items got rising numbers, all known or none (_recovered_paths)
+            last = _sequence(batch.outcome[-1])
+            low = top.get(batch.bucket, batch.hint) + len(batch.outcome)
+            top[batch.bucket] = low if last is None else max(low, last)
+            if last is not None and last >= self.bucket_size:
+                past.add(k)
         if batches:
-            last, current = batches[-1].bucket, self._bucket_of.get(lane)
-            if current is None or bucket_index(last) > bucket_index(current):
-                self._bucket_of[lane], self._hint_of[lane] = last, top[last]
-            elif last == current:
-                self._hint_of[lane] = max(self._hint_of[lane], top[last])
-        names = []
-        for batch in batches:
+            last_bucket, current = batches[-1].bucket, self._bucket_of.get(lane)
+            if current is None or bucket_index(last_bucket) > bucket_index(current):
+                self._bucket_of[lane], self._hint_of[lane] = last_bucket, top[last_bucket]
+            elif last_bucket == current:
+                self._hint_of[lane] = max(self._hint_of[lane], top[last_bucket])
+        cut = len(self.items_root) + 1
+        names: list[str] = []
+        for k, batch in enumerate(batches):
+            if k not in past:
+                names += [path[cut:] for path in batch.outcome]
+                continue
             for path, data in zip(batch.outcome, payloads[batch.start:batch.end], strict=True):
                 seq = _sequence(path)
                 if seq is not None and seq >= self.bucket_size:
                     path = await self._move(path, data, lane)
-                names.append(path[len(self.items_root) + 1:])
+                names.append(path[cut:])
         return names
 
     async def _current_bucket(self, lane: int) -> str:
