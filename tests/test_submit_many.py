@@ -13,7 +13,7 @@ from framework import Session
 from framework.primitives.queue import WorkQueue
 from framework.primitives.queue import producer as queue_producer
 from framework.primitives.queue.view import bucket_index, is_bucket, parse_item
-from framework.runtime import App
+from framework.runtime import App, result_index
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import Task
 from framework.testing import spawn
@@ -27,7 +27,7 @@ SUBMITTER = f"""
 import sys, trio
 from framework import Session
 from framework.primitives.queue import WorkQueue
-from framework.runtime import App
+from framework.runtime import App, result_index
 from framework.runtime.submission import Submitter
 
 async def main(hosts, chroot):
@@ -187,3 +187,37 @@ async def test_a_lost_batch_that_opens_a_bucket(
     assert max(bucket_counts(items).values()) <= 4
     assert [n.split("/")[0] for n in names] == [b for b, _d in items]
     assert await session.children("/q/puts") == []
+
+
+async def test_keyed_submit_many_marks_every_key(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh keys get their pending markers in multis (one refused for a missing
+    ``pending/<hh>`` is sent again once those exist), keys submitted again are appended to:
+    each marker names both items, both queued."""
+    app = App("keys")
+    submitter = Submitter(session, app, WorkQueue(session, app.tasks))
+    appended: list[str] = []
+    append = result_index._append
+
+    async def counted(s: Session, a: App, key: str, name: str, **kwargs: Any) -> None:
+        appended.append(key)
+        await append(s, a, key, name, **kwargs)
+
+    monkeypatch.setattr(result_index, "_append", counted)
+    keys = [f"k{n}" for n in range(450)]
+    await submitter.submit_many("handle", [{"n": n} for n in range(450)], keys=keys)
+    assert appended == []  # no key went one by one
+    await submitter.submit_many("handle", [{"n": n} for n in range(450)], keys=keys)
+    assert sorted(appended) == sorted(keys)
+    marks: dict[str, tuple[str, ...]] = {}
+
+    async def read(key: str) -> None:
+        path = app.pending_path(key)
+        marks[key] = result_index.read_mark((await session.get(path))[0], path).items
+
+    await gather(*[lambda k=k: read(k) for k in keys])
+    assert all(len(items) == 2 for items in marks.values())
+    named = {name for items in marks.values() for name in items}
+    assert len(named) == 900
+    assert set(await result_index.still_queued(session, app, sorted(named))) == named

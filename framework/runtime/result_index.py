@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -51,6 +52,10 @@ MARKS_PER_MULTI = 200
 
 #: A marker naming more items than this drops those that left the queue when appended to.
 MARKER_PRUNE_AT = 16
+
+#: Multis of fresh markers in flight at once, and keys appended to at once.
+MARK_MULTIS_IN_FLIGHT = 4
+MARK_APPENDS_IN_FLIGHT = 64
 
 
 def slot_of(when: float) -> int:
@@ -181,8 +186,10 @@ class QueuedMark:
 async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str]]) -> None:
     """Record, for each ``(key, item name)``, that the item of task key ``key`` is queued.
     Called right after the put, for tasks with an explicit key only.  Fresh keys go in
-    multis of creates (``MARKS_PER_MULTI`` at a time); a key that has a marker already (or
-    a multi refused, or a lost reply) is appended to one by one."""
+    multis of creates (``MARKS_PER_MULTI`` at a time, ``MARK_MULTIS_IN_FLIGHT`` in flight;
+    a multi refused for a missing ``pending/<hh>`` is sent again once those exist); a key
+    that has a marker already (or whose multi was refused otherwise, or lost its reply) is
+    appended to (``MARK_APPENDS_IN_FLIGHT`` keys at once, a key's names in order)."""
     fresh: dict[str, str] = {}
     single: list[tuple[str, str]] = []
     for key, name in marks:
@@ -191,30 +198,69 @@ async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str
         else:
             fresh[key] = name
     pairs = list(fresh.items())
-    for start in range(0, len(pairs), MARKS_PER_MULTI):
-        chunk = pairs[start:start + MARKS_PER_MULTI]
-        txn = session.transaction()
-        for key, name in chunk:
-            txn.create(app.pending_path(key), records.encode(QueuedMark((name,))))
-        try:
-            await txn.commit()
-        except (errors.TransactionFailedError, errors.ConnectionLossError):
-            single.extend(chunk)
-    for key, name in single:
-        await _append(session, app, key, name)
+    refused: list[tuple[str, str]] = []
+
+    async def create(chunk: list[tuple[str, str]]) -> None:
+        for attempt in range(2):
+            txn = session.transaction()
+            for key, name in chunk:
+                txn.create(app.pending_path(key), records.encode(QueuedMark((name,))))
+            try:
+                await txn.commit()
+                return
+            except errors.TransactionFailedError as exc:
+                if attempt or not isinstance(exc.cause, errors.NoNodeError):
+                    break
+                parents = {app.pending_path(key).rsplit("/", 1)[0] for key, _name in chunk}
+                await gather(*[functools.partial(session.ensure_path, p) for p in parents])
+            except errors.ConnectionLossError:
+                break
+        refused.extend(chunk)
+
+    await _at_most(MARK_MULTIS_IN_FLIGHT, [
+        functools.partial(create, pairs[start:start + MARKS_PER_MULTI])
+        for start in range(0, len(pairs), MARKS_PER_MULTI)])
+    names_of: dict[str, list[str]] = {}
+    for key, name in refused + single:  # a key's first name (in ``fresh``) comes first
+        names_of.setdefault(key, []).append(name)
+
+    async def append(key: str) -> None:
+        for name in names_of[key]:
+            await _append(session, app, key, name, create_first=False)
+
+    await _at_most(MARK_APPENDS_IN_FLIGHT,
+                   [functools.partial(append, key) for key in names_of])
 
 
-async def _append(session: Session, app: App, key: str, name: str) -> None:
+async def _at_most(limit: int, jobs: list[functools.partial[Any]]) -> None:
+    """Run ``jobs``, at most ``limit`` at once (in their order; the first error raised)."""
+    todo = iter(jobs)
+
+    async def worker() -> None:
+        for job in todo:
+            await job()
+
+    await gather(*[worker for _ in range(min(limit, len(jobs)))])
+
+
+async def _append(session: Session, app: App, key: str, name: str, *,
+                  create_first: bool = True) -> None:
+    """Add ``name`` to the marker of ``key``: create it, else read it and set it at the
+    version read.  ``create_first=False``: the marker is likely there (one for the key was
+    just created or refused): read first."""
     path = app.pending_path(key)
+    create = create_first
     while True:
         try:
-            await session.create(path, records.encode(QueuedMark((name,))), makepath=True)
-            return
+            if create:
+                await session.create(path, records.encode(QueuedMark((name,))), makepath=True)
+                return
         except errors.NodeExistsError:
             pass
         except errors.ConnectionLossError:
             await session.wait_connected()
             continue
+        create = True  # from now on, whenever the marker is found missing
         try:
             data, stat = await session.get(path)
         except errors.NoNodeError:
