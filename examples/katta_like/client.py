@@ -77,8 +77,10 @@ SUSPECT_FOR = 5.0
 #: once) and this many versions (the oldest forgotten first).
 STATS_TERMS = 200_000
 STATS_VERSIONS = 16
-#: Answered requests whose latency sets the hedge delay.
+#: Answered requests whose latency sets the hedge delay, and how many more answers it is
+#: computed again after.
 LATENCY_SAMPLES = 256
+P95_EVERY = 16
 
 
 class UnknownIndex(FrameworkError):
@@ -187,6 +189,8 @@ class SearchClient:
         self._busy: dict[str, int] = {}  # node -> this client's calls to it in flight
         self._hedge_tokens = self.hedge_burst
         self._latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self._p95: float | None = None  # of _latencies, as of _unsorted answers ago
+        self._unsorted = 0
 
     @classmethod
     @asynccontextmanager
@@ -370,12 +374,14 @@ class SearchClient:
         """Seconds a request may run before its shards are also sent to another replica:
         ``hedge_factor`` x the 95th percentile of the recent answered requests' latencies,
         at least ``hedge_floor``, at most ``hedge_max`` (also while there are too few
-        samples)."""
+        samples).  The percentile is computed again every :data:`P95_EVERY` answers."""
         if len(self._latencies) < 20:
             return self.hedge_max
-        ordered = sorted(self._latencies)
-        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-        return min(self.hedge_max, max(self.hedge_floor, self.hedge_factor * p95))
+        if self._p95 is None or self._unsorted >= P95_EVERY:
+            ordered = sorted(self._latencies)
+            self._p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+            self._unsorted = 0
+        return min(self.hedge_max, max(self.hedge_floor, self.hedge_factor * self._p95))
 
     @overload
     async def _scatter(self, view: _IndexView, kind: Literal[Kind.STATS],
@@ -455,6 +461,7 @@ class SearchClient:
                 else:
                     reply = records.structure(answer.reply, reply_class)
                     self._latencies.append(trio.current_time() - sent.started)
+                    self._unsorted += 1
                     self._answered_at[node] = trio.current_time()
                     for shard, result in reply.shards.items():
                         answers.setdefault(shard, result)
