@@ -221,3 +221,23 @@ async def test_keyed_submit_many_marks_every_key(
     named = {name for items in marks.values() for name in items}
     assert len(named) == 900
     assert set(await result_index.still_queued(session, app, sorted(named))) == named
+
+
+async def test_put_many_of_large_items_stays_under_the_request_limit(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items near the queue's limit go a few to a multi (data and operations within the
+    byte budget): none of the requests is refused as too large."""
+    sizes: list[int] = []
+    commit = Transaction.commit
+
+    async def measured(txn: Transaction) -> list[Any]:
+        sizes.append(sum(len(op[1][1]) for op in txn.operations if op[0] == "create"))
+        return await commit(txn)
+
+    monkeypatch.setattr(Transaction, "commit", measured)
+    q = WorkQueue(session, "/q", bucket_size=100)
+    payloads = [b"%02d" % i + b"x" * 60_000 for i in range(30)]
+    await q.put_many(payloads)
+    assert len(sizes) >= 4 and max(sizes) <= queue_producer._BATCH_BYTES
+    assert [d for _b, d in await queued(session, "/q/items")] == payloads

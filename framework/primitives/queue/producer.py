@@ -45,10 +45,12 @@ from framework.zk import (
 
 log = get_logger("framework.primitives.queue")
 
-#: Items per multi-op in ``put_many`` (and its byte budget): a default bucket in one request,
-#: and with the items' names (about 100 bytes each) still well under ZooKeeper's 1 MB.
+#: Items per multi-op in ``put_many``, and its byte budget: each item's data and
+#: ``_OP_BYTES`` for its operation (path, ACL, headers: about 150 bytes in practice).  A
+#: default bucket in one request, well under ZooKeeper's 1 MB (``Transaction`` checks that).
 _BATCH_OPS = 1000
 _BATCH_BYTES = 512 * 1024
+_OP_BYTES = 256
 #: Batches of one ``put_many`` in flight at once.
 _PIPELINE = 4
 #: Buckets one round of ``put_many`` plans its items into (the current one included).
@@ -111,7 +113,7 @@ class Producer(QueueState):
                        also: Callable[[Transaction], None] | None = None) -> list[str]:
         """Add items in order; return their names.
 
-        Items are written in multi-op batches (up to 1,000 items or 512 KiB per request),
+        Items are written in multi-op batches (up to 1,000 items or about 512 KiB a request),
         across buckets (the first batch into a bucket creates it), and up to four batches
         are in flight at once.  Order still holds: each batch also bumps
         an ephemeral node of this call at the version the batch before it left, so batches
@@ -494,16 +496,18 @@ class Producer(QueueState):
 def _plan(payloads: list[bytes], start: int, room: int, bucket: str, hint: int,
           opens: bool) -> list[_Put]:
     """Split the next ``room`` items into batches of at most ``_BATCH_OPS`` items /
-    ``_BATCH_BYTES`` into ``bucket`` (the first one opening it if ``opens``)."""
+    ``_BATCH_BYTES`` (their data and ``_OP_BYTES`` each) into ``bucket`` (the first one
+    opening it if ``opens``)."""
     stop = min(len(payloads), start + room)
     batches: list[_Put] = []
     begin = start
     while begin < stop:
         end, size = begin, 0
         while end < stop and end - begin < _BATCH_OPS:
-            if end > begin and size + len(payloads[end]) > _BATCH_BYTES:
+            cost = len(payloads[end]) + _OP_BYTES
+            if end > begin and size + cost > _BATCH_BYTES:
                 break
-            size += len(payloads[end])
+            size += cost
             end += 1
         batch_id = uuid.uuid4().hex[:12]
         batches.append(_Put(begin, end, [f"{batch_id}{i:04x}" for i in range(end - begin)],
