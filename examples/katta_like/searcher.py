@@ -58,7 +58,12 @@ class ShardSearcher:
 
     def search(self, query: str, top: int, stats: GlobalStats | None = None) -> ShardResult:
         """This shard alone: its match count and best ``top`` hits (:func:`search_shards`);
-        ``ValueError`` on bad syntax."""
+        ``ValueError`` on bad syntax.  Without ``stats``, tantivy's search as it is (one
+        index: the bench's baseline)."""
+        if stats is None:
+            parsed = self.index.parse_query(query, list(DEFAULT_FIELDS))
+            result = self.searcher.search(parsed, top, count=True)
+            return ShardResult(result.count, self._hits(result.hits))
         return search_shards({0: self}, query, top, stats)[0]
 
     def _hits(self, scored: list[tuple[float, Any]]) -> tuple[ShardHit, ...]:
