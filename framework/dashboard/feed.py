@@ -185,11 +185,10 @@ class AppFeed:
 
     async def _queue(self) -> None:
         """Queue depth (items in every bucket) and claimed items; each list is read again
-        only after its own watch fired (one callback object per path: kazoo keeps watch
+        only after its own watch fired (one callback object per path: the session keeps watch
         callbacks in a set, so re-arming never piles them up)."""
         session = self.session
         items, claims = f"{self.app.tasks}/items", f"{self.app.tasks}/claims"
-        token = trio.lowlevel.current_trio_token()
         dirty: set[str] = set()
         wake = trio.Event()
         callbacks: dict[str, Callable[[Any], None]] = {}
@@ -202,10 +201,7 @@ class AppFeed:
         def callback(path: str) -> Callable[[Any], None]:
             if path not in callbacks:
                 def fire(_event: Any, path: str = path) -> None:
-                    try:
-                        token.run_sync_soon(mark, path)
-                    except trio.RunFinishedError:
-                        pass
+                    mark(path)
                 callbacks[path] = fire
             return callbacks[path]
 

@@ -207,18 +207,14 @@ class Group:
         loss everything is read again.
         """
         session = self.session
-        token = trio.lowlevel.current_trio_token()
         pending = _Pending()
 
         def notifier(name: str | None) -> Callable[[Any], None]:
             def fire(event: Any) -> None:
-                try:
-                    token.run_sync_soon(pending.mark, name, event.type)
-                except trio.RunFinishedError:
-                    pass
+                pending.mark(name, event.type)
             return fire
 
-        # one callback object per path: kazoo keeps watch callbacks in a set, so re-arming a
+        # one callback object per path: the session keeps watch callbacks in a set, so re-arming a
         # watch with the same object never piles up callbacks
         on_children = notifier(None)
         on_data: dict[str, Callable[[Any], None]] = {}

@@ -130,7 +130,6 @@ class ReplicatedPlacement:
         #: shard -> its readiness as read this step (for the multi's checks)
         self._readiness: dict[str, Readiness] = {}
         self._armed: set[str] = set()  # paths with a wake-up watch armed (wake_on)
-        self._token: trio.lowlevel.TrioToken | None = None
 
     # ------------------------------------------------------------ the desired state
 
@@ -178,7 +177,6 @@ class ReplicatedPlacement:
         app = self.ctx.app
         for path in (app.shards, app.plan, app.deployed, app.refused, app.assignments):
             await session.ensure_path(path)
-        self._token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._load()
@@ -431,15 +429,10 @@ class ReplicatedPlacement:
         return out
 
     def _record_watcher(self, path: str) -> Callable[..., None]:
-        """A watch on a deployment record (kazoo thread): wakes the loop in trio."""
-        token = self._token
-        assert token is not None
+        """A watch on a deployment record: wakes the loop (watches run in trio)."""
 
         def fired(*_: Any) -> None:
-            try:
-                token.run_sync_soon(self._record_changed, path)
-            except trio.RunFinishedError:
-                pass
+            self._record_changed(path)
 
         return fired
 

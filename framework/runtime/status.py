@@ -47,12 +47,11 @@ T = TypeVar("T")
 class Watches:
     """Watch callbacks, one per path and kind, that all set :attr:`changed`.
 
-    The same callback object is handed out for a path every time: kazoo keeps a path's
+    The same callback object is handed out for a path every time: the connection keeps a path's
     callbacks in a set, so re-arming a watch on every look never piles them up.  After
     :meth:`reset`, a new event is set by the next change of anything watched."""
 
     def __init__(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
         self.changed = trio.Event()
         self._callbacks: dict[str, Callable[..., None]] = {}
 
@@ -60,10 +59,7 @@ class Watches:
         callback = self._callbacks.get(path)
         if callback is None:
             def callback(*_args: Any) -> None:
-                try:
-                    self._token.run_sync_soon(lambda: self.changed.set())
-                except trio.RunFinishedError:
-                    pass
+                self.changed.set()
             self._callbacks[path] = callback
         return callback
 

@@ -14,7 +14,7 @@ class SessionState(enum.Enum):
     * ``SUSPENDED`` - the connection dropped; the session may still be alive on the server (and
       so may our ephemeral nodes), or it may already have expired: we cannot know until we
       reconnect.  Nothing that depends on the session should be trusted.
-    * ``LOST`` - the session expired or was closed: its ephemeral nodes are gone.  kazoo keeps
+    * ``LOST`` - the session expired or was closed: its ephemeral nodes are gone.  The session keeps
       trying and a *new* session (another ``session_id``) may follow as ``CONNECTED``.
     """
 

@@ -5,7 +5,7 @@ between a notification and the next read.  A burst of changes while the consumer
 collapses into the latest state; a state is yielded only when it differs from the last one
 yielded (by ``czxid``/``mzxid`` for data, ``czxid``/``pzxid``/``cversion`` for children).
 
-kazoo fires every watch with a NONE event when the connection drops (and forgets the watch);
+The session fires every watch with a NONE event when the connection drops (and forgets the watch);
 the iterator then waits for the connection and reads again, so a change made while we were
 disconnected is still seen.  Iterators never end on their own; cancel them or ``break``.
 """

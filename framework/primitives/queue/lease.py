@@ -15,7 +15,7 @@ Guarantees:
 * SUSPENDED: a renewal whose reply was lost reads the claim back before going on.  LOST: the
   claim went with the session; nothing is renewed.
 
-Why the queue needs leases at all (kazoo keeps a session alive while a handler is stuck) and
+Why the queue needs leases at all (a session stays alive while a handler is stuck in its thread) and
 their cost: ``docs/architecture.md`` ("Leases (visibility timeout)").
 """
 

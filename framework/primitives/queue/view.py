@@ -19,7 +19,7 @@ consumer wakes.  Refreshes are single-flight: concurrent consumers share one rea
 are read oldest first and only as far as needed to find unclaimed work (a lazily extended
 window), so a large queue does not cost a full listing per item.
 
-SUSPENDED: kazoo fires every watch when the connection drops, so every list is dropped and
+SUSPENDED: the session fires every watch when the connection drops, so every list is dropped and
 re-read once connected (reads wait for the connection).  LOST: the owner calls
 :meth:`QueueView.invalidate_all`, and every list is read again, with new watches, in the new
 session.
@@ -169,7 +169,6 @@ class QueueView:
         self.session = session
         self.items_root = items_root
         self.claims_root = claims_root
-        self._token = trio.lowlevel.current_trio_token()
         self._buckets: list[str] | None = None
         self._items: dict[str, list[Entry] | None] = {}
         self._claims: frozenset[str] | None = None
@@ -185,16 +184,11 @@ class QueueView:
     # ---------------------------------------------------------------- watches
 
     def _watch(self, *key: str) -> Callable[..., None]:
-        """One callback object per watched list, so kazoo keeps one watcher per path."""
+        """One callback object per watched list, so the session keeps one watcher per path."""
         callback = self._callbacks.get(key)
         if callback is None:
-            token = self._token
-
             def callback(*_args: Any, key: tuple[str, ...] = key) -> None:
-                try:
-                    token.run_sync_soon(self._invalidate, key)
-                except trio.RunFinishedError:
-                    pass
+                self._invalidate(key)
 
             self._callbacks[key] = callback
         return callback
