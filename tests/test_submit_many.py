@@ -193,23 +193,30 @@ async def test_keyed_submit_many_marks_every_key(
     session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fresh keys get their pending markers in multis (one refused for a missing
-    ``pending/<hh>`` is sent again once those exist), keys submitted again are appended to:
-    each marker names both items, both queued."""
+    ``pending/<hh>`` is sent again once those exist); keys submitted again are appended to
+    in multis: each marker names both items, both queued."""
     app = App("keys")
     submitter = Submitter(session, app, WorkQueue(session, app.tasks))
-    appended: list[str] = []
-    append = result_index._append
+    one_by_one: list[str] = []
+    in_multis: list[str] = []
+    append, append_many = result_index._append, result_index._append_many
 
     async def counted(s: Session, a: App, key: str, name: str, **kwargs: Any) -> None:
-        appended.append(key)
+        one_by_one.append(key)
         await append(s, a, key, name, **kwargs)
 
+    async def counted_many(s: Session, a: App, marks: list[tuple[str, str]]
+                           ) -> list[tuple[str, str]]:
+        in_multis.extend(key for key, _name in marks)
+        return await append_many(s, a, marks)
+
     monkeypatch.setattr(result_index, "_append", counted)
+    monkeypatch.setattr(result_index, "_append_many", counted_many)
     keys = [f"k{n}" for n in range(450)]
     await submitter.submit_many("handle", [{"n": n} for n in range(450)], keys=keys)
-    assert appended == []  # no key went one by one
+    assert one_by_one == in_multis == []  # every marker created in a multi
     await submitter.submit_many("handle", [{"n": n} for n in range(450)], keys=keys)
-    assert sorted(appended) == sorted(keys)
+    assert one_by_one == [] and sorted(in_multis) == sorted(keys)
     marks: dict[str, tuple[str, ...]] = {}
 
     async def read(key: str) -> None:

@@ -187,9 +187,11 @@ async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str
     """Record, for each ``(key, item name)``, that the item of task key ``key`` is queued.
     Called right after the put, for tasks with an explicit key only.  Fresh keys go in
     multis of creates (``MARKS_PER_MULTI`` at a time, ``MARK_MULTIS_IN_FLIGHT`` in flight;
-    a multi refused for a missing ``pending/<hh>`` is sent again once those exist); a key
-    that has a marker already (or whose multi was refused otherwise, or lost its reply) is
-    appended to (``MARK_APPENDS_IN_FLIGHT`` keys at once, a key's names in order)."""
+    a multi refused for a missing ``pending/<hh>`` is sent again once those exist).  Keys
+    that have a marker already (a job submitted again; or a multi refused otherwise, or its
+    reply lost) are appended to: their markers read together and set in multis at the
+    versions read (:func:`_append_many`), and one by one (``MARK_APPENDS_IN_FLIGHT`` keys at
+    once, a key's names in order) those a multi could not take."""
     fresh: dict[str, str] = {}
     single: list[tuple[str, str]] = []
     for key, name in marks:
@@ -223,6 +225,19 @@ async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str
     names_of: dict[str, list[str]] = {}
     for key, name in refused + single:  # a key's first name (in ``fresh``) comes first
         names_of.setdefault(key, []).append(name)
+    lone = [(key, names[0]) for key, names in names_of.items() if len(names) == 1]
+    left: list[tuple[str, str]] = []
+
+    async def append_chunk(chunk: list[tuple[str, str]]) -> None:
+        left.extend(await _append_many(session, app, chunk))
+
+    await _at_most(MARK_MULTIS_IN_FLIGHT, [
+        functools.partial(append_chunk, lone[start:start + MARKS_PER_MULTI])
+        for start in range(0, len(lone), MARKS_PER_MULTI)])
+    for key, _name in lone:
+        del names_of[key]
+    for key, name in left:
+        names_of[key] = [name]
 
     async def append(key: str) -> None:
         for name in names_of[key]:
@@ -230,6 +245,41 @@ async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str
 
     await _at_most(MARK_APPENDS_IN_FLIGHT,
                    [functools.partial(append, key) for key in names_of])
+
+
+async def _append_many(session: Session, app: App, marks: list[tuple[str, str]]
+                       ) -> list[tuple[str, str]]:
+    """Add each name to its key's marker (distinct keys): the markers read together, then
+    one multi setting each at the version read.  Returns the marks left to :func:`_append`:
+    a marker missing or long enough to prune, or all of them if the multi was refused (a
+    marker changed meanwhile) or its reply lost (each is found there, or added, then)."""
+    read: dict[str, tuple[tuple[str, ...], int]] = {}
+
+    async def get(key: str) -> None:
+        path = app.pending_path(key)
+        try:
+            data, stat = await session.get(path)
+        except (errors.NoNodeError, errors.ConnectionLossError):
+            return  # left to _append
+        read[key] = (read_mark(data, path).items, stat.version)
+
+    await gather(*[functools.partial(get, key) for key, _name in marks])
+    txn = session.transaction()
+    sent: list[tuple[str, str]] = []
+    left: list[tuple[str, str]] = []
+    for key, name in marks:
+        items, version = read.get(key, ((), -1))
+        if version < 0 or len(items) >= MARKER_PRUNE_AT:
+            left.append((key, name))
+        elif name not in items:  # else: there already (a try whose reply was lost)
+            txn.set(app.pending_path(key), records.encode(QueuedMark((*items, name))),
+                    version=version)
+            sent.append((key, name))
+    try:
+        await txn.commit()
+    except (errors.TransactionFailedError, errors.ConnectionLossError):
+        left += sent
+    return left
 
 
 async def _at_most(limit: int, jobs: list[functools.partial[Any]]) -> None:
