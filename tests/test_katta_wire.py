@@ -2,7 +2,7 @@
 handler (:meth:`SearchNode.serve_connection`) on a real TCP listener and a client's
 :class:`NodeLinks` - pipelined calls on one connection, a cancelled call that leaves the
 connection usable, a node gone (every call waiting on it fails at once, the next call opens a
-new connection), bytes that are not frames."""
+new connection), bytes that are not frames, a call that fails on the node."""
 
 from __future__ import annotations
 
@@ -160,3 +160,31 @@ async def test_bytes_that_are_not_frames_close_the_connection(
             assert await FrameReader(stream).next() is None  # closed, nothing answered
             await stream.aclose()
     assert [e["event"] for e in captured_logs] == ["node.bad_frame"]
+
+
+class Failing(Counting):
+    """A node whose search fails unexpectedly on the query ``boom``."""
+
+    def _answer(self, kind: Kind, request: ShardRequest) -> StatsReply | SearchReply:
+        if request.query == "boom":
+            raise RuntimeError("boom")
+        return super()._answer(kind, request)
+
+
+async def test_a_call_that_fails_on_the_node_closes_its_connection_only(
+        captured_logs: list[dict[str, object]]) -> None:
+    """The client sees the connection fail (and asks another replica); the node logs it
+    and answers the next connection."""
+    node = Failing()
+    with trio.fail_after(TIMEOUT):
+        async with served(node.serve_connection) as (address, _), \
+                trio.open_nursery() as nursery:
+            links = NodeLinks(nursery)
+            with pytest.raises(LinkFailed):
+                await links.call(address, Kind.SEARCH, ShardRequest("ix", (0,), "boom"))
+            answer = await links.call(address, Kind.SEARCH, ShardRequest("ix", (1,), "ok"))
+            assert reply(answer) == SearchReply({}, {1: "not ok"})
+            assert node.connections == 2
+            links.close()
+            nursery.cancel_scope.cancel()
+    assert "node.call_failed" in [e["event"] for e in captured_logs]

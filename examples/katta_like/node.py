@@ -235,12 +235,21 @@ class SearchNode(Worker):
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         """Answer one client connection's calls (:mod:`.wire`), each in turn, until the
-        client closes it; bytes that are not frames end it (``node.bad_frame``)."""
+        client closes it; bytes that are not frames end it (``node.bad_frame``), and so
+        does a call that fails unexpectedly (``node.call_failed``, with its traceback: the
+        client asks another replica, as it would a dead node; this node serves on)."""
         reader = FrameReader(stream)
         try:
             async with stream:
                 while (body := await reader.next()) is not None:
-                    await stream.send_all(frame(self._reply(body)))
+                    try:
+                        answer = self._reply(body)
+                    except ProtocolError:
+                        raise
+                    except Exception:
+                        log.exception("node.call_failed", node=self.name)
+                        return
+                    await stream.send_all(frame(answer))
         except ProtocolError as exc:
             log.warning("node.bad_frame", node=self.name, error=str(exc))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
