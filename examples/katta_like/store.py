@@ -83,7 +83,7 @@ def query_terms(query: str) -> list[tuple[str, str]]:
 
 @attrs.frozen
 class ShardStats:
-    """One shard's part of the global statistics of a query (the ``/stats`` answer):
+    """One shard's part of the global statistics of a query (a node's answer to a statistics call):
     its documents, tokens per field, and document frequency per ``"field:term"``."""
 
     docs: int
@@ -125,7 +125,7 @@ class ShardHit:
 
 @attrs.frozen
 class ShardResult:
-    """A shard's answer to a query (the ``/search`` answer): how many documents match,
+    """A shard's answer to a query (a node's answer to a search call): how many documents match,
     and its best hits, best first."""
 
     count: int
