@@ -96,7 +96,7 @@ class NodeLinks:
         if not link.ready.is_set():
             await link.ready.wait()
         if link.failure is not None:
-            raise link.failure
+            raise LinkFailed(str(link.failure))  # a new one: tasks raise it concurrently
         call_id = next(self._ids)
         waiter = link.waiting[call_id] = _Waiter()
         try:
@@ -105,7 +105,7 @@ class NodeLinks:
         finally:
             link.waiting.pop(call_id, None)
         if waiter.failure is not None:
-            raise waiter.failure
+            raise LinkFailed(str(waiter.failure))
         try:
             return records.structure(waiter.answer, Answer)
         except records.CorruptRecord as exc:
