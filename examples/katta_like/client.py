@@ -301,11 +301,11 @@ class SearchClient:
 
         Each shard is asked of one serving replica: healthy ones first, then one already
         asked in this round (fewer calls), then the one with the fewest of this client's
-        calls in flight.  A replica that
-        fails (its connection, an unreadable answer) or refuses the shard: the next
-        replica at once.  A request running longer than :meth:`hedge_delay`: its shards are
-        *also* sent to the next replica (the first answer wins), within a budget of
-        ``hedge_ratio`` hedges per request (``hedge_burst`` saved); a request whose node
+        calls in flight.  A replica that fails (its connection, an unreadable answer) or
+        refuses the shard: the next replica at once.  A request running longer than
+        :meth:`hedge_delay`: its shards are *also* sent to the next replica (the first
+        answer wins), within a budget of ``hedge_ratio`` hedges per request
+        (``hedge_burst`` saved); a request whose node
         answered nothing at all for ``hedge_max`` is hedged even over budget and the node
         is tried last for a while.  A request is abandoned after ``shard_timeout``.
         With global scoring a shard counts as answered only if it answered both rounds."""
