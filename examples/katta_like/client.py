@@ -305,9 +305,9 @@ class SearchClient:
         refuses the shard: the next replica at once.  A request running longer than
         :meth:`hedge_delay`: its shards are *also* sent to the next replica (the first
         answer wins), within a budget of ``hedge_ratio`` hedges per request
-        (``hedge_burst`` saved); a request whose node
-        answered nothing at all for ``hedge_max`` is hedged even over budget and the node
-        is tried last for a while.  A request is abandoned after ``shard_timeout``.
+        (``hedge_burst`` saved); a request whose node answered nothing at all for
+        ``hedge_max`` is hedged even over budget and the node is tried last for a while.
+        A request is abandoned after ``shard_timeout``.
         With global scoring a shard counts as answered only if it answered both rounds."""
         check_query(query)
         if not 1 <= top <= 10_000:
