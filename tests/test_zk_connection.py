@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pytest
 import trio
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from framework import Session
-from framework.testing import TcpProxy
+from framework.testing import TcpProxy, expire_session
 from framework.zk.wire import MAX_PACKET, PacketReader
 
 
@@ -78,12 +79,52 @@ async def test_a_cancelled_wait_leaves_the_session_usable(session: Session) -> N
         assert (await session.get("/n"))[0] == b"v"
 
 
-async def test_a_dropped_connection_fires_every_watch_once_and_keeps_the_session(
-    chroot: str, proxy: TcpProxy
+async def test_watches_are_set_again_on_a_new_connection(
+    session: Session, chroot: str, proxy: TcpProxy
 ) -> None:
-    """The link is cut: each registered watch fires once with a NONE event and is forgotten;
-    the session comes back with the same id on a new connection."""
+    """The link is cut and, while it is down, watched nodes change: once the session is back
+    on a new connection its watches fire for those changes (data, exists, children), once
+    each, without being read again; a watch whose node did not change stays quiet."""
     async with Session(proxy.address, chroot=chroot, session_timeout=6.0) as s:
+        for name in ("data", "quiet", "kids"):
+            await s.create(f"/{name}", b"")
+        events: dict[str, list[WatchedEvent]] = {}
+        done = trio.Event()
+
+        def watch(name: str) -> Callable[[WatchedEvent], None]:
+            def fired(event: WatchedEvent) -> None:
+                events.setdefault(name, []).append(event)
+                if {"data", "missing", "kids"} <= set(events):
+                    done.set()
+            return fired
+
+        await s.get("/data", watch=watch("data"))
+        await s.get("/quiet", watch=watch("quiet"))
+        assert await s.exists("/missing", watch=watch("missing")) is None
+        await s.children("/kids", watch=watch("kids"))
+        session_id, accepted = s.session_id, proxy.connections_accepted
+        proxy.freeze()
+        proxy.cut()
+        await session.set("/data", b"changed")
+        await session.create("/missing")
+        await session.create("/kids/k")
+        proxy.unfreeze()
+        with trio.fail_after(20):
+            await done.wait()
+            await s.sync("/")
+        assert s.session_id == session_id and proxy.connections_accepted > accepted
+        assert {name: [e.type for e in got] for name, got in events.items()} == {
+            "data": [EventType.CHANGED], "missing": [EventType.CREATED],
+            "kids": [EventType.CHILD]}
+        assert [e.path for e in events["data"]] == ["/data"]  # without the chroot
+
+
+async def test_an_expired_session_fires_every_watch_once_with_none(
+    chroot: str, zk_hosts: str
+) -> None:
+    """The session expires: each registered watch fires once with a NONE event and is
+    forgotten; a new session follows."""
+    async with Session(zk_hosts, chroot=chroot, session_timeout=6.0) as s:
         await s.create("/w", b"")
         events: list[WatchedEvent] = []
         fired = trio.Event()
@@ -94,13 +135,13 @@ async def test_a_dropped_connection_fires_every_watch_once_and_keeps_the_session
 
         await s.get("/w", watch=watch)
         await s.children("/w", watch=watch)
-        session_id, accepted = s.session_id, proxy.connections_accepted
-        proxy.cut()
-        with trio.fail_after(10):
+        session_id = s.session_id
+        await expire_session(s)
+        with trio.fail_after(20):
             await fired.wait()
-            await s.wait_connected()
+            while s.session_id in (None, session_id):
+                await s.wait_change(s.snapshot().generation)
         assert [e.type for e in events] == [EventType.NONE]  # one callback, called once
-        assert s.session_id == session_id and proxy.connections_accepted > accepted
         await s.set("/w", b"changed")  # the forgotten watch does not fire again
         await s.sync("/")
         assert len(events) == 1

@@ -19,13 +19,15 @@ Contract:
   keeps the session: an event loop blocked (or a process paused) past the read timeout sends
   no heartbeat, and its ownership scopes end (:mod:`framework.zk.trust`).
 * **SUSPENDED.**  When a connection drops, requests in flight fail with kazoo's
-  ``ConnectionLoss`` (their outcome unknown), every registered watch fires once with an
-  ``EventType.NONE`` event and is forgotten (kazoo's behaviour: watchers read again once
-  connected, see :mod:`framework.zk.watches`), and the next member is tried with the same
+  ``ConnectionLoss`` (their outcome unknown) and the next member is tried with the same
   session.  Requests made while not connected fail at once with ``ConnectionLoss`` (nothing
-  was sent).
-* **LOST.**  A handshake answered "expired" ends the session: state LOST, then a new session
-  is made on the next connection (reported as CONNECTED with another id).
+  was sent).  Watches stay registered: the first packet on the new connection sets them
+  again (``SetWatches`` with the last zxid this client saw), and the server fires at once
+  each one whose node changed meanwhile, so no change is missed and nothing is read again.
+* **LOST.**  A handshake answered "expired" ends the session: every registered watch fires
+  once with an ``EventType.NONE`` event and is forgotten (watchers read again once connected,
+  see :mod:`framework.zk.watches`), state LOST, then a new session is made on the next
+  connection (reported as CONNECTED with another id).  Closing ends watches the same way.
 * **Close.**  :meth:`close` sends the close request and waits up to ``grace`` for its answer,
   then stops; requests fail with ``ConnectionClosedError`` from then on.
 
@@ -65,12 +67,14 @@ from framework.zk.states import SessionState
 from framework.zk.wire import (
     AUTH_XID,
     PING_XID,
+    SET_WATCHES_XID,
     WATCH_XID,
     PacketReader,
     connect_packet,
     parse_connect,
     parse_header,
     request_packet,
+    set_watches_packets,
 )
 
 log = get_logger("framework.zk")
@@ -153,7 +157,10 @@ class Connection:
         self._xid = 0
         self._last_send = 0.0
         self._ping_sent: float | None = None
+        # watch callbacks by server path: data (a node read), exist (a node found missing),
+        # child (a listing); dicts keep one registration per callback, in order
         self._data_watchers: dict[str, dict[WatchCallback, None]] = {}
+        self._exist_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._child_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._scope: trio.CancelScope | None = None  # the current connection's tasks
         self._drop_reason = ""
@@ -319,6 +326,7 @@ class Connection:
         self._ping_sent = None
         self.peer = (host, port)
         self.connected = True
+        self._set_watches_again()
         self._on_state(SessionState.CONNECTED, self.session_id)
 
     async def _serve(self, stream: trio.abc.Stream, reader: PacketReader,
@@ -416,6 +424,11 @@ class Connection:
             return
         if xid == AUTH_XID:
             return
+        if xid == SET_WATCHES_XID:
+            if header.err:  # not set again: the watchers must read again themselves
+                log.warning("zk.set_watches_failed", error=header.err)
+                self._reset_watchers()
+            return
         if not self._pending:
             raise kz.ConnectionDropped(f"a reply (xid {xid}) to no request")
         request = self._pending.popleft()
@@ -428,7 +441,7 @@ class Connection:
         err = header.err
         if err:
             if err == kz.NoNodeError.code and type(record) is Exists:
-                self._register(record)
+                self._register(record, missing=True)
                 request.complete(outcome.Value(None))
                 return
             request.complete(outcome.Error(kz.EXCEPTIONS[err]()))
@@ -444,14 +457,25 @@ class Connection:
         self._register(record)
         request.complete(outcome.Value(value))
 
-    def _register(self, record: Any) -> None:
+    def _register(self, record: Any, *, missing: bool = False) -> None:
         watcher = getattr(record, "watcher", None)
         if watcher is None or self._closing:
             return
         kind = type(record)
-        table = (self._child_watchers if kind is GetChildren or kind is GetChildren2
-                 else self._data_watchers)
+        if kind is GetChildren or kind is GetChildren2:
+            table = self._child_watchers
+        else:
+            table = self._exist_watchers if missing else self._data_watchers
         table.setdefault(record.path, {})[watcher] = None
+
+    def _set_watches_again(self) -> None:
+        """Queue the SetWatches packets of every registered watch (a reconnection)."""
+        if not (self._data_watchers or self._exist_watchers or self._child_watchers):
+            return
+        self._outbox.extend(set_watches_packets(
+            self.last_zxid, list(self._data_watchers), list(self._exist_watchers),
+            list(self._child_watchers)))
+        self._writer_lot.unpark()
 
     def _watch_event(self, packet: bytes, offset: int) -> None:
         watch, _offset = Watch.deserialize(packet, offset)
@@ -459,6 +483,7 @@ class Connection:
         fired: list[WatchCallback] = []
         if kind in (_CREATED, _CHANGED, _DELETED):
             fired.extend(self._data_watchers.pop(path, ()))
+            fired.extend(self._exist_watchers.pop(path, ()))
         if kind in (_DELETED, _CHILD):
             fired.extend(self._child_watchers.pop(path, ()))
         if kind not in EVENT_TYPE_MAP or self._closing:
@@ -489,7 +514,6 @@ class Connection:
         log.warning("zk.connection_dropped", reason=reason)
         self._fail_pending(kz.ConnectionLoss(reason))
         self._on_state(SessionState.SUSPENDED, self.session_id)
-        self._reset_watchers()
 
     def _expired(self) -> None:
         log.warning("zk.session_expired", session_id=_hex(self.session_id))
@@ -503,6 +527,7 @@ class Connection:
         self._failure = (f"ZooKeeper refused the session's {scheme} credentials "
                          "(AuthFailed): check FRAMEWORK_ZK_AUTH or Session(auth=...)")
         log.error("zk.auth_failed", scheme=scheme)
+        self._reset_watchers()
         self._liveness.lost()
         self._on_state(SessionState.LOST, None)
 
@@ -512,9 +537,10 @@ class Connection:
             request.complete(outcome.Error(error))
 
     def _reset_watchers(self) -> None:
-        fired = [callback for table in (self._data_watchers, self._child_watchers)
+        tables = (self._data_watchers, self._exist_watchers, self._child_watchers)
+        fired = [callback for table in tables
                  for callbacks in table.values() for callback in callbacks]
-        self._data_watchers, self._child_watchers = {}, {}
+        self._data_watchers, self._exist_watchers, self._child_watchers = {}, {}, {}
         event = WatchedEvent(EventType.NONE, KeeperState.CONNECTING, None)
         for callback in dict.fromkeys(fired):
             _fire(callback, event)

@@ -5,9 +5,11 @@ between a notification and the next read.  A burst of changes while the consumer
 collapses into the latest state; a state is yielded only when it differs from the last one
 yielded (by ``czxid``/``mzxid`` for data, ``czxid``/``pzxid``/``cversion`` for children).
 
-The session fires every watch with a NONE event when the connection drops (and forgets the watch);
-the iterator then waits for the connection and reads again, so a change made while we were
-disconnected is still seen.  Iterators never end on their own; cancel them or ``break``.
+A dropped connection keeps the watches (the session sets them again on the next
+connection, and the server fires those whose node changed meanwhile).  When the session
+expires every watch fires with a NONE event and is forgotten; the iterator then waits for
+the connection and reads again, so a change made meanwhile is still seen.  Iterators never
+end on their own; cancel them or ``break``.
 """
 
 from __future__ import annotations

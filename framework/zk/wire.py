@@ -12,12 +12,16 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from kazoo.protocol.serialization import Connect, ReplyHeader
+from kazoo.protocol.serialization import Connect, ReplyHeader, write_string
 
-#: xids the server reserves: watch notifications, pings, authentication packets
+#: xids the server reserves: watch notifications, pings, authentication, watches set again
 WATCH_XID = -1
 PING_XID = -2
 AUTH_XID = -4
+SET_WATCHES_XID = -8
+
+#: the most path bytes one SetWatches packet carries (the Java client's bound)
+SET_WATCHES_BYTES = 128 * 1024
 
 #: ZooKeeper's own bound on a packet (jute.maxbuffer is 1 MiB by default; replies to a large
 #: listing can be bigger, so the client accepts more, as the Java client does)
@@ -25,12 +29,50 @@ MAX_PACKET = 64 * 1024 * 1024
 
 _LENGTH = struct.Struct(">i")
 _HEADER = struct.Struct(">ii")
+_ZXID = struct.Struct(">q")
 
 
 def request_packet(xid: int, record: Any) -> bytes:
     """The framed packet of ``record`` (a kazoo request record) sent with ``xid``."""
     body = record.serialize()
     return _LENGTH.pack(len(body) + 8) + _HEADER.pack(xid, record.type) + body
+
+
+class SetWatches:
+    """The request that sets a session's watches again on a new connection: the server
+    re-registers each and fires at once those whose node changed after ``relative_zxid``
+    (kazoo has no record for it; this one follows ZooKeeper's ``SetWatches``)."""
+
+    type = 101
+
+    def __init__(self, relative_zxid: int, data: list[str], exist: list[str],
+                 child: list[str]) -> None:
+        self.relative_zxid, self.data, self.exist, self.child = relative_zxid, data, exist, child
+
+    def serialize(self) -> bytes:
+        parts = [_ZXID.pack(self.relative_zxid)]
+        for paths in (self.data, self.exist, self.child):
+            parts.append(_LENGTH.pack(len(paths)))
+            parts.extend(bytes(write_string(path)) for path in paths)
+        return b"".join(parts)
+
+
+def set_watches_packets(relative_zxid: int, data: list[str], exist: list[str],
+                        child: list[str]) -> list[bytes]:
+    """The SetWatches packets for these paths, each under :data:`SET_WATCHES_BYTES`."""
+    packets: list[bytes] = []
+    batch: tuple[list[str], list[str], list[str]] = ([], [], [])
+    size = 0
+    for kind, paths in enumerate((data, exist, child)):
+        for path in paths:
+            if size and size + len(path) > SET_WATCHES_BYTES:
+                packets.append(request_packet(SET_WATCHES_XID, SetWatches(relative_zxid, *batch)))
+                batch, size = ([], [], []), 0
+            batch[kind].append(path)
+            size += len(path) + 4
+    if size:
+        packets.append(request_packet(SET_WATCHES_XID, SetWatches(relative_zxid, *batch)))
+    return packets
 
 
 def connect_packet(record: Connect) -> bytes:

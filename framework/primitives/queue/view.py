@@ -19,8 +19,9 @@ consumer wakes.  Refreshes are single-flight: concurrent consumers share one rea
 are read oldest first and only as far as needed to find unclaimed work (a lazily extended
 window), so a large queue does not cost a full listing per item.
 
-SUSPENDED: the session fires every watch when the connection drops, so every list is dropped and
-re-read once connected (reads wait for the connection).  LOST: the owner calls
+SUSPENDED: the session sets its watches again on the next connection, and the server fires
+those whose list changed meanwhile: only those lists are dropped and read again (reads wait
+for the connection).  LOST: the owner calls
 :meth:`QueueView.invalidate_all`, and every list is read again, with new watches, in the new
 session.
 """
