@@ -6,7 +6,6 @@ concurrent producers, bad settings, and a property test with faults at random po
 from __future__ import annotations
 
 import random
-import types
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -520,9 +519,7 @@ async def test_claim_survives_a_lost_reply(session: Session, interfere: Interfer
 
 async def _expire_directly(zk_hosts: str, session: Session) -> None:
     """Expire ``session`` through a direct connection (its own may be frozen)."""
-    await expire_session(types.SimpleNamespace(  # type: ignore[arg-type]
-        hosts=zk_hosts, client_id=session.client_id, session_timeout=session.session_timeout
-    ))
+    await expire_session(session, hosts=zk_hosts)
 
 
 async def test_ack_after_session_change_is_not_reported(
