@@ -11,6 +11,7 @@ from kazoo.protocol.states import EventType, WatchedEvent
 
 from framework import Session
 from framework.testing import TcpProxy, expire_session
+from framework.zk import SessionState
 from framework.zk.wire import MAX_PACKET, PacketReader
 
 
@@ -145,3 +146,30 @@ async def test_an_expired_session_fires_every_watch_once_with_none(
         await s.set("/w", b"changed")  # the forgotten watch does not fire again
         await s.sync("/")
         assert len(events) == 1
+
+
+async def test_a_silent_server_is_dropped_after_the_read_timeout_however_busy(
+    chroot: str, proxy: TcpProxy
+) -> None:
+    """A hung peer that never closes its socket: requests keep going out (so no heartbeat is
+    due) and nothing comes back; the watchdog drops the connection once no reply has proven
+    the session for a read timeout, and the session is SUSPENDED, then back."""
+    async with Session(proxy.address, chroot=chroot, session_timeout=3.0) as s:
+        generation = s.snapshot().generation
+        proxy.freeze()
+
+        async def keep_sending() -> None:
+            while True:
+                with trio.move_on_after(0.05):
+                    await s.exists("/")
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keep_sending)
+                change = await s.wait_change(generation)
+                assert change.state is SessionState.SUSPENDED
+                assert s._liveness.dropped_connections == 1
+                proxy.unfreeze()
+                await s.wait_connected()
+                nursery.cancel_scope.cancel()
+        assert await s.exists("/") is not None
