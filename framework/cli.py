@@ -73,6 +73,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"{done.master or '?'} at {when}: {done.results:,} result records, "
               f"{done.dead_letters:,} dead-lettered); `framework rerun {component.app.name}` "
               "starts a new generation", file=sys.stderr, flush=True)
+    if getattr(component, "stopped_by_cancel", False):
+        print(f"framework: {component.app.name!r} is cancelled, so {component.name} stopped "
+              f"(`framework resume {component.app.name}` makes it take tasks again; then "
+              "start this again)", file=sys.stderr, flush=True)
+        return 0
     summary = getattr(component, "summary", None)
     if summary is not None:  # a master whose lead() returned in this process
         print(f"job done: {summary['results']:,} result records, "

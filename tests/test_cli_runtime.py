@@ -92,6 +92,24 @@ async def test_a_finished_job_prints_its_summary_and_fails_on_dead_letters(
     assert (done["results"], done["dead_letters"]) == (3, 1)
 
 
+async def test_running_a_cancelled_app_says_so(zk_hosts: str, chroot: str) -> None:
+    """``framework run`` of a worker or a master of a cancelled app stops at once and says
+    why, and how to undo it, in one line (it used to exit without a word)."""
+    from framework.runtime import Client
+
+    async with Session(zk_hosts, chroot=chroot) as s:
+        await s.ensure_path(App("rt-poison").base)
+        assert await Client(s, "rt-poison").cancel(by="test")
+    helpers = os.path.join(os.path.dirname(__file__), "helpers")
+    env = {"PYTHONPATH": helpers, "FRAMEWORK_LOG_LEVEL": "error"}
+    for component in ("rt_app:PoisonWorker", "rt_app:PoisonMaster"):
+        result = await trio.to_thread.run_sync(lambda c=component: cli(
+            "run", c, "--zk", zk_hosts, "--chroot", chroot, env=env))
+        assert result.returncode == 0, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert "'rt-poison' is cancelled" in line and "framework resume rt-poison" in line
+
+
 async def test_one_shot_command_ends_when_zookeeper_stops_answering(proxy: TcpProxy) -> None:
     """ZooKeeper dies mid-command (its connection frozen): the command's overall deadline
     ends it with one clear error instead of waiting for a reconnect forever."""

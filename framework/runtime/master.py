@@ -322,6 +322,8 @@ class Master:
         self.terms_led = 0
         #: how the job ended (set when ``lead`` returns in this process): results, dead letters
         self.summary: dict[str, int] | None = None
+        #: True once this master stopped because the app is cancelled (``framework cancel``)
+        self.stopped_by_cancel = False
         self._stopping = False
         self._scope: trio.CancelScope | None = None
 
@@ -369,6 +371,7 @@ class Master:
         """Resign (or stop standing by) and exit once the app is cancelled."""
         await wait_cancelled(session, self.app)
         log.warning("master.cancelled", app=self.app.name, master=self.name)
+        self.stopped_by_cancel = True
         self.request_stop()
 
     async def _lead_term(self, session: Session, term: Term, identity: bytes) -> None:
@@ -376,6 +379,7 @@ class Master:
         if cancelled:
             # our predecessor may have resigned on the cancel: never start lead() again
             log.info("master.job_cancelled", app=self.app.name, master=self.name)
+            self.stopped_by_cancel = True
             self._stopping = True  # returning resigns; the campaign ends
             return
         if finished is not None:

@@ -89,6 +89,8 @@ class Service:
         self.config: Any = None
         self.session: Session | None = None
         self.stop_requested = trio.Event()
+        #: True once this process stopped because the app is cancelled (``framework cancel``)
+        self.stopped_by_cancel = False
         self._draining = False
         self._status_dirty = trio.Event()
         self._parts: list[Part] = []
@@ -209,6 +211,7 @@ class Service:
         """Drain and leave once the app is cancelled (``framework cancel``)."""
         await wait_cancelled(session, self.app)
         log.warning("worker.cancelled", app=self.app.name, worker=self.name)
+        self.stopped_by_cancel = True
         self.request_stop()
 
     async def _report_status(self, member: Any) -> None:
