@@ -255,7 +255,8 @@ async def test_cancel_is_shown_by_apps_and_status(zk_hosts: str, chroot: str,
     code, out, _ = await cli(capsys, "apps", "--json", *zk(zk_hosts, chroot))
     (row,) = json.loads(out)
     assert row == {"name": APP, "leader": None, "masters": 0, "workers": 0,
-                   "queue_depth": 2, "done": False, "cancelled": True, "state": "cancelled"}
+                   "queue_depth": 2, "done": False, "cancelled": True, "generation": 1,
+                   "state": "cancelled"}
     code, out, _ = await cli(capsys, "status", APP, "--json", *zk(zk_hosts, chroot))
     assert code == 0 and json.loads(out)["state"] == "cancelled"
     code, out, _ = await cli(capsys, "status", APP, *zk(zk_hosts, chroot))

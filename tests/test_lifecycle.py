@@ -17,8 +17,9 @@ import trio
 
 from framework import PermanentFailure, Session, records
 from framework.runtime import App, Client, Master, MasterContext, Task, Worker
-from framework.runtime.actions import generations, history_path, rerun
+from framework.runtime.actions import history_path, rerun
 from framework.runtime.records import JobDone, PastRun
+from framework.runtime.status import generations
 from framework.testing import spawn
 from framework.zk import wait_exists
 from tests.test_cli_ops import Idle, cli, wait_children, zk
@@ -181,6 +182,16 @@ async def test_a_finished_job_is_not_led_again_until_rerun(
             assert await client.result("a") is None  # so the job's keys run again
             (past,) = await generations(session, app)
             assert (past.generation, past.done.master, past.done.results) == (1, "m1", 2)
+            code, out, err = await cli(capsys, "status", app.name, "--json",
+                                       *zk(zk_hosts, chroot))
+            shown = json.loads(out)
+            assert shown["generation"] == 2 and shown["past_runs"][0]["done"]["master"] == "m1"
+            code, out, err = await cli(capsys, "status", app.name, *zk(zk_hosts, chroot))
+            assert "generation" in out and "rerun 1 time(s)" in out and "by m1" in out
+            code, out, err = await cli(capsys, "apps", *zk(zk_hosts, chroot))
+            assert "generation" in out and any(
+                line.split()[:3] == ["│", "lc-gen", "│"] and "2" in line.split()
+                for line in out.splitlines()), out
 
             third = Job(app, name="m3")
             async with Session(zk_hosts, chroot=chroot) as s:

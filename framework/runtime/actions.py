@@ -249,7 +249,7 @@ async def resume(session: Session, app: App) -> CancelRecord | None:
 
 def history_path(app: App) -> str:
     """Where past generations of ``app``'s job are kept (:class:`PastRun` records)."""
-    return f"{app.base}/history"
+    return app.history
 
 
 async def rerun(session: Session, app: App, *, by: str = "") -> PastRun:
@@ -303,17 +303,3 @@ async def _kept_generation(session: Session, history: str, done: JobDone) -> Pas
     return past if past is not None and past.done == done else None
 
 
-async def generations(session: Session, app: App) -> list[PastRun]:
-    """The past generations of ``app``'s job, oldest first."""
-    history = history_path(app)
-    try:
-        names = sorted(await session.children(history))
-    except errors.NoNodeError:
-        return []
-    out = []
-    for name in names:
-        data, _stat = await session.get(f"{history}/{name}")
-        past = decode_or_none(data, PastRun, path=f"{history}/{name}")
-        if past is not None:
-            out.append(past)
-    return out

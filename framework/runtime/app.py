@@ -98,6 +98,7 @@ class App:
     config = property(lambda self: f"{self.base}/config")
     done = property(lambda self: f"{self.base}/done")
     cancel = property(lambda self: f"{self.base}/cancel")
+    history = property(lambda self: f"{self.base}/history")
     types = property(lambda self: f"{self.base}/types")
     delayed = property(lambda self: f"{self.base}/delayed")
     revoked = property(lambda self: f"{self.base}/revoked")

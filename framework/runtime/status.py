@@ -35,6 +35,7 @@ from framework.runtime.records import (
     JobDone,
     MasterIdentity,
     MemberStatus,
+    PastRun,
     RunningRecord,
     decode_or_none,
 )
@@ -116,15 +117,22 @@ class AppStatus:
     results: int
     done: JobDone | None = None  # the job-done record (``lead`` returned)
     cancelled: CancelRecord | None = None  # the cancel record (``framework cancel``)
+    past_runs: list[PastRun] = attrs.Factory(list)  # earlier generations (``framework rerun``)
 
     @property
     def state(self) -> AppState:
         return AppState.of(cancelled=self.cancelled is not None, done=self.done is not None,
                            led=self.leader is not None)
 
+    @property
+    def generation(self) -> int:
+        """The job's generation now: 1, plus one per ``framework rerun``."""
+        return len(self.past_runs) + 1
+
     def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(records.unstructure(self) | {"state": self.state}, indent=indent,
-                          default=str)
+        return json.dumps(records.unstructure(self) | {"state": self.state,
+                                                       "generation": self.generation},
+                          indent=indent, default=str)
 
 
 @attrs.frozen
@@ -138,6 +146,7 @@ class AppSummary:
     queue_depth: int
     done: bool
     cancelled: bool
+    generation: int = 1  # 1, plus one per ``framework rerun``
 
     @property
     def state(self) -> AppState:
@@ -258,7 +267,23 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         results=await result_count(session, app),
         done=await _record(session, app.done, JobDone, watches),
         cancelled=await _record(session, app.cancel, CancelRecord, watches),
+        past_runs=await generations(session, app),
     )
+
+
+async def generations(session: Session, app: App) -> list[PastRun]:
+    """The past generations of ``app``'s job (``history/``), oldest first."""
+    try:
+        names = sorted(await session.children(app.history))
+    except errors.NoNodeError:
+        return []
+    out = []
+    for name in names:
+        data, _stat = await session.get(f"{app.history}/{name}")
+        past = decode_or_none(data, PastRun, path=f"{app.history}/{name}")
+        if past is not None:
+            out.append(past)
+    return out
 
 
 async def list_apps(session: Session, root: str = "/apps") -> list[AppSummary]:
@@ -277,6 +302,7 @@ async def list_apps(session: Session, root: str = "/apps") -> list[AppSummary]:
             queue_depth=await queue_depth(session, app),
             done=await session.exists(app.done) is not None,
             cancelled=await session.exists(app.cancel) is not None,
+            generation=await _generation(session, app),
         )
 
     valid = []
@@ -290,13 +316,20 @@ async def list_apps(session: Session, root: str = "/apps") -> list[AppSummary]:
     return [found[n] for n in valid if n in found]
 
 
+async def _generation(session: Session, app: App) -> int:
+    """1, plus one per generation kept in ``history/`` (one read: its child count)."""
+    stat = await session.exists(app.history)
+    return 1 + (stat.numChildren if stat is not None else 0)
+
+
 def render_apps(apps: list[AppSummary]) -> Table | str:
     if not apps:
         return "No applications in this ZooKeeper."
-    table = _table(None, "app", "state", "leader", "masters", "workers", "queue depth")
+    table = _table(None, "app", "state", "generation", "leader", "masters", "workers",
+                   "queue depth")
     for a in apps:
-        table.add_row(a.name, a.state, a.leader or "-", str(a.masters), str(a.workers),
-                      str(a.queue_depth))
+        table.add_row(a.name, a.state, str(a.generation), a.leader or "-", str(a.masters),
+                      str(a.workers), str(a.queue_depth))
     return table
 
 
@@ -335,6 +368,12 @@ def render_status(status: AppStatus) -> RichGroup | str:
     summary.add_column(overflow="fold")
     summary.add_row("application", status.app)
     summary.add_row("state", status.state)
+    if status.past_runs:
+        last = status.past_runs[-1].done
+        summary.add_row("generation", f"{status.generation} (rerun {len(status.past_runs)} "
+                        f"time(s); the last finished {_ago(now, last.at)} by "
+                        f"{last.master or '?'}: {last.results:,} results, "
+                        f"{last.dead_letters:,} dead-lettered)")
     summary.add_row("leader", _master(status.leader) if status.leader else "(none)")
     for doc in status.standbys:
         summary.add_row("standby", _master(doc))
