@@ -153,7 +153,6 @@ class Session:
         self._trust = TrustKeeper(self._liveness)
         self._connection: Connection | None = None
         self._stack: AsyncExitStack | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
         self._state = SessionState.LOST
         self._session_id: int | None = None
         self._generation = 0
@@ -164,7 +163,6 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Session:
-        self._token = trio.lowlevel.current_trio_token()
         self._leftovers = Leftovers()
         hosts, _chroot = collect_hosts(self.hosts)
         connection = Connection(
