@@ -162,3 +162,20 @@ class PermanentFailure(FrameworkError):
 class TwoPhaseTimeout(FrameworkError, TimeoutError):
     """A two-phase commit site waited longer than its timeout for the transaction to
     appear."""
+
+
+class UnsupportedByServerError(ZooKeeperError):
+    """The ZooKeeper server does not offer what the request needs (TTL nodes on a server
+    without ``extendedTypesEnabled=true``, a feature of a newer release); the message says
+    what to enable."""
+
+
+class LeaseLost(OwnershipLost):
+    """A semaphore lease ended because it could no longer be proven (its node was deleted,
+    the session was SUSPENDED past its trust deadline or LOST); the body was cancelled."""
+
+    kind = "semaphore lease"
+
+
+class LeaseTimeout(FrameworkError, TimeoutError):
+    """A semaphore lease was not acquired within the given timeout (no node is left)."""

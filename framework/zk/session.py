@@ -61,6 +61,7 @@ from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
 from framework.zk.translate import describe, translate
 from framework.zk.trust import Trust, TrustKeeper
+from framework.zk.wire import CreateTTL
 
 Stat = ZnodeStat
 WatchCallback = Callable[..., None]
@@ -534,22 +535,42 @@ class Session:
         ephemeral: bool = False,
         sequence: bool = False,
         makepath: bool = False,
+        ttl: float | None = None,
     ) -> str:
         """Create a node; return its path (with the sequence suffix when ``sequence``).
+
+        ``ttl`` (seconds, persistent nodes only) makes a TTL node: the server deletes it once
+        it has had no child and no write for that long (checked every
+        ``znode.container.checkIntervalMs``, 60 s by default, so it can outlive its TTL by
+        that much).  A server without ``extendedTypesEnabled=true`` refuses it with
+        :class:`UnsupportedByServerError`.
 
         Not retried: after :class:`ConnectionLossError` the node may or may not exist (see
         :func:`framework.zk.protected.create_protected` for sequential nodes).
         """
         validate_path(path, allow_root=False)
         data = validate_data(data)
-        request = Create(self._full(path), data, self._acl,
-                         (1 if ephemeral else 0) | (2 if sequence else 0))
+        request: Any
+        if ttl is None:
+            request = Create(self._full(path), data, self._acl,
+                             (1 if ephemeral else 0) | (2 if sequence else 0))
+        else:
+            request = CreateTTL(self._full(path), data, self._acl, 6 if sequence else 5,
+                                _ttl_ms(ttl, ephemeral))
         while True:
             try:
                 # Parents are made here, in this task: a create whose caller was cancelled
                 # (and cleaned up) can never be issued again behind its back.
                 return self._relative(await self._call(request))
-            except errors.NoNodeError:
+            except errors.ZooKeeperError as exc:
+                if ttl is not None and isinstance(exc.__cause__, kz.UnimplementedError):
+                    raise errors.UnsupportedByServerError(
+                        f"create {path!r} with a TTL refused: the ZooKeeper server does not "
+                        "enable TTL nodes (set extendedTypesEnabled=true in its zoo.cfg; "
+                        "ZooKeeper 3.5.3 or later)"
+                    ) from exc
+                if not isinstance(exc, errors.NoNodeError):
+                    raise
                 parent = path.rsplit("/", 1)[0]
                 if not makepath or not parent:
                     raise
@@ -784,6 +805,17 @@ def _watcher(watch: WatchCallback | None) -> WatchCallback | None:
     if watch is not None and not callable(watch):
         raise TypeError(f"watch must be a callable, got {watch!r}")
     return watch
+
+
+def _ttl_ms(ttl: float, ephemeral: bool) -> int:
+    """``ttl`` seconds as the whole milliseconds ZooKeeper takes (1 ms to 2**40 - 1 ms)."""
+    if ephemeral:
+        raise errors.ConfigurationError("a TTL node cannot be ephemeral (leave out ttl=)")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl * 1000 < 2**40:
+        raise errors.ConfigurationError(
+            f"ttl must be a positive number of seconds (at most about 34 years), got {ttl!r}"
+        )
+    return max(1, round(ttl * 1000))
 
 
 def _version(version: int) -> int:
