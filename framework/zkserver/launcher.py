@@ -178,6 +178,9 @@ class ZooKeeperEnsemble:
     of its own, on that namespace's address (``client_address`` is then not used).
     ``tls=True`` adds a TLS client port to each member (see the module's doc); the plain
     port stays open (for ``srvr`` and for clients without TLS).
+    ``extended_types`` (on by default) enables TTL nodes (``extendedTypesEnabled=true``);
+    the server then reaps expired TTL nodes (and empty containers) every
+    ``container_check_ms`` milliseconds (ZooKeeper's own default is a minute).
     """
 
     def __init__(
@@ -194,6 +197,8 @@ class ZooKeeperEnsemble:
         client_address: str = "127.0.0.1",
         placement: Sequence[Placement] | None = None,
         tls: bool = False,
+        extended_types: bool = True,
+        container_check_ms: int = 500,
     ) -> None:
         if size < 1:
             raise ConfigurationError("an ensemble needs at least one member")
@@ -215,6 +220,8 @@ class ZooKeeperEnsemble:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="zk-"))
         self.tls = tls
+        self.extended_types = extended_types
+        self.container_check_ms = container_check_ms
         per = 4 if tls else 3
         ports = free_ports(per * size)
         if client_port is not None:
@@ -316,6 +323,8 @@ class ZooKeeperEnsemble:
             "autopurge.purgeInterval=0",
             *self._tls_config(member),
         ]
+        if self.extended_types:  # becomes the system property zookeeper.extendedTypesEnabled
+            lines.append("extendedTypesEnabled=true")
         if self.size > 1:
             lines.append("reconfigEnabled=false")
             lines.append("standaloneEnabled=false")
@@ -341,6 +350,7 @@ class ZooKeeperEnsemble:
             "-Xshare:auto",
             "-Dzookeeper.admin.enableServer=false",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            f"-Dznode.container.checkIntervalMs={self.container_check_ms}",
             "-cp",
             self.classpath,
             MAIN_CLASS,
