@@ -2,7 +2,8 @@
 
 Layers: :mod:`framework.zk` (trio bridge over kazoo), :mod:`framework.zkserver` (a real
 ZooKeeper for tests and demos), :mod:`framework.primitives` (the coordination recipes),
-:mod:`framework.runtime` (masters and workers).
+:mod:`framework.runtime` (masters and workers); beside them :mod:`framework.blobstore` (data
+several hosts share, named by a ``file://`` or ``s3://`` URL).
 """
 
 import importlib
@@ -37,8 +38,18 @@ from framework.errors import (
 # Everything else is imported on first use (PEP 562), so `import framework.zk` does not
 # load the runtime, the server launcher or rich.
 _LAZY: dict[str, str] = {
+    "tls_server_stream": "framework.linktls",
+    "tls_client_stream": "framework.linktls",
+    "check_bindable": "framework.addresses",
+    "route_address": "framework.addresses",
+    "open_listeners": "framework.addresses",
+    "choose_endpoint": "framework.addresses",
+    "LinkTls": "framework.linktls",
+    "Endpoint": "framework.addresses",
     "App": "framework.runtime",
     "Barrier": "framework.primitives",
+    "BlobMissing": "framework.blobstore",
+    "BlobStore": "framework.blobstore",
     "BlockingClient": "framework.runtime",
     "ChildrenSnapshot": "framework.zk",
     "Client": "framework.runtime",
@@ -59,6 +70,7 @@ _LAZY: dict[str, str] = {
     "SessionState": "framework.zk",
     "StateChange": "framework.zk",
     "Service": "framework.runtime",
+    "StoreUnavailable": "framework.blobstore",
     "Task": "framework.runtime",
     "TaskResult": "framework.runtime",
     "Term": "framework.primitives",
@@ -70,13 +82,27 @@ _LAZY: dict[str, str] = {
     "ZooKeeperEnsemble": "framework.zkserver",
     "configure_logging": "framework.logs",
     "get_logger": "framework.logs",
+    "open_store": "framework.blobstore",
     "single_body_error": "framework.zk.scopes",
+    "store_location": "framework.blobstore",
     "task": "framework.runtime",
     "watch_children": "framework.zk",
     "watch_data": "framework.zk",
 }
 
 if TYPE_CHECKING:
+    from framework.addresses import (
+        Endpoint,
+        check_bindable,
+        choose_endpoint,
+        open_listeners,
+        route_address,
+    )
+    from framework.linktls import (
+        LinkTls,
+        tls_client_stream,
+        tls_server_stream,
+    )
     from framework.logs import (
         configure_logging,
         get_logger,
@@ -142,9 +168,19 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "tls_server_stream",
+    "tls_client_stream",
+    "check_bindable",
+    "route_address",
+    "open_listeners",
+    "choose_endpoint",
+    "LinkTls",
+    "Endpoint",
     "App",
     "BadVersionError",
     "Barrier",
+    "BlobMissing",
+    "BlobStore",
     "BlockingClient",
     "ChildrenSnapshot",
     "ClaimLost",
@@ -183,6 +219,7 @@ __all__ = [
     "SessionInterrupted",
     "SessionState",
     "StateChange",
+    "StoreUnavailable",
     "Task",
     "TaskResult",
     "Term",
@@ -198,7 +235,9 @@ __all__ = [
     "configure_logging",
     "errors",
     "get_logger",
+    "open_store",
     "single_body_error",
+    "store_location",
     "task",
     "watch_children",
     "watch_data",

@@ -53,6 +53,15 @@ version :data:`SIGNED_VERSION`, the body followed by a keyed BLAKE2b tag of
 in a signed frame (else ``unauthenticated``) and answers a signed request in kind.  Clients
 (produce, subscribe) need no secret.  A signed frame proves who sent it, not that what it
 says is true (see :mod:`~examples.message_broker.primary` for the epoch check).
+
+TLS (links across hosts): with ``$BROKER_TLS_CA`` / ``$BROKER_TLS_CERT`` / ``$BROKER_TLS_KEY``
+(:class:`framework.LinkTls`, prefix ``BROKER``) every link is TLS: a server wraps each
+accepted connection, clients and a backup's replication link verify the server's
+certificate against the CA and the advertised address.  ``$BROKER_TLS_MUTUAL=1`` on the
+servers refuses a client without a certificate the CA signed (its handshake fails; it sees
+:class:`trio.BrokenResourceError`).  The frames above travel unchanged inside TLS; the keyed
+tags of the plaintext mode can stay on (they prove a server to a server, TLS proves a
+certificate).
 """
 
 from __future__ import annotations
@@ -63,7 +72,9 @@ import hmac
 import math
 import os
 import socket
+import ssl
 import struct
+from functools import cache
 from typing import Any, NewType
 
 import attrs
@@ -71,7 +82,7 @@ import msgpack
 import trio
 
 from examples.message_broker.log import Record, records_from
-from framework import records
+from framework import LinkTls, records, tls_client_stream
 
 #: Protocol version carried in every frame's first byte.
 VERSION = 1
@@ -84,6 +95,9 @@ MAC_SIZE = 32
 
 #: The environment variable holding the servers' shared secret.
 SECRET_ENV = "BROKER_SECRET"
+
+#: The prefix of the TLS variables (``BROKER_TLS_CA``, ...: :class:`framework.LinkTls`).
+TLS_PREFIX = "BROKER"
 
 #: Largest frame body accepted (bytes).  A produce batch must fit in one frame.
 MAX_FRAME = 4 * 1024 * 1024
@@ -331,6 +345,20 @@ def link_secret() -> bytes | None:
     return value.encode() if value else None
 
 
+@cache
+def link_tls() -> LinkTls | None:
+    """This process's TLS settings from ``$BROKER_TLS*`` (``None``: plain TCP), read once;
+    a setting that cannot work is a one-line :class:`~framework.errors.ConfigurationError`."""
+    return LinkTls.from_env(TLS_PREFIX)
+
+
+@cache
+def client_context() -> ssl.SSLContext | None:
+    """The client TLS context of this process (``None``: plain TCP)."""
+    tls = link_tls()
+    return None if tls is None else tls.client_context()
+
+
 def _mac(secret: bytes, data: bytes) -> bytes:
     return hashlib.blake2b(data, key=secret[:64], digest_size=MAC_SIZE).digest()
 
@@ -477,13 +505,29 @@ class Connection:
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
-            await self.stream.aclose()
+            try:
+                await self.stream.aclose()
+            except (trio.BrokenResourceError, OSError):  # a TLS close on a dead link
+                pass
 
 
-async def connect(address: str, secret: bytes | None = None) -> Connection:
+#: The default of a ``tls`` argument: the settings of ``$BROKER_TLS*``.
+FROM_ENV: Any = object()
+
+
+async def connect(address: str, secret: bytes | None = None, *,
+                  tls: ssl.SSLContext | None = FROM_ENV) -> Connection:
     """Open a connection to ``host:port``; with ``secret``, every frame sent is signed and
-    every frame read must be signed with it (a link between servers)."""
+    every frame read must be signed with it (a link between servers).  ``tls``: a client
+    context, ``None`` for plain TCP; default :func:`client_context` (``$BROKER_TLS*``).  A
+    refused TLS handshake raises :class:`trio.BrokenResourceError`."""
     host, _, port = address.rpartition(":")
-    stream = await trio.open_tcp_stream(host, int(port))
-    keep_alive(stream)
+    context = client_context() if tls is FROM_ENV else tls
+    raw = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    keep_alive(raw)
+    try:
+        stream = await tls_client_stream(raw, context, host)
+    except BaseException:
+        await trio.aclose_forcefully(raw)
+        raise
     return Connection(stream, secret, sign=True)

@@ -1,7 +1,12 @@
 """A broker server: ``python -m framework run examples.message_broker.app:BrokerServer``.
 
-It listens on TCP (``$BROKER_PORT``, default any free port on 127.0.0.1; see
-:mod:`examples.message_broker.protocol`), joins ``nodes/`` with its
+It listens on TCP (see :mod:`examples.message_broker.protocol`) where
+``$BROKER_LISTEN`` says (``HOST``, ``HOST:PORT``, ``0.0.0.0``; default: the address of the
+interface that routes to ZooKeeper, loopback only when ZooKeeper is on loopback; port
+``$BROKER_PORT``, default any free one) and publishes ``--address`` / ``$BROKER_ADVERTISE``
+(default: the address it listens on; the rule of :mod:`framework.addresses`); an address it
+cannot bind stops it at start in one line.  With ``$BROKER_TLS_*`` every link is TLS
+(:class:`framework.LinkTls`).  It joins ``nodes/`` with its
 :class:`~examples.message_broker.layout.NodeRecord`, and runs as a runtime
 :class:`~framework.runtime.Worker` in the replicated push mode: the runtime follows its
 assignments (``assignments/<server>/``, written by the controller) and runs
@@ -81,7 +86,14 @@ from examples.message_broker.protocol import (
     Subscribed,
 )
 from examples.message_broker.watching import wait_epoch_changed, wait_watch
-from framework import errors, records
+from framework import (
+    LinkTls,
+    choose_endpoint,
+    errors,
+    open_listeners,
+    records,
+    tls_server_stream,
+)
 from framework.logs import get_logger
 from framework.primitives import Group, Membership
 from framework.retry import Backoff
@@ -136,8 +148,12 @@ class BrokerServer(Worker):
     """A YMB-style topic server (see the module doc).
 
     ``data_dir`` (default ``$BROKER_DATA_DIR`` or ``out/broker``) holds one directory per
-    topic; ``port`` (default ``$BROKER_PORT`` or 0: any) the TCP port; ``fsync``
-    (``$BROKER_FSYNC``: ``never`` or ``always``) the log's fsync policy.
+    topic; ``listen`` (default ``$BROKER_LISTEN``) where to listen and ``address`` (default
+    ``$BROKER_ADVERTISE``) what to publish (see the module doc); ``port`` (default
+    ``$BROKER_PORT`` or 0: any) the TCP port when ``listen`` names none; ``fsync``
+    (``$BROKER_FSYNC``: ``never`` or ``always``) the log's fsync policy; ``tls`` (default
+    ``$BROKER_TLS*``, ``None``: plain TCP) the links' TLS.  A TLS setting that cannot work
+    is a one-line :class:`~framework.errors.ConfigurationError` here.
     """
 
     app_name = APP_NAME
@@ -146,11 +162,17 @@ class BrokerServer(Worker):
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "", data_dir: str | os.PathLike[str] | None = None,
                  port: int | None = None, fsync: str | None = None,
-                 lag_limit: float | None = None) -> None:
+                 lag_limit: float | None = None, listen: str | None = None,
+                 tls: LinkTls | None = protocol.FROM_ENV) -> None:
         super().__init__(app, name=name, address=address)
         #: the address published to clients and backups (default: where we listen)
         self.advertise = address or os.environ.get("BROKER_ADVERTISE", "")
+        #: where to listen (``HOST[:PORT]``; default: see the module doc)
+        self.listen = listen if listen is not None else os.environ.get("BROKER_LISTEN", "")
         self.listen_address = ""
+        self.tls = protocol.link_tls() if tls is protocol.FROM_ENV else tls
+        self._server_tls = None if self.tls is None else self.tls.server_context()
+        self._client_tls = None if self.tls is None else self.tls.client_context()
         #: every primary term served, in order
         self.terms: list[Term] = []
         self.paths = BrokerPaths(self.app)
@@ -240,17 +262,19 @@ class BrokerServer(Worker):
         for path in (self.paths.nodes, self.paths.topics):
             await session.ensure_path(path)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
-        self.listen_address = f"127.0.0.1:{port}"
-        self.address = self.advertise or self.listen_address
+        endpoint = choose_endpoint(self.listen, self.advertise, zk_hosts=session.hosts,
+                                   port=self.port, what="BROKER_LISTEN")
+        listeners, self.address = await open_listeners(endpoint, what="BROKER_LISTEN")
+        host, port = listeners[0].socket.getsockname()[:2]
+        self.listen_address = f"{host}:{port}"
         group = Group(session, self.paths.nodes)
         # a restarted server waits for its previous incarnation's session to expire (its
         # ``workers/`` member, joined by the runtime after this, goes with the same session)
         try:
             async with group.join(self.name, records.encode(self.node_record()),
                                   wait_if_taken=True) as member:
-                log.info("broker.serving", server=self.name, address=self.address)
+                log.info("broker.serving", server=self.name, address=self.address,
+                         listen=self.listen_address, tls=self.tls is not None)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
                     nursery.start_soon(self._report_node, member)
@@ -595,7 +619,7 @@ class BrokerServer(Worker):
 
     async def _replicate(self, topic: str, topic_log: TopicLog, address: str, epoch: int,
                          info: BackupInfo) -> None:
-        conn = await protocol.connect(address, self.secret)
+        conn = await protocol.connect(address, self.secret, tls=self._client_tls)
         try:
             while True:
                 await conn.send(Fetch(0, topic, epoch, topic_log.end, self.name,
@@ -624,7 +648,7 @@ class BrokerServer(Worker):
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         protocol.keep_alive(stream)
-        conn = protocol.Connection(stream, self.secret)
+        conn = protocol.Connection(tls_server_stream(stream, self._server_tls), self.secret)
         followers: set[Follower] = set()
         try:
             async with trio.open_nursery() as nursery:
