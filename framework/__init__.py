@@ -98,6 +98,13 @@ if TYPE_CHECKING:
         open_listeners,
         route_address,
     )
+    from framework.blobstore import (
+        BlobMissing,
+        BlobStore,
+        StoreUnavailable,
+        open_store,
+        store_location,
+    )
     from framework.linktls import (
         LinkTls,
         tls_client_stream,
