@@ -12,11 +12,13 @@ retention.
 
 A store is any object with ``put(data) -> ref``, ``get(ref) -> bytes`` and
 ``delete(ref)`` (:class:`PayloadStore`; plain blocking methods, run in a worker thread).
-:class:`LocalDirectoryStore` is the default: one file per payload in a directory every
-submitter and worker can reach at the same path (a local disk on one machine, a shared
-mount across several).  Submitters (``Client(payload_store=...)``, ``BlockingClient``,
-``framework submit``, masters and workers) and workers (a ``payload_store`` attribute on
-the Worker class) take a store or a directory path, else ``FRAMEWORK_PAYLOAD_STORE``.
+:class:`BlobPayloadStore` is the one given by a URL: one object per payload in a
+:mod:`framework.blobstore` store that every submitter and worker reaches, ``file://`` (or
+a bare path: :class:`LocalDirectoryStore`; a local disk on one machine, a shared mount
+across several) or ``s3://bucket/prefix`` (an S3-compatible object store).  Submitters
+(``Client(payload_store=...)``, ``BlockingClient``, ``framework submit``, masters and
+workers) and workers (a ``payload_store`` attribute on the Worker class) take a store, a
+URL or a directory path, else ``FRAMEWORK_PAYLOAD_STORE``.
 A reference is a name the store made (letters, digits, ``._-``), never a path: a task
 record cannot make a worker read or delete a file outside its store.
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from framework import errors
+from framework.blobstore import BlobMissing, BlobStore, FileBlobStore, open_store
 
 #: Largest task (payload and envelope, as JSON) one queue item takes.
 MAX_TASK_BYTES = 64 * 1024
@@ -63,39 +66,39 @@ class PayloadStore(Protocol):
         ...
 
 
-class LocalDirectoryStore:
-    """One file per payload in ``directory`` (created if missing).
+class BlobPayloadStore:
+    """One object per payload in a :class:`~framework.blobstore.BlobStore` (a directory every
+    host mounts, or an S3-compatible bucket: see :mod:`framework.blobstore`).
 
-    ``put`` writes a new file atomically (a temporary name, then a rename), so a reader
-    never sees half a payload; files older than ``retention`` seconds are removed by a
-    ``put``, at most once per ``prune_every`` seconds (one listing of the directory)."""
+    ``put`` writes a new object atomically (a reader never sees half a payload); objects
+    older than ``retention`` seconds are removed by a ``put``, at most once per
+    ``prune_every`` seconds (one listing of the store).  A store that cannot be reached
+    raises :class:`~framework.errors.ConfigurationError` from ``put`` (the submitter's
+    mistake or outage, in one line) and :class:`~framework.blobstore.StoreUnavailable` (an
+    ``OSError``: retried like any failed attempt) from ``get``."""
 
-    def __init__(self, directory: str | os.PathLike[str], *,
-                 retention: float = 30 * 86400.0, prune_every: float = 3600.0) -> None:
-        self.directory = Path(directory)
+    def __init__(self, blobs: BlobStore, *, retention: float = 30 * 86400.0,
+                 prune_every: float = 3600.0) -> None:
+        self.blobs = blobs
         self.retention = retention
         self.prune_every = prune_every
         self._pruned = 0.0
 
     def __repr__(self) -> str:
-        return f"LocalDirectoryStore({str(self.directory)!r})"
+        return f"{type(self).__name__}({self.blobs.url!r})"
 
-    def _path(self, ref: str) -> Path:
+    @staticmethod
+    def _key(ref: str) -> str:
         if not _REF.fullmatch(ref) or ref.startswith(".") or ".." in ref:
             raise PayloadMissing(f"not a payload reference of this store: {ref!r}")
-        return self.directory / ref
+        return ref
 
     def put(self, data: bytes) -> str:
+        ref = f"{uuid.uuid4().hex}.json"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            ref = f"{uuid.uuid4().hex}.json"
-            temporary = self.directory / f".{ref}.part"
-            temporary.write_bytes(data)
-            temporary.replace(self.directory / ref)
+            self.blobs.put(ref, data)
         except OSError as exc:
-            raise errors.ConfigurationError(
-                f"cannot store a payload in {self.directory}: {exc.strerror or exc}"
-            ) from None
+            raise errors.ConfigurationError(f"cannot store a payload: {exc}") from None
         now = time.time()
         if now - self._pruned >= self.prune_every:
             self._pruned = now
@@ -104,45 +107,64 @@ class LocalDirectoryStore:
 
     def get(self, ref: str) -> bytes:
         try:
-            return self._path(ref).read_bytes()
-        except FileNotFoundError:
+            return self.blobs.get(self._key(ref))
+        except BlobMissing:
             raise PayloadMissing(
-                f"the payload {ref} is not in {self.directory} (deleted by retention, or "
+                f"the payload {ref} is not in {self.blobs.url} (deleted by retention, or "
                 "the worker's payload store is not the submitter's)"
             ) from None
 
     def delete(self, ref: str) -> None:
-        self._path(ref).unlink(missing_ok=True)
+        self.blobs.delete(self._key(ref))
 
     def prune(self, before: float) -> int:
         """Delete the payloads written before ``before`` (epoch seconds); how many."""
         removed = 0
         try:
-            entries = list(os.scandir(self.directory))
+            entries = self.blobs.list()
         except OSError:
             return 0
         for entry in entries:
-            try:
-                if entry.is_file() and entry.stat().st_mtime < before:
-                    os.unlink(entry.path)
+            if entry.modified < before and _REF.fullmatch(entry.key):
+                try:
+                    self.blobs.delete(entry.key)
                     removed += 1
-            except OSError:
-                pass  # gone meanwhile
+                except OSError:
+                    pass  # gone meanwhile, or the store is away: the next prune
         return removed
 
 
+class LocalDirectoryStore(BlobPayloadStore):
+    """A :class:`BlobPayloadStore` in ``directory`` (created if missing): one file per
+    payload, written under a temporary name and renamed."""
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 retention: float = 30 * 86400.0, prune_every: float = 3600.0) -> None:
+        self.directory = Path(directory)
+        super().__init__(FileBlobStore(directory), retention=retention,
+                         prune_every=prune_every)
+
+    def __repr__(self) -> str:
+        return f"LocalDirectoryStore({str(self.directory)!r})"
+
+
 def store_from(value: PayloadStore | str | os.PathLike[str] | None) -> PayloadStore | None:
-    """The store ``value`` names (a store, or a directory for a :class:`LocalDirectoryStore`),
-    else the directory in ``FRAMEWORK_PAYLOAD_STORE``, else ``None`` (no store)."""
+    """The store ``value`` names (a store, or a store URL or directory for a
+    :class:`BlobPayloadStore`: see :func:`framework.blobstore.open_store`), else the one in
+    ``FRAMEWORK_PAYLOAD_STORE``, else ``None`` (no store).  A URL that is not one is a
+    one-line :class:`~framework.errors.ConfigurationError`."""
     if value is None:
         value = os.environ.get(STORE_ENV) or None
         if value is None:
             return None
     if isinstance(value, (str, os.PathLike)):
-        return LocalDirectoryStore(value)
+        if "://" not in os.fspath(value):
+            return LocalDirectoryStore(value)
+        return BlobPayloadStore(open_store(value))
     if not isinstance(value, PayloadStore):
         raise errors.ConfigurationError(
-            f"payload_store must be a directory or have put/get/delete, got {value!r}")
+            f"payload_store must be a store URL, a directory or have put/get/delete, "
+            f"got {value!r}")
     return value
 
 
@@ -156,7 +178,8 @@ def too_large(size: int, limit: int = MAX_TASK_BYTES) -> errors.DataTooLargeErro
     """The one-line refusal of a task of ``size`` bytes with no payload store."""
     return errors.DataTooLargeError(
         f"the task is {size:,} bytes as JSON, over the {limit:,}-byte limit of a queue item: "
-        f"set {STORE_ENV}=/a/shared/directory (or pass payload_store=) to store large "
+        f"set {STORE_ENV}=/a/shared/directory or s3://bucket/prefix (or pass "
+        "payload_store=) to store large "
         "payloads off ZooKeeper by reference, or submit a reference of your own"
     )
 
