@@ -6,8 +6,12 @@ A master class lists its schedules; while it leads, :class:`Scheduler` fires the
         schedules = [every(60, "report"), cron("0 3 * * *", "cleanup", {"days": 30})]
 
 **Slots.** A schedule's fire times are its *slots*: multiples of ``seconds`` since the epoch
-for :func:`every`, the times its expression matches (UTC) for :func:`cron`.  The task of slot
-``s`` has the id ``<schedule>-<s>`` (it is also its idempotency key).
+for :func:`every`, the times its expression matches (UTC) for :func:`cron`.  Slots are
+integer nanoseconds since the epoch, computed exactly: ``seconds`` is taken as the decimal
+written (``every(0.7)`` is 700,000,000 ns, not the binary float nearest 0.7), so the slot
+after a slot is always the next one, however far from the epoch.  The task of slot ``s`` has
+the id ``<schedule>-<s in whole milliseconds>`` (it is also its idempotency key); a period
+is at least one millisecond, so slots' ids are distinct.
 
 **Exactly one fire per slot, across failovers.**  ``schedules/<name>`` records the last slot
 fired (:class:`ScheduleRecord`).  A fire is one fenced multi: the task's queue item is
@@ -30,7 +34,8 @@ from __future__ import annotations
 
 import enum
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 import attrs
@@ -48,6 +53,30 @@ log = get_logger("framework.runtime.schedules")
 
 #: Most missed slots ``CatchUp.ALL`` fires after a failover.
 MAX_CATCH_UP = 1000
+
+#: Nanoseconds per second: slots are integer nanoseconds since the epoch.
+NS = 1_000_000_000
+
+#: The shortest interval of :func:`every` (task ids name a slot in whole milliseconds).
+MIN_PERIOD_NS = 1_000_000
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def period_ns(seconds: float) -> int:
+    """``seconds`` as whole nanoseconds, exactly as written: ``0.7`` is 700,000,000 (the
+    float's shortest decimal form, not its binary value)."""
+    return round(Fraction(repr(float(seconds))) * NS)
+
+
+def to_datetime(ns: int) -> datetime:
+    """The UTC time of ``ns`` nanoseconds since the epoch (to the microsecond below)."""
+    return _EPOCH + timedelta(microseconds=ns // 1000)
+
+
+def from_datetime(when: datetime) -> int:
+    """Nanoseconds since the epoch of ``when``, exactly (no float on the way)."""
+    return (when - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 class CatchUp(enum.Enum):
@@ -69,6 +98,8 @@ class Schedule:
     cron: str | None = None
     catch_up: CatchUp = CatchUp.LATEST
     priority: int | None = None
+    #: ``seconds`` in whole nanoseconds (interval schedules; computed, never given)
+    period_ns: int | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_name("schedule name", self.name)
@@ -80,6 +111,13 @@ class Schedule:
             raise errors.ConfigurationError(
                 f"schedule {self.name!r}: every() needs a positive number of seconds, got "
                 f"{self.seconds!r}")
+        if self.seconds is not None:
+            period = period_ns(self.seconds)
+            if period < MIN_PERIOD_NS:
+                raise errors.ConfigurationError(
+                    f"schedule {self.name!r}: every() needs at least 0.001 seconds, got "
+                    f"{self.seconds!r}")
+            object.__setattr__(self, "period_ns", period)
         if self.cron is not None:
             try:
                 CronSim(self.cron, datetime.now(UTC))
@@ -89,28 +127,30 @@ class Schedule:
                 ) from None
         new_task(self.payload, name=self.task)  # a payload that is not JSON: refused now
 
-    def next_slot(self, after: float) -> float:
-        """The first slot strictly after ``after`` (seconds since the epoch)."""
-        if self.seconds is not None:
-            return (int(after // self.seconds) + 1) * self.seconds
+    def next_slot(self, after: int) -> int:
+        """The first slot strictly after ``after`` (integer nanoseconds since the epoch)."""
+        period = self.period_ns
+        if period is not None:
+            return (after // period + 1) * period
         assert self.cron is not None
-        start = datetime.fromtimestamp(after, UTC)
-        return next(CronSim(self.cron, start)).timestamp()
+        return from_datetime(next(CronSim(self.cron, to_datetime(after))))
 
-    def slots(self, after: float, until: float, limit: int) -> list[float]:
-        """The slots in ``(after, until]``, the last ``limit`` of them."""
-        if self.seconds is not None:
-            first, last = int(after // self.seconds) + 1, int(until // self.seconds)
-            return [k * self.seconds for k in range(max(first, last - limit + 1), last + 1)]
-        found: list[float] = []
+    def slots(self, after: int, until: int, limit: int) -> list[int]:
+        """The slots in ``(after, until]`` (nanoseconds), the last ``limit`` of them."""
+        period = self.period_ns
+        if period is not None:
+            first, last = after // period + 1, until // period
+            return [k * period for k in range(max(first, last - limit + 1), last + 1)]
+        found: list[int] = []
         slot = self.next_slot(after)
         while slot <= until:
             found = [*found[-(limit - 1):], slot] if limit > 1 else [slot]
             slot = self.next_slot(slot)
         return found
 
-    def task_id(self, slot: float) -> str:
-        return f"{self.name}-{int(slot * 1000)}"
+    def task_id(self, slot: int) -> str:
+        """The id (and idempotency key) of slot ``slot``'s task: whole milliseconds."""
+        return f"{self.name}-{slot // 1_000_000}"
 
 
 def every(seconds: float, task: str, payload: Any = None, *, name: str | None = None,
@@ -129,10 +169,26 @@ def cron(expression: str, task: str, payload: Any = None, *, name: str | None = 
 
 @attrs.frozen
 class ScheduleRecord:
-    """``schedules/<name>``: the last slot fired (or passed over) and how many fired."""
+    """``schedules/<name>``: the last slot fired (or passed over) and how many fired.
+
+    ``ns`` is the slot exactly (nanoseconds since the epoch); ``slot`` the same in seconds,
+    for people and older readers (a float: never used to compute the next slot).  A record
+    without ``ns`` (written before it existed) is read to the millisecond, which is what its
+    task ids named."""
 
     slot: float = 0.0
     fires: int = 0
+    ns: int | None = None
+
+    @classmethod
+    def at(cls, slot: int, fires: int = 0) -> ScheduleRecord:
+        return cls(slot / NS, fires, slot)
+
+    @property
+    def slot_ns(self) -> int:
+        if self.ns is not None:
+            return self.ns
+        return round(Fraction(repr(self.slot)) * 1000) * 1_000_000
 
 
 class Scheduler:
@@ -172,8 +228,8 @@ class Scheduler:
     async def _fire_forever(self, schedule: Schedule) -> None:
         record, version = await self._read(schedule)
         while True:
-            now = time.time()
-            missed = schedule.slots(record.slot, now, MAX_CATCH_UP)
+            now = time.time_ns()
+            missed = schedule.slots(record.slot_ns, now, MAX_CATCH_UP)
             if missed and schedule.catch_up is CatchUp.SKIP:
                 record, version = await self._pass_over(schedule, record, version, missed[-1])
                 missed = []
@@ -181,8 +237,8 @@ class Scheduler:
                 missed = missed[-1:]
             for slot in missed:
                 record, version = await self._fire(schedule, record, version, slot)
-            slot = schedule.next_slot(max(record.slot, now))
-            await trio.sleep(max(0.0, slot - time.time()))
+            slot = schedule.next_slot(max(record.slot_ns, now))
+            await trio.sleep(max(0, slot - time.time_ns()) / NS)
             record, version = await self._fire(schedule, record, version, slot)
 
     async def _read(self, schedule: Schedule) -> tuple[ScheduleRecord, int]:
@@ -193,7 +249,7 @@ class Scheduler:
             try:
                 data, stat = await self.session.get(path)
             except errors.NoNodeError:
-                start = ScheduleRecord(time.time())  # no slot before now is owed
+                start = ScheduleRecord.at(time.time_ns())  # no slot before now is owed
                 try:
                     await self.session.create(path, records.encode(start))
                 except errors.NodeExistsError:
@@ -203,16 +259,16 @@ class Scheduler:
                 return records.decode(data, ScheduleRecord), stat.version
             except records.CorruptRecord as exc:
                 log.error("schedule.corrupt", schedule=schedule.name, error=str(exc))
-                return ScheduleRecord(time.time()), stat.version
+                return ScheduleRecord.at(time.time_ns()), stat.version
 
     async def _fire(self, schedule: Schedule, record: ScheduleRecord, version: int,
-                    slot: float) -> tuple[ScheduleRecord, int]:
+                    slot: int) -> tuple[ScheduleRecord, int]:
         """Queue the task of ``slot`` and record the slot, in one fenced multi."""
         info = await self.submitter.catalog.check(schedule.task)
         task = new_task(schedule.payload, name=schedule.task, task_id=schedule.task_id(slot),
                         idempotency_key=schedule.task_id(slot))
         priority = schedule.priority if schedule.priority is not None else info.priority
-        fired = ScheduleRecord(slot, record.fires + 1)
+        fired = ScheduleRecord.at(slot, record.fires + 1)
         path = self.path(schedule)
         try:
             await self.queue.put(task.encode(), priority=priority,
@@ -225,13 +281,13 @@ class Scheduler:
             return await self._read(schedule)
         self.fired += 1
         log.info("schedule.fired", schedule=schedule.name, task=task.id,
-                 late=round(time.time() - slot, 3))
+                 late=round((time.time_ns() - slot) / NS, 3))
         return fired, version + 1
 
     async def _pass_over(self, schedule: Schedule, record: ScheduleRecord, version: int,
-                         slot: float) -> tuple[ScheduleRecord, int]:
+                         slot: int) -> tuple[ScheduleRecord, int]:
         """Record ``slot`` as passed over without firing (``CatchUp.SKIP``), fenced."""
-        passed = ScheduleRecord(slot, record.fires)
+        passed = ScheduleRecord.at(slot, record.fires)
         try:
             txn = self.session.transaction()
             txn.set(self.path(schedule), records.encode(passed), version=version)
@@ -240,5 +296,5 @@ class Scheduler:
             await txn.commit()
         except errors.TransactionFailedError:
             return await self._read(schedule)
-        log.info("schedule.skipped", schedule=schedule.name, until=slot)
+        log.info("schedule.skipped", schedule=schedule.name, until=slot / NS)
         return passed, version + 1
