@@ -255,3 +255,58 @@ async def test_delayed_tasks_survive_a_master_failover(zk_hosts: str, chroot: st
     assert all(r is not None and r.ok for r in results)
     assert len(worker.starts["handle"]) == 5  # each ran once
     assert len(late_waiting) == 1
+
+
+class Strict(Worker):
+    """A class allowing 3 deliveries with types that allow fewer."""
+
+    max_attempts = 3
+    backoff_base = 0.01
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs: dict[str, int] = {}
+
+    @task(max_attempts=2)
+    async def report(self, task: Task) -> None:
+        self.runs[task.key] = self.runs.get(task.key, 0) + 1
+        raise ValueError(f"bad row {task.attempts}")
+
+    @task(max_attempts=1, time_limit=0.2)
+    async def slow(self, task: Task) -> None:
+        self.runs[task.key] = self.runs.get(task.key, 0) + 1
+        await trio.sleep_forever()
+
+
+async def _dead_letters(session: Session, app: str, count: int) -> list[str]:
+    """The names under the app's dead letters once there are ``count`` (a children watch)."""
+    path = f"/apps/{app}/dead"
+    await wait_exists(session, path)
+    while True:
+        changed = trio.Event()
+        names = await session.children(path, watch=session.waker(changed))
+        if len(names) >= count:
+            return names
+        await changed.wait()
+
+
+async def test_a_type_below_the_class_attempts_keeps_its_real_error(
+        zk_hosts: str, chroot: str) -> None:
+    """``@task(max_attempts=2)`` in a class with 3: two deliveries, then the dead letter at
+    once, and the result says ValueError (not "delivered 3 times"); the same with a time
+    limit and ``max_attempts=1``."""
+    worker = Strict("strict", name="w1")
+    with trio.fail_after(60):
+        async with serving(zk_hosts, chroot, worker) as session:
+            client = Client(session, "strict")
+            await client.submit("report", {}, key="r")
+            await client.submit("slow", {}, key="s")
+            dead = await _dead_letters(session, "strict", 2)
+            report = await client.result("r")
+            slow = await client.result("s")
+    assert worker.runs == {"r": 2, "s": 1}
+    assert sorted(name.rsplit(".", 1)[1] for name in dead) == ["1", "2"]  # deliveries
+    assert report is not None and not report.ok and report.attempts == 2
+    assert report.error == "ValueError: bad row 2"
+    assert slow is not None and not slow.ok and slow.attempts == 1
+    assert slow.error == "time limit exceeded"

@@ -330,10 +330,12 @@ class TaskConsumer:
             with revocable:
                 value = await self.handlers.call_within(task, rules.kind, limit)
         except Exception as exc:
-            await self._failed(session, task, exc, started, rules)
-            # leaving take() with an error hands the item back (or buries it for good)
-            handed_back = _GivenUp() if isinstance(exc, errors.PermanentFailure) else _HandedBack()
-            raise handed_back from exc
+            final = await self._failed(session, task, exc, started, rules)
+            # leaving take() with an error hands the item back, or - its type's attempts
+            # used up, or a permanent failure - buries it at once: the queue's own limit is
+            # the largest of the worker's types, and a delivery past the type's own would
+            # only record "delivered too often" over the real error
+            raise (_GivenUp() if final else _HandedBack()) from exc
         finally:
             self._revocable.pop(task.id, None)
             self._in_flight -= 1
@@ -441,7 +443,10 @@ class TaskConsumer:
         return None
 
     async def _failed(self, session: Session, task: Task, exc: Exception,
-                      started: float, rules: TaskRules | None) -> None:
+                      started: float, rules: TaskRules | None) -> bool:
+        """Record a failed delivery (the failures ring; the result record too when it is
+        final); hold the claim for the retry backoff when it is not.  Return whether it is
+        final: the type's ``max_attempts`` reached, or a permanent failure."""
         ended = time.time()  # the record's time: not counting the traceback's formatting
         self.tasks_failed += 1
         if isinstance(exc, trio.TooSlowError):
@@ -482,6 +487,7 @@ class TaskConsumer:
         if not final:
             # hold the claim for a while so the retry is delayed (exponential backoff)
             await (rules.backoff if rules else self.worker.backoff).sleep(task.attempts)
+        return final
 
     async def _drain_deadline(self, slots: trio.CancelScope) -> None:
         await self.worker.stop_requested.wait()
