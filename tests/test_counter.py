@@ -1,0 +1,105 @@
+"""Counter: versioned updates; increments under contention never lost, never doubled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from framework import Session
+from framework.errors import ConcurrentUpdateError, ConfigurationError, ConnectionLossError
+from framework.primitives import Counter
+from framework.primitives.counter import RECEIPTS, decode
+from framework.testing import python_argv, spawn
+
+HELPER = Path(__file__).parent / "helpers" / "recipe_holder.py"
+
+
+async def test_add_get_and_defaults(session: Session) -> None:
+    counter = Counter(session, "/c/hits", default=10)
+    assert await counter.get() == 10  # no node yet
+    assert await counter.add(5) == 15
+    assert await counter.add(-20) == -5
+    assert await Counter(session, "/c/hits").get() == -5
+    await session.set("/c/hits", b"41")  # a bare decimal, as another library writes it
+    assert await counter.add(1) == 42  # the stale cached version is refreshed
+    await session.create("/c/junk", b"not a number")
+    with pytest.raises(ConcurrentUpdateError, match="does not hold a counter"):
+        await Counter(session, "/c/junk").add(1)
+    for bad in (1.5, True, "1"):
+        with pytest.raises(ConfigurationError, match="delta must be an int"):
+            await counter.add(bad)  # type: ignore[arg-type]
+
+
+async def test_increments_from_several_processes_are_never_lost(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """3 processes x 4 tasks x 25 increments, plus 4 tasks here, all on one node."""
+    times = 25
+    with trio.fail_after(60):
+        async with spawn(python_argv(HELPER, zk_hosts, chroot, "counter", times),
+                         pipe_stdout=True) as a, \
+                spawn(python_argv(HELPER, zk_hosts, chroot, "counter", times),
+                      pipe_stdout=True) as b, \
+                spawn(python_argv(HELPER, zk_hosts, chroot, "counter", times),
+                      pipe_stdout=True) as c:
+            async def adder() -> None:
+                counter = Counter(session, "/counter")
+                for _ in range(times):
+                    await counter.add(1)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(adder)
+            for child in (a, b, c):
+                assert child.lines is not None
+                assert await child.lines.next() == "DONE"
+    assert await Counter(session, "/counter").get() == 4 * 4 * times
+
+
+class _LostReply:
+    """Session.set whose reply is lost after (``applied``) or before the server applies it:
+    the write's outcome is unknown to the caller, as after a real ConnectionLoss."""
+
+    def __init__(self, session: Session, applied: bool) -> None:
+        self.session, self.applied, self.calls = session, applied, 0
+        self.real = session.set
+
+    async def set(self, path: str, data: bytes, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            if self.applied:
+                await self.real(path, data, **kwargs)
+            raise ConnectionLossError("reply lost")
+        return await self.real(path, data, **kwargs)
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_an_update_whose_reply_was_lost_counts_once(
+    session: Session, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    counter = Counter(session, "/c")
+    assert await counter.add(1) == 1
+    lost = _LostReply(session, applied)
+    monkeypatch.setattr(session, "set", lost.set)
+    assert await counter.add(1) == 2
+    monkeypatch.undo()
+    assert await counter.get() == 2
+    assert lost.calls == (1 if applied else 2)  # settled by its receipt, or sent again
+
+
+async def test_an_outcome_that_cannot_be_told_says_so(session: Session) -> None:
+    counter = Counter(session, "/c")
+    await counter.add(1)
+    _data, stat = await session.get("/c")
+    for _ in range(RECEIPTS + 1):  # more updates than the node keeps receipts of
+        await Counter(session, "/c").add(1)
+    with pytest.raises(ConnectionLossError, match="cannot be told"):
+        await counter._landed("0123456789ab", stat.version)
+    data, now = await session.get("/c")
+    state = decode("/c", data, now.version)
+    assert len(state.receipts) == RECEIPTS
+    assert await counter._landed(state.receipts[-1], now.version - 1)
+    assert not await counter._landed("0123456789ab", now.version - 1)
