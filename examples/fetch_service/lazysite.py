@@ -4,7 +4,8 @@ Nothing is built up front: page ``i`` (``0 <= i < pages``) and its links are a p
 of ``(spec, i)``, rendered when asked for, so the site costs no memory and any process
 rebuilds the same site (and its ground truth) from the spec and the ports.
 
-Shape (host ``h`` is ``127.0.0.1:ports[h]``):
+Shape (host ``h`` is ``HOST:ports[h]``, ``HOST`` 127.0.0.1 unless ``--host`` /
+``--advertise`` say otherwise, as for :mod:`examples.fetch_service.site`):
 
 - page ``i`` lives on host ``i % hosts`` at ``/p/<i>.html`` (page 0, the seed, at ``/``);
 - its links: its ``fanout`` children ``fanout*i+1 .. fanout*i+fanout`` (a tree: every page is
@@ -45,7 +46,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from examples.fetch_service.fetch import payload_digest
-from examples.fetch_service.site import HOST, serve_until_signal, write_record_file
+from examples.fetch_service.site import (
+    HOST,
+    add_address_options,
+    manifest_host,
+    serve_until_signal,
+    site_endpoint,
+    write_record_file,
+)
 from framework import records, web
 from framework.errors import ConfigurationError
 from framework.logs import get_logger
@@ -109,10 +117,12 @@ class LazySite:
     """
 
     def __init__(self, spec: LazySpec, ports: Sequence[int], *,
-                 access_log: bool = False) -> None:
+                 access_log: bool = False, host: str = HOST) -> None:
         if len(ports) != spec.hosts:
             raise ConfigurationError(f"need {spec.hosts} ports, got {len(ports)}")
         self.spec = spec
+        #: the address its URLs name (the advertised host; ports tell virtual hosts apart)
+        self.host = host
         self.ports = tuple(ports)
         self._host_of_port = {port: index for index, port in enumerate(self.ports)}
         self.requests: Counter[str] = Counter()
@@ -128,7 +138,7 @@ class LazySite:
 
     @property
     def hosts(self) -> tuple[str, ...]:
-        return tuple(f"{HOST}:{port}" for port in self.ports)
+        return tuple(f"{self.host}:{port}" for port in self.ports)
 
     @property
     def seeds(self) -> tuple[str, ...]:
@@ -138,10 +148,10 @@ class LazySite:
         return "/" if i == 0 else f"/p/{i}.html"
 
     def page_url(self, i: int) -> str:
-        return f"http://{HOST}:{self.ports[i % self.spec.hosts]}{self.page_path(i)}"
+        return f"http://{self.host}:{self.ports[i % self.spec.hosts]}{self.page_path(i)}"
 
     def _side_url(self, kind: str, i: int) -> str:
-        return f"http://{HOST}:{self.ports[i % self.spec.hosts]}/{kind}/{i}.html"
+        return f"http://{self.host}:{self.ports[i % self.spec.hosts]}/{kind}/{i}.html"
 
     def depth_bound(self) -> int:
         """Every page is at most this many links from the seed (the tree's height)."""
@@ -192,7 +202,7 @@ class LazySite:
         """The site another process serves, from its manifest;
         :class:`~framework.records.CorruptRecord` if the file is not one."""
         manifest = records.decode(Path(path).read_bytes(), LazyManifest)
-        return cls(manifest.lazy, manifest.ports)
+        return cls(manifest.lazy, manifest.ports, host=manifest_host(manifest.hosts))
 
     # -- serving --------------------------------------------------------------------------
 
@@ -231,7 +241,7 @@ class LazySite:
     def digest_of(self, url: str) -> str | None:
         """The payload digest of what the site answers for ``url`` (as WARC records it);
         None for a URL that is not on the site's hosts."""
-        prefix = f"http://{HOST}:"
+        prefix = f"http://{self.host}:"
         port_text, slash, path = url[len(prefix):].partition("/")
         if not url.startswith(prefix) or not slash or not port_text.isdigit():
             return None
@@ -262,7 +272,7 @@ class LazySite:
         started = time.monotonic()
         port = request.scope["server"][1]
         path = request.scope["path"]
-        url = f"http://{HOST}:{port}{path}"
+        url = f"http://{self.host}:{port}{path}"
         status, kind, body = self.answer(self._host_of_port.get(port, -1), path)
         if self.access_log is not None:
             self.access_log.append(Access(url, started, time.monotonic()))
@@ -286,13 +296,18 @@ def _number(path: str, prefix: str) -> int | None:
 
 @asynccontextmanager
 async def serve_lazy_site(spec: LazySpec, *, ports: Sequence[int] | None = None,
-                          access_log: bool = False) -> AsyncIterator[LazySite]:
-    """Serve the site for the duration of the block (free ports unless ``ports``); a taken
-    port raises :class:`FrameworkError` (one line)."""
-    listener = web.listen(HOST, ports=ports if ports is not None else [0] * spec.hosts,
+                          access_log: bool = False, host: str | None = None,
+                          advertise: str | None = None) -> AsyncIterator[LazySite]:
+    """Serve the site for the duration of the block (free ports unless ``ports``; ``host``
+    and ``advertise`` as for :func:`~examples.fetch_service.site.serve_site`); an address
+    that cannot be bound raises :class:`FrameworkError` (one line)."""
+    endpoint = site_endpoint(host, advertise)
+    listener = web.listen(endpoint.listen_host,
+                          ports=ports if ports is not None else [0] * spec.hosts,
                           what="site", graceful_timeout=0.2, keep_alive_timeout=60.0,
                           server_header=False)
-    site = LazySite(spec, listener.ports, access_log=access_log)
+    site = LazySite(spec, listener.ports, access_log=access_log,
+                    host=endpoint.advertise_host)
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve, site.app(), listener)
         log.info("lazysite.serving", pages=spec.pages, hosts=len(site.hosts))
@@ -305,18 +320,21 @@ async def serve_lazy_site(spec: LazySpec, *, ports: Sequence[int] | None = None,
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m examples.fetch_service.lazysite",
-        description="Serve a large generated site on 127.0.0.1 until Ctrl-C; prints READY.")
+        description="Serve a large generated site until Ctrl-C (127.0.0.1 unless --host); "
+                    "prints READY.")
     parser.add_argument("--pages", type=int, default=10_000)
     parser.add_argument("--hosts", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--manifest", type=Path, help="write spec/ports/seeds JSON here")
+    add_address_options(parser)
     args = parser.parse_args(argv)
     try:
         spec = LazySpec(pages=args.pages, hosts=args.hosts, seed=args.seed)
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return serve_until_signal(lambda: serve_lazy_site(spec), args.manifest)
+    return serve_until_signal(lambda: serve_lazy_site(spec, host=args.host,
+                                                      advertise=args.advertise), args.manifest)
 
 if __name__ == "__main__":
     sys.exit(main())

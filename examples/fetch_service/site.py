@@ -1,4 +1,10 @@
-"""A deterministic local web site to crawl, served on 127.0.0.1, with its ground truth.
+"""A deterministic local web site to crawl, with its ground truth.
+
+It is served on 127.0.0.1 unless told otherwise: ``--host`` / ``$FETCH_SITE_HOST`` (where
+to listen) and ``--advertise`` / ``$FETCH_SITE_ADVERTISE`` (the host its URLs name, for
+crawlers on other machines) follow :mod:`framework.addresses` (default: the address of the
+interface that routes to ``$FRAMEWORK_ZK_HOSTS``, loopback when that is on loopback or
+unset); an address it cannot bind is one line on stderr and exit status 2.
 
 The machine has no internet, so the crawl runs against this.  :class:`SiteSpec` (page count,
 host count, random seed, ...) fully determines the link graph; the ports only change the
@@ -6,7 +12,7 @@ URLs.  So a process that did not serve the site (the demo's summary) rebuilds th
 :class:`Site` from the spec and ports (see :meth:`Site.from_manifest`) and asks it
 :meth:`Site.reachable_urls`.
 
-What the site contains (each host is one ``127.0.0.1:PORT``, "virtual hosts" by port):
+What the site contains (each host is one ``HOST:PORT``, "virtual hosts" by port):
 
 - ``pages`` HTML pages: the home page ``/`` of each host and ``/sN/pID.html`` pages, forming
   a random tree plus random extra links, many of them to other hosts.  Links are written in
@@ -65,7 +71,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from framework import records, web
+from framework import Endpoint, choose_endpoint, records, web
 from framework.errors import ConfigurationError, FrameworkError
 from framework.logs import get_logger
 
@@ -82,6 +88,9 @@ __all__ = [
 log = get_logger("examples.fetch_service.site")
 
 HOST = "127.0.0.1"
+#: The environment variables of ``--host`` and ``--advertise``.
+HOST_ENV = "FETCH_SITE_HOST"
+ADVERTISE_ENV = "FETCH_SITE_ADVERTISE"
 EXTERNAL_LINKS = (
     "mailto:webmaster@example.invalid",
     "javascript:void(0)",
@@ -208,10 +217,12 @@ class Site:
     Building a ``Site`` opens no socket; :func:`serve_site` serves one.
     """
 
-    def __init__(self, spec: SiteSpec, ports: Sequence[int]) -> None:
+    def __init__(self, spec: SiteSpec, ports: Sequence[int], host: str = HOST) -> None:
         if len(ports) != spec.hosts:
             raise ConfigurationError(f"need {spec.hosts} ports, got {len(ports)}")
         self.spec = spec
+        #: the address its URLs name (the advertised host; the ports tell virtual hosts apart)
+        self.host = host
         self.ports: tuple[int, ...] = tuple(ports)
         self.resources: dict[Target, Resource] = _generate(spec)
         self.seeds: tuple[str, ...] = tuple(
@@ -225,19 +236,19 @@ class Site:
 
     @property
     def hosts(self) -> tuple[str, ...]:
-        """``127.0.0.1:PORT`` of each host (what ``CrawlConfig.allowed_hosts`` should be)."""
-        return tuple(f"{HOST}:{port}" for port in self.ports)
+        """``HOST:PORT`` of each host (what ``CrawlConfig.allowed_hosts`` should be)."""
+        return tuple(f"{self.host}:{port}" for port in self.ports)
 
     @property
     def roots(self) -> tuple[str, ...]:
         return tuple(f"http://{host}/" for host in self.hosts)
 
     def url(self, target: Target) -> str:
-        return f"http://{HOST}:{self.ports[target.host]}{target.path}"
+        return f"http://{self.host}:{self.ports[target.host]}{target.path}"
 
     def target_of(self, url: str) -> Target | None:
         """The (host, path) of a canonical site URL, None for other URLs."""
-        prefix = f"http://{HOST}:"
+        prefix = f"http://{self.host}:"
         if not url.startswith(prefix):
             return None
         port_text, slash, path = url[len(prefix) :].partition("/")
@@ -323,7 +334,7 @@ class Site:
         not a manifest, ``OSError`` if it cannot be read."""
         manifest = source if isinstance(source, SiteManifest) else records.decode(
             Path(source).read_bytes(), SiteManifest)
-        return cls(manifest.spec, manifest.ports)
+        return cls(manifest.spec, manifest.ports, manifest_host(manifest.hosts))
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -358,7 +369,7 @@ class Site:
                 return absolute + fragment
             if style == 1:
                 return "HTTP://" + absolute[len("http://") :] + fragment
-            return f"//{HOST}:{self.ports[target.host]}{target.path}{fragment}"
+            return f"//{self.host}:{self.ports[target.host]}{target.path}{fragment}"
         source_dir = posixpath.dirname(source.path)
         style = rng.randrange(5)
         if style == 0:
@@ -531,18 +542,45 @@ def _generate(spec: SiteSpec) -> dict[Target, Resource]:
     return resources
 
 
+def site_endpoint(host: str | None = None, advertise: str | None = None) -> Endpoint:
+    """Where a demo site listens and the host its URLs name (see the module doc); ``None``
+    takes ``$FETCH_SITE_HOST`` / ``$FETCH_SITE_ADVERTISE``.  Ports come from ``--port``."""
+    return choose_endpoint(host if host is not None else os.environ.get(HOST_ENV),
+                           advertise if advertise is not None else os.environ.get(ADVERTISE_ENV),
+                           what="--host")
+
+
+def add_address_options(parser: argparse.ArgumentParser) -> None:
+    """``--host`` and ``--advertise`` of a site's command line."""
+    parser.add_argument("--host", default=None, metavar="HOST",
+                        help=f"address to listen on (${HOST_ENV}; default: the interface "
+                             "towards $FRAMEWORK_ZK_HOSTS, else 127.0.0.1; 0.0.0.0: all)")
+    parser.add_argument("--advertise", default=None, metavar="HOST",
+                        help=f"host the URLs name (${ADVERTISE_ENV}; default: where it listens)")
+
+
+def manifest_host(hosts: Sequence[str]) -> str:
+    """The host the URLs of a manifest's ``hosts`` (``HOST:PORT`` each) name."""
+    return hosts[0].rpartition(":")[0] if hosts else HOST
+
+
 @asynccontextmanager
-async def serve_site(spec: SiteSpec, *, ports: Sequence[int] | None = None) -> AsyncIterator[Site]:
+async def serve_site(spec: SiteSpec, *, ports: Sequence[int] | None = None,
+                     host: str | None = None,
+                     advertise: str | None = None) -> AsyncIterator[Site]:
     """Serve the site for the duration of the block; yields the :class:`Site` (listening).
 
-    ``ports`` fixes the port of each host (default: free ports chosen by the kernel).  The
-    sockets are bound before the ``Site`` exists, so its URLs are final when it is yielded.
-    Raises :class:`FrameworkError` (one line) when a port is taken.
+    ``ports`` fixes the port of each host (default: free ports chosen by the kernel);
+    ``host``/``advertise`` where to listen and what the URLs name (:func:`site_endpoint`).
+    The sockets are bound before the ``Site`` exists, so its URLs are final when it is
+    yielded.  Raises :class:`FrameworkError` (one line) when an address cannot be bound.
     """
-    listener = web.listen(HOST, ports=ports if ports is not None else [0] * spec.hosts,
+    endpoint = site_endpoint(host, advertise)
+    listener = web.listen(endpoint.listen_host,
+                          ports=ports if ports is not None else [0] * spec.hosts,
                           what="site", graceful_timeout=0.2, keep_alive_timeout=30.0,
                           server_header=False)
-    site = Site(spec, listener.ports)
+    site = Site(spec, listener.ports, endpoint.advertise_host)
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve, site.app(), listener)
         log.info("site.serving", hosts=list(site.hosts), seeds=list(site.seeds))
@@ -555,7 +593,7 @@ async def serve_site(spec: SiteSpec, *, ports: Sequence[int] | None = None) -> A
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m examples.fetch_service.site",
-        description="Serve the fetch-service demo web site on 127.0.0.1 until Ctrl-C. "
+        description="Serve the fetch-service demo web site until Ctrl-C. "
         "Prints the seed URLs, one per line, then READY.",
     )
     parser.add_argument("--pages", type=int, default=300, help="HTML pages (default 300)")
@@ -568,6 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--port", type=int, default=0, help="first port; host i uses PORT+i (default: free)"
     )
     parser.add_argument("--manifest", type=Path, help="write spec/ports/seeds JSON here")
+    add_address_options(parser)
     args = parser.parse_args(argv)
     try:
         spec = SiteSpec(
@@ -582,7 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ports = [args.port + i for i in range(spec.hosts)] if args.port else None
-    return serve_until_signal(lambda: serve_site(spec, ports=ports), args.manifest,
+    return serve_until_signal(lambda: serve_site(spec, ports=ports, host=args.host,
+                                                 advertise=args.advertise), args.manifest,
                               lambda site: site.seeds)
 
 

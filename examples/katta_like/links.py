@@ -12,30 +12,36 @@ Guarantees:
 * A connection that fails - refused, reset, closed by the node, or bytes that are not
   frames - fails every call waiting on it with :class:`LinkFailed` at once, and is
   forgotten: the next call to that address opens a new one.
-* No timeout of its own but :data:`CONNECT_TIMEOUT`: the caller bounds each call (a node
-  frozen with SIGSTOP accepts connections and calls, and never answers).
+* No timeout of its own but :data:`CONNECT_TIMEOUT` (connecting, and the TLS handshake
+  when the links use TLS): the caller bounds each call (a node frozen with SIGSTOP accepts
+  connections and calls, and never answers).
+* TLS (``tls``, default ``$KATTA_TLS*``, see :mod:`examples.katta_like.wire`): a node
+  whose certificate does not verify, or that refuses ours, is a :class:`LinkFailed`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import ssl
 from typing import Any
 
 import attrs
 import trio
 
 from examples.katta_like.wire import (
+    FROM_ENV,
     Answer,
     Call,
     FrameReader,
     Kind,
     ProtocolError,
     ShardRequest,
+    client_context,
     frame,
     unpack,
 )
-from framework import get_logger, records
+from framework import get_logger, records, tls_client_stream
 from framework.errors import FrameworkError
 
 log = get_logger("examples.katta_like.links")
@@ -80,7 +86,8 @@ class _Link:
 class NodeLinks:
     """The connections of one client; its tasks run in ``nursery`` (the client's)."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, *, tls: ssl.SSLContext | None = FROM_ENV) -> None:
+        self._tls = client_context() if tls is FROM_ENV else tls
         self._nursery = nursery
         self._links: dict[str, _Link] = {}
         self._ids = itertools.count(1)
@@ -124,14 +131,16 @@ class NodeLinks:
 
     async def _run(self, link: _Link) -> None:
         """Connect, then read answers and write calls until the connection fails."""
-        stream: trio.SocketStream | None = None
+        stream: trio.abc.Stream | None = None
         try:
             with link.scope:
                 host, _, port = link.address.rpartition(":")
                 try:
                     with trio.fail_after(CONNECT_TIMEOUT):
-                        stream = await trio.open_tcp_stream(host, int(port))
-                except (OSError, ValueError, trio.TooSlowError) as exc:
+                        stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+                        stream = await tls_client_stream(stream, self._tls, host)
+                except (OSError, ValueError, trio.TooSlowError,
+                        trio.BrokenResourceError) as exc:
                     link.end(f"cannot connect ({exc!r})")
                     return
                 link.ready.set()
@@ -155,7 +164,7 @@ class NodeLinks:
                     await trio.aclose_forcefully(stream)
 
     @staticmethod
-    async def _read(link: _Link, stream: trio.SocketStream) -> None:
+    async def _read(link: _Link, stream: trio.abc.Stream) -> None:
         reader = FrameReader(stream)
         try:
             while (body := await reader.next()) is not None:
@@ -169,7 +178,7 @@ class NodeLinks:
             link.end(str(exc) or repr(exc))
 
     @staticmethod
-    async def _write(link: _Link, stream: trio.SocketStream) -> None:
+    async def _write(link: _Link, stream: trio.abc.Stream) -> None:
         try:
             async for data in link.inbox:
                 batch = [data]

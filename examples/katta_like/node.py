@@ -3,9 +3,15 @@
 
 Run it with ``python -m framework run examples.katta_like.node:SearchNode --app katta``.
 Settings come from the environment: ``KATTA_STORE`` (the shard store, default
-``out/katta/store``) and ``KATTA_DATA`` (this node's local disk, default
+``out/katta/store``), ``KATTA_DATA`` (this node's local disk, default
 ``out/katta/nodes/<name>``; one that cannot be created or written is a
-:class:`ConfigurationError` when the node starts).
+:class:`ConfigurationError` when the node starts), ``KATTA_LISTEN`` (where the query
+listener binds: ``HOST``, ``HOST:PORT`` or ``0.0.0.0``; default the address of the interface
+that routes to ZooKeeper - loopback only when ZooKeeper is on loopback - and any free port),
+``--address`` / ``KATTA_ADVERTISE`` (what the node publishes in its records; default where
+it listens: the rule of :mod:`framework.addresses`; an address it cannot bind stops it at
+start, in one line) and ``KATTA_TLS_*`` (TLS on the query links, see
+:mod:`examples.katta_like.wire`).
 
 Guarantees:
 
@@ -72,9 +78,18 @@ from examples.katta_like.wire import (
     ShardRequest,
     StatsReply,
     frame,
+    link_tls,
     unpack,
 )
-from framework import Worker, errors, get_logger, records
+from framework import (
+    Worker,
+    choose_endpoint,
+    errors,
+    get_logger,
+    open_listeners,
+    records,
+    tls_server_stream,
+)
 from framework.runtime import Task
 from framework.zk import Session
 
@@ -97,6 +112,11 @@ class SearchNode(Worker):
         self.paths = KattaPaths(self.app)
         self.store = ShardStore(default_store())
         self.data_dir = Path(os.environ.get("KATTA_DATA") or f"out/katta/nodes/{self.name}")
+        #: where to listen and what to publish (see the module doc)
+        self.listen = os.environ.get("KATTA_LISTEN", "")
+        self.advertise = self.address or os.environ.get("KATTA_ADVERTISE", "")
+        self.tls = link_tls()
+        self._server_tls = None if self.tls is None else self.tls.server_context()
         self.served: dict[tuple[str, int], ShardSearcher] = {}
         self._active: set[tuple[str, int]] = set()  # shards in serve_shard now
         self._owned_in: dict[tuple[str, int], int | None] = {}  # listed: session id
@@ -143,12 +163,14 @@ class SearchNode(Worker):
             raise errors.ConfigurationError(
                 f"KATTA_DATA: cannot use {str(self.data_dir)!r} as this node's disk "
                 f"({exc.strerror or exc})") from None
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        endpoint = choose_endpoint(self.listen, self.advertise, zk_hosts=session.hosts,
+                                   what="KATTA_LISTEN")
+        listeners, self.address = await open_listeners(endpoint, what="KATTA_LISTEN")
         host, port = listeners[0].socket.getsockname()[:2]
-        self.address = f"{host}:{port}"
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self.serve_connection, listeners)
-            log.info("node.listening", node=self.name, address=self.address)
+            log.info("node.listening", node=self.name, address=self.address,
+                     listen=f"{host}:{port}", tls=self.tls is not None)
             yield
             nursery.cancel_scope.cancel()
 
@@ -233,11 +255,12 @@ class SearchNode(Worker):
 
     # ------------------------------------------------------------ query protocol
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """Answer one client connection's calls (:mod:`.wire`), each in turn, until the
         client closes it; bytes that are not frames end it (``node.bad_frame``), and so
         does a call that fails unexpectedly (``node.call_failed``, with its traceback: the
         client asks another replica, as it would a dead node; this node serves on)."""
+        stream = tls_server_stream(stream, self._server_tls)
         reader = FrameReader(stream)
         try:
             async with stream:
