@@ -40,7 +40,7 @@ from examples.katta_like.layout import (
     serving_of,
     shard_name,
 )
-from framework import configure_logging, errors, records
+from framework import configure_logging, errors, records, store_location
 from framework.cli import (
     add_connection_arguments,
     add_deadline_argument,
@@ -371,7 +371,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     else:
         corpus = CorpusSpec(CorpusSource.GENERATED, docs=args.docs, seed=args.seed)
     record = IndexRecord(validate_name("index name", args.name), args.shards, args.replication,
-                         os.path.abspath(args.store), corpus)
+                         store_location(args.store), corpus)
 
     async def work(session: Session) -> IndexRecord | None:
         await add_index(session, record, args.app)
@@ -443,7 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("name")
     index.add_argument("--shards", type=positive_int, default=8)
     index.add_argument("--replication", type=positive_int, default=2)
-    index.add_argument("--store", default=os.environ.get("KATTA_STORE", "out/katta/store"))
+    index.add_argument("--store", default=os.environ.get("KATTA_STORE", "out/katta/store"),
+                       help="the shard store: a path or file:// URL every node mounts, or "
+                            "s3://bucket/prefix (default $KATTA_STORE or out/katta/store)")
     index.add_argument("--warc", help="index these WARC files (the crawler's out/warc)")
     index.add_argument("--docs", type=positive_int, default=2000, help="generated corpus size")
     index.add_argument("--seed", type=int, default=11)

@@ -1,21 +1,32 @@
-"""The shard store: a directory every node can read (stands in for HDFS).
+"""The shard store: where built shards are published for every node to copy (stands in for
+HDFS).  It is named by a URL (:func:`framework.open_store`): ``file:///path`` or a bare path
+for a directory every host mounts at the same path, ``s3://bucket/prefix`` for an
+S3-compatible object store (AWS S3, MinIO, Ceph RGW...; endpoint and credentials from the
+``AWS_*`` environment variables).
 
-Layout::
+Layout (keys in the store)::
 
-    <store>/<index>/shard-00007/          one tantivy index directory per shard
-    <store>/<index>/shard-00007/MANIFEST.json   Manifest: index, shard, docs, files, checksum
+    <index>/shard-00007/MANIFEST.json           the published shard: its Manifest (index,
+                                                shard, docs, files, checksum, build), last
+    <index>/shard-00007/<build>/<file>          the build's tantivy files (and a copy of
+                                                the manifest, so a file store's build
+                                                directory opens as it is)
 
 Guarantees:
 
-* **No half shard is ever visible.**  A shard is built in ``<store>/<index>/.tmp-<uuid>``,
-  its manifest written last, and the directory renamed into place (``rename`` is atomic on
-  one file system).  A builder killed mid-build leaves only a ``.tmp-`` directory, which
-  readers never look at.
+* **No half shard is ever visible.**  A shard is built in a local temporary directory, its
+  files uploaded under a build name of their own (each object written atomically), and
+  only then the shard's ``MANIFEST.json`` is written (atomically): readers go by the
+  manifest, so they see the whole shard or none.  A builder killed mid-build or mid-upload
+  leaves a local ``.katta-build-*`` directory, or build files no manifest names.
 * **Publishing is idempotent.**  If the shard is already published (a redelivered build
-  task), the new copy is discarded and the published manifest is returned.
+  task), the new copy is discarded and the published manifest is returned.  Two builders
+  racing each upload under their own build name, so whichever manifest lands last names a
+  whole, consistent build.
 * **A corrupt shard is never served.**  :func:`fetch_shard` copies the shard to the node's
   own disk and checks every file against the manifest's SHA-256 before opening it;
-  :class:`CorruptShard` says what is wrong.
+  :class:`CorruptShard` says what is wrong.  A store that cannot be reached raises
+  :class:`framework.StoreUnavailable` (an ``OSError``), in one line.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,8 +45,7 @@ import attrs
 import tantivy
 
 from examples.katta_like.corpus import Doc
-from framework import records
-from framework.durable import fsync_dir
+from framework import BlobMissing, BlobStore, open_store, records
 from framework.errors import FrameworkError
 
 MANIFEST = "MANIFEST.json"
@@ -142,6 +153,7 @@ class Manifest:
     files: dict[str, str]  # relative name -> sha256
     checksum: str  # sha256 over the sorted (name, sha256) pairs
     tokens: dict[str, int] = attrs.Factory(dict)  # field -> tokens in the shard (for avgdl)
+    build: str = ""  # where its files are in the store: <index>/shard-NNNNN/<build>/
 
     @classmethod
     def load(cls, directory: Path) -> Manifest:
@@ -176,26 +188,52 @@ def _checksum(files: dict[str, str]) -> str:
 
 @attrs.frozen
 class ShardStore:
-    """A shard store rooted at ``root`` (created on demand)."""
+    """The shard store at ``root`` (a store URL or a path; see the module doc).  Every method
+    blocks: call it from a worker thread."""
 
-    root: Path = attrs.field(converter=Path)
+    root: str = attrs.field(converter=os.fspath)
+    blobs: BlobStore = attrs.field(init=False, eq=False, repr=False)
 
-    def shard_path(self, index: str, shard: int) -> Path:
-        return self.root / index / shard_dir_name(shard)
+    @blobs.default
+    def _open(self) -> BlobStore:
+        return open_store(self.root)
+
+    @staticmethod
+    def shard_key(index: str, shard: int) -> str:
+        return f"{index}/{shard_dir_name(shard)}"
 
     def manifest(self, index: str, shard: int) -> Manifest | None:
-        path = self.shard_path(index, shard)
-        return Manifest.load(path) if path.is_dir() else None
+        """The published manifest of a shard, ``None`` if it is not published;
+        :class:`CorruptShard` if it is not a manifest."""
+        key = f"{self.shard_key(index, shard)}/{MANIFEST}"
+        try:
+            data = self.blobs.get(key)
+        except BlobMissing:
+            return None
+        try:
+            return records.decode(data, Manifest)
+        except records.CorruptRecord as exc:
+            raise CorruptShard(f"{self.root}/{key}: unreadable manifest ({exc})") from None
+
+    def shard_path(self, index: str, shard: int) -> Path:
+        """The local directory of a published shard's files (a file store only: its build
+        directory, with a copy of the manifest; where the shard would be if unpublished)."""
+        path = getattr(self.blobs, "path", None)
+        if path is None:
+            raise FrameworkError(f"the shard store {self.root} is not a directory")
+        where = path(self.shard_key(index, shard))
+        manifest = self.manifest(index, shard)
+        return where / manifest.build if manifest is not None and manifest.build else where
 
     def build_shard(self, index: str, shard: int, docs: Iterable[Doc],
-                    heap_bytes: int = 30_000_000) -> Manifest:
-        """Index ``docs`` into shard ``shard`` of ``index`` and publish it atomically."""
-        final = self.shard_path(index, shard)
-        if final.is_dir():
-            return Manifest.load(final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        temp = final.parent / f".tmp-{uuid.uuid4().hex}"
-        temp.mkdir()
+                    heap_bytes: int = 30_000_000, scratch: str | None = None) -> Manifest:
+        """Index ``docs`` into shard ``shard`` of ``index`` (in a temporary directory under
+        ``scratch``, default the system's) and publish it atomically; the published
+        manifest (an earlier one if the shard was published already)."""
+        published = self.manifest(index, shard)
+        if published is not None:
+            return published
+        temp = Path(tempfile.mkdtemp(prefix=".katta-build-", dir=scratch))
         try:
             ix = tantivy.Index(schema(), path=str(temp))
             writer = ix.writer(heap_bytes, 1)
@@ -213,26 +251,29 @@ class ShardStore:
             (temp / ".tantivy-writer.lock").unlink(missing_ok=True)
             (temp / ".tantivy-meta.lock").unlink(missing_ok=True)
             files = _digest_files(temp)
-            manifest = Manifest(index, shard, count, files, _checksum(files), tokens)
-            (temp / MANIFEST).write_bytes(records.encode(manifest))
-            fsync_dir(temp)
-            try:
-                os.rename(temp, final)
-            except OSError:  # published meanwhile by another builder: keep theirs
-                if final.is_dir():
-                    shutil.rmtree(temp, ignore_errors=True)
-                    return Manifest.load(final)
-                raise
-            fsync_dir(final.parent)
-            return manifest
-        except BaseException:
+            build = f"b-{uuid.uuid4().hex[:12]}"
+            manifest = Manifest(index, shard, count, files, _checksum(files), tokens, build)
+            return self._publish(manifest, temp)
+        finally:
             shutil.rmtree(temp, ignore_errors=True)
-            raise
+
+    def _publish(self, manifest: Manifest, directory: Path) -> Manifest:
+        """Upload a built shard's files under its build name, then its manifest."""
+        key = self.shard_key(manifest.index, manifest.shard)
+        for name in manifest.files:
+            self.blobs.put_file(f"{key}/{manifest.build}/{name}", directory / name)
+        encoded = records.encode(manifest)
+        self.blobs.put(f"{key}/{manifest.build}/{MANIFEST}", encoded)
+        published = self.manifest(manifest.index, manifest.shard)
+        if published is not None:  # published meanwhile by another builder: keep theirs
+            self.blobs.delete_prefix(f"{key}/{manifest.build}")
+            return published
+        self.blobs.put(f"{key}/{MANIFEST}", encoded)
+        return manifest
 
     def remove_index(self, index: str) -> None:
-        shutil.rmtree(self.root / index, ignore_errors=True)
-
-
+        """Delete every shard of ``index`` from the store."""
+        self.blobs.delete_prefix(index)
 
 
 def verify(directory: Path) -> Manifest:
@@ -265,14 +306,21 @@ def reuse_local(store: ShardStore, index: str, shard: int, local_root: Path) -> 
 
 def fetch_shard(store: ShardStore, index: str, shard: int, local_root: Path) -> Path:
     """Copy a shard from the store to ``local_root`` (aside, verified, then renamed)."""
-    source = store.shard_path(index, shard)
-    if not source.is_dir():
+    manifest = store.manifest(index, shard)
+    if manifest is None:
         raise CorruptShard(f"shard {shard} of index {index!r} is not in the store {store.root}")
+    key = store.shard_key(index, shard)
+    source = f"{key}/{manifest.build}" if manifest.build else key
     target = local_root / index / shard_dir_name(shard)
     temp = local_root / index / f".tmp-{uuid.uuid4().hex}"
-    temp.parent.mkdir(parents=True, exist_ok=True)
+    temp.mkdir(parents=True)
     try:
-        shutil.copytree(source, temp)
+        for name in manifest.files:
+            try:
+                store.blobs.get_file(f"{source}/{name}", temp / name)
+            except BlobMissing:
+                raise CorruptShard(f"{store.root}/{source}: {name} is missing") from None
+        (temp / MANIFEST).write_bytes(records.encode(manifest))
         verify(temp)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(temp, target)
