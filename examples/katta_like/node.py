@@ -68,6 +68,7 @@ from examples.katta_like.store import (
     shard_dir_name,
 )
 from examples.katta_like.wire import (
+    FROM_ENV,
     Answer,
     Call,
     ErrorReply,
@@ -82,6 +83,7 @@ from examples.katta_like.wire import (
     unpack,
 )
 from framework import (
+    LinkTls,
     Worker,
     choose_endpoint,
     errors,
@@ -107,7 +109,9 @@ class SearchNode(Worker):
     concurrency = 1
     status_interval = 0.5
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tls: LinkTls | None = FROM_ENV, **kwargs: Any) -> None:
+        """``tls``: the query links' TLS (default ``$KATTA_TLS*``; ``None``: plain TCP); a
+        setting that cannot work is a one-line :class:`ConfigurationError` here."""
         super().__init__(*args, **kwargs)
         self.paths = KattaPaths(self.app)
         self.store = ShardStore(default_store())
@@ -115,7 +119,7 @@ class SearchNode(Worker):
         #: where to listen and what to publish (see the module doc)
         self.listen = os.environ.get("KATTA_LISTEN", "")
         self.advertise = self.address or os.environ.get("KATTA_ADVERTISE", "")
-        self.tls = link_tls()
+        self.tls = link_tls() if tls is FROM_ENV else tls
         self._server_tls = None if self.tls is None else self.tls.server_context()
         self.served: dict[tuple[str, int], ShardSearcher] = {}
         self._active: set[tuple[str, int]] = set()  # shards in serve_shard now
