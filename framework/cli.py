@@ -52,7 +52,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from framework.runtime import Master, load_class, run_component
 
     hosts, chroot = split_chroot(zk_hosts_from(args.zk), args.chroot)
-    cls = load_class(args.component)
+    try:
+        cls = load_class(args.component)
+    except SyntaxError as exc:  # the user's module does not compile: where, in one line
+        raise FrameworkError(_syntax_error(args.component, exc)) from None
     component = cls(args.app, name=args.name, address=args.address or "")
     if args.concurrency is not None:
         if isinstance(component, Master):
@@ -87,6 +90,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _syntax_error(component: str, exc: SyntaxError) -> str:
+    """One line for a module of ``component`` that does not compile: file:line and why."""
+    where = exc.filename or "?"
+    if exc.lineno:
+        where += f":{exc.lineno}"
+    module = component.partition(":")[0]
+    return (f"cannot import module {module!r}: {type(exc).__name__} at {where}: "
+            f"{exc.msg or exc}")
+
+
 def _quiet() -> None:
     """A one-shot reader's own session connect/close events are noise in its output."""
     from framework.logs import configure_logging
@@ -118,7 +131,15 @@ def _console() -> Any:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
+    print(json.dumps(value, indent=2, default=json_default))
+
+
+def json_default(value: Any) -> Any:
+    """For ``json.dumps``: an enum as its value (``"succeeded"``, not
+    ``"Outcome.SUCCEEDED"``), anything else as its text."""
+    import enum
+
+    return value.value if isinstance(value, enum.Enum) else str(value)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -198,9 +219,9 @@ def _cmd_apps(args: argparse.Namespace) -> int:
 
 
 def _cmd_result(args: argparse.Namespace) -> int:
-    import attrs
     import trio
 
+    from framework import records
     from framework.runtime import Client
     from framework.runtime.actions import require_app
 
@@ -221,7 +242,7 @@ def _cmd_result(args: argparse.Namespace) -> int:
         print(f"framework: no result for task {args.key!r} of {args.app!r}{within}",
               file=sys.stderr)
         return 1
-    _print_json(attrs.asdict(record))
+    _print_json(records.unstructure(record))  # the outcome as its value: "succeeded"
     if not record.ok:
         ended = ("was revoked" if record.outcome.value == "revoked"
                  else f"{record.outcome.value}: {record.error}")
@@ -344,6 +365,7 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
     from framework.runtime import Client, Revocation
     from framework.runtime.actions import require_app
+    from framework.runtime.client import UnknownTask
 
     app = _app(args.app)
     by = f"{socket.gethostname()}-{os.getpid()}"
@@ -351,7 +373,14 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
         await require_app(session, app)  # a missing app: one line naming the known ones
         return await Client(session, app).revoke(args.task_id, by=by)
 
-    done = _connect(args, work, deadline=args.timeout)
+    try:
+        done = _connect(args, work, deadline=args.timeout)
+    except BaseException as exc:  # maybe inside trio's exception groups
+        refused = user_error(exc)
+        if not isinstance(refused, UnknownTask):
+            raise
+        print(f"framework: {refused}", file=sys.stderr)
+        return 1
     print({
         Revocation.REVOKED: f"revoked task {args.task_id!r} of {app.name!r}: it will not run "
                             "(cancelled now if it is running), recorded as revoked",
@@ -395,6 +424,7 @@ def _payload_text(args: argparse.Namespace) -> tuple[str, str]:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from framework.runtime import Client
+    from framework.runtime.actions import require_app
 
     text, source = _payload_text(args)
     try:
@@ -405,6 +435,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     async def work(session: Any) -> Any:
         client = Client(session, args.app, create=args.create)
+        client.unchecked = _unchecked_note  # type: ignore[method-assign]
+        if not args.create:
+            await require_app(session, client.app, hint="--create to create it")
         if args.key is not None:
             found = await client.existing(args.key)
             if found is not None and found.state in ("failed", "revoked"):
@@ -416,6 +449,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     task = _connect(args, work, deadline=args.timeout)
     print(task.id)
     return 0
+
+
+def _unchecked_note(app: str, name: str) -> None:
+    print(f"framework: note: no worker of {app!r} has registered its task types yet, so "
+          f"task type {name!r} was queued without a check against them",
+          file=sys.stderr)
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:

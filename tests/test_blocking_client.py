@@ -62,9 +62,10 @@ def running(hosts: str, chroot: str, worker: Worker) -> Iterator[None]:
 
 def test_the_client_operations_from_plain_threads(zk_hosts: str, chroot: str) -> None:
     assert framework.BlockingClient is BlockingClient
-    with BlockingClient(zk_hosts, APP, chroot=chroot) as client:
+    with BlockingClient(zk_hosts, APP, chroot=chroot, create=True) as client:
         assert client.result("b1") is None
-        with pytest.raises(trio.TooSlowError):
+        with pytest.raises(trio.TooSlowError,
+                           match=r"^no result for task 'b1' of 'blocking' within 0.2s$"):
             client.result("b1", wait=True, timeout=0.2)
         assert client.submit("handle", {"n": 1}, key="b1").id == "b1"
         with pytest.raises(TaskExists, match="is queued"):
@@ -149,19 +150,21 @@ def test_close_ends_calls_in_flight_and_refuses_later_ones(zk_hosts: str, chroot
 
 
 def test_create_false_and_unknown_apps(zk_hosts: str, chroot: str) -> None:
-    with BlockingClient(zk_hosts, "thumbnails", chroot=chroot) as client:
-        client.submit("handle", 1)  # creates the app (default: create=True)
-    with BlockingClient(zk_hosts, "thumbnial", chroot=chroot, create=False) as client:
-        with pytest.raises(UnknownApp, match=r"no application 'thumbnial' in this ZooKeeper "
-                                             r"\(known: thumbnails\)"):
-            client.submit("handle", 1)
-        with pytest.raises(UnknownApp):
-            client.cancel()
+    with BlockingClient(zk_hosts, "thumbnails", chroot=chroot, create=True) as client:
+        client.submit("handle", 1)  # creates the app
+    for options in ({}, {"create": False}):  # create=False is the default, as in the CLI
+        with BlockingClient(zk_hosts, "thumbnial", chroot=chroot, **options) as client:
+            with pytest.raises(UnknownApp, match=r"no application 'thumbnial' in this "
+                                                 r"ZooKeeper \(known: thumbnails\)"):
+                client.submit("handle", 1)
+            with pytest.raises(UnknownApp):
+                client.cancel()
 
 
 def test_a_call_timeout_and_connection_errors(zk_hosts: str, chroot: str) -> None:
     with BlockingClient(zk_hosts, APP, chroot=chroot, timeout=0.3) as client:
-        with pytest.raises(trio.TooSlowError):
+        with pytest.raises(trio.TooSlowError, match=r"^result on 'blocking' took over the "
+                                                    r"client's timeout of 0\.3s$"):
             client.result("nothing", wait=True)  # no timeout of its own: the client's
     with pytest.raises(ConfigurationError):
         BlockingClient("127.0.0.1:99999", APP)

@@ -33,6 +33,12 @@ async def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
     return await trio.to_thread.run_sync(lambda: run_cli(capsys, *args))
 
 
+def unchecked(app: str, task: str = "handle") -> str:
+    """The note ``framework submit`` prints while no worker of ``app`` registered types."""
+    return (f"framework: note: no worker of {app!r} has registered its task types yet, so "
+            f"task type {task!r} was queued without a check against them\n")
+
+
 def zk(zk_hosts: str, chroot: str) -> list[str]:
     return ["--zk", zk_hosts, "--chroot", chroot]
 
@@ -88,7 +94,7 @@ async def wait_children(session: Session, path: str, count: int) -> list[str]:
 
 async def test_client_submits_and_waits_for_results(zk_hosts: str, chroot: str,
                                                     session: Session) -> None:
-    client = Client(session, APP)
+    client = Client(session, APP, create=True)
     with trio.fail_after(30):
         assert await client.result("k1") is None
         with pytest.raises(trio.TooSlowError):
@@ -132,7 +138,9 @@ async def test_submit_and_result_commands(zk_hosts: str, chroot: str, session: S
     with trio.fail_after(60):
         code, out, err = await cli(capsys, "submit", APP, "handle", '{"n": 7}', "--key", "img-7",
                                    "--priority", "-1", "--create", *zk(zk_hosts, chroot))
-        assert (code, out, err) == (0, "img-7\n", "")
+        assert (code, out) == (0, "img-7\n")
+        assert err == ("framework: note: no worker of 'ops' has registered its task types "
+                       "yet, so task type 'handle' was queued without a check against them\n")
         code, out, err = await cli(capsys, "result", APP, "img-7", *zk(zk_hosts, chroot))
         assert code == 1 and out == "" and "no result for task 'img-7'" in err
         async with trio.open_nursery() as nursery:
@@ -160,7 +168,7 @@ async def test_submit_and_result_commands(zk_hosts: str, chroot: str, session: S
 async def test_dead_letters_list_requeue_purge(zk_hosts: str, chroot: str, session: Session,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     app = App(APP)
-    client = Client(session, APP)
+    client = Client(session, APP, create=True)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             worker = Echo(APP, name="w1")
@@ -214,7 +222,7 @@ async def test_purge_refuses_while_processes_are_alive(
         zk_hosts: str, chroot: str, session: Session,
         capsys: pytest.CaptureFixture[str]) -> None:
     app = App(APP)
-    await Client(session, APP).submit("handle", {"n": 1})
+    await Client(session, APP, create=True).submit("handle", {"n": 1})
     await session.ensure_path(app.workers)
     await session.create(f"{app.workers}/w1", b"{}", ephemeral=True)
     code, out, err = await cli(capsys, "purge", APP, *zk(zk_hosts, chroot))
@@ -240,7 +248,7 @@ async def test_purge_refuses_while_processes_are_alive(
 async def test_cancel_is_shown_by_apps_and_status(zk_hosts: str, chroot: str,
                                                   session: Session,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    client = Client(session, APP)
+    client = Client(session, APP, create=True)
     await client.submit("handle", {"n": 1}, key="a")
     await client.submit("handle", {"n": 2}, key="b")
     code, out, err = await cli(capsys, "cancel", "absent", *zk(zk_hosts, chroot))
@@ -282,8 +290,9 @@ async def test_apps_and_status_show_leader_standbys_workers_and_progress(
             await wait_children(session, App(APP).masters, 2)
             worker = Echo(APP, name=long_name)
             await serve(nursery, zk_hosts, chroot, worker)
-            await Client(session, APP).submit("handle", {"progress": True}, key="long-task")
-            await Client(session, "other").submit("handle", {"n": 1})
+            await Client(session, APP, create=True).submit("handle", {"progress": True},
+                                                           key="long-task")
+            await Client(session, "other", create=True).submit("handle", {"n": 1})
             await wait_exists(session, f"{App(APP).running}/long-task")
             await wait_progress(session, f"{App(APP).running}/long-task")
             apps = await cli(capsys, "apps", "--json", *zk(zk_hosts, chroot))
@@ -319,7 +328,7 @@ async def wait_progress(session: Session, path: str) -> None:
 async def test_status_watch_renders_again_on_changes(zk_hosts: str, chroot: str,
                                                      session: Session) -> None:
     app = App(APP)
-    await Client(session, APP).submit("handle", {"n": 1})
+    await Client(session, APP, create=True).submit("handle", {"n": 1})
     argv = [sys.executable, "-m", "framework", "status", APP, "--watch", "--json",
             "--interval", "0.1", "--zk", f"{zk_hosts}{chroot}"]
     async with spawn(argv, pipe_stdout=True, env={"FRAMEWORK_ZK_HOSTS": None}) as watch:
@@ -332,7 +341,7 @@ async def test_status_watch_renders_again_on_changes(zk_hosts: str, chroot: str,
             while "w9" not in json.loads(await watch.lines.next())["workers"]:
                 pass
             started = time.monotonic()
-            await Client(session, APP).submit("handle", {"n": 2})
+            await Client(session, APP, create=True).submit("handle", {"n": 2})
             while json.loads(await watch.lines.next())["queue_depth"] != 2:
                 pass
             assert time.monotonic() - started < 10

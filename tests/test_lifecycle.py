@@ -22,7 +22,7 @@ from framework.runtime.records import JobDone, PastRun
 from framework.runtime.status import generations
 from framework.testing import spawn
 from framework.zk import wait_exists
-from tests.test_cli_ops import Idle, cli, wait_children, zk
+from tests.test_cli_ops import Idle, cli, unchecked, wait_children, zk
 
 HELPERS = os.path.join(os.path.dirname(__file__), "helpers")
 
@@ -77,7 +77,7 @@ async def test_commands_on_an_unknown_app_refuse_naming_the_known_ones(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = await cli(capsys, "submit", "thumbnails", "handle", "{}", "--create",
                                *zk(zk_hosts, chroot))
-    assert code == 0 and err == "", err
+    assert code == 0 and err == unchecked("thumbnails"), err
     known = "(known: thumbnails)"
     for command in (["submit", "thumbnial", "handle", "{}"], ["dead", "thumbnial", "list"],
                     ["result", "thumbnial", "k"], ["cancel", "thumbnial"],
@@ -133,7 +133,7 @@ async def test_purge_force_tells_live_processes_to_leave_then_deletes(
 
 async def test_resume_undoes_a_cancel(zk_hosts: str, chroot: str, session: Session,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    client = Client(session, "lc-resume")
+    client = Client(session, "lc-resume", create=True)
     await client.submit("handle", 1)
     code, out, _ = await cli(capsys, "resume", "lc-resume", *zk(zk_hosts, chroot))
     assert (code, out) == (0, "'lc-resume' was not cancelled: nothing to resume\n")
@@ -253,7 +253,7 @@ async def test_a_keyed_submit_says_what_exists_and_result_exits_1_on_failure(
     where = zk(zk_hosts, chroot)
     code, out, err = await cli(capsys, "submit", app.name, "handle", '"ok"', "--key", "k1",
                                "--create", *where)
-    assert (code, out, err) == (0, "k1\n", "")
+    assert (code, out, err) == (0, "k1\n", unchecked(app.name))
     code, out, err = await cli(capsys, "submit", app.name, "handle", '"ok"', "--key", "k1",
                                *where)
     assert code == 2 and out == "" and err == (
@@ -300,7 +300,7 @@ async def test_run_concurrency_overrides_the_worker_class(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``Together`` (concurrency 1) finishes its tasks only if 3 run at once: with
     ``--concurrency 3`` they do."""
-    client = Client(session, "lc-together")
+    client = Client(session, "lc-together", create=True)
     for n in range(3):
         await client.submit("handle", n, key=f"t{n}")
     env = {"FRAMEWORK_ZK_HOSTS": None, "PYTHONPATH": HELPERS,

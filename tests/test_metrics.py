@@ -152,7 +152,7 @@ async def test_dashboard_sums_what_the_workers_timed(zk_hosts: str, chroot: str,
         async with Session(zk_hosts, chroot=chroot) as session, AsyncExitStack() as stack, \
                 trio.open_nursery() as nursery:
             nursery.start_soon(Feed(session, model).run)
-            client = Client(session, TIMED.name)
+            client = Client(session, TIMED.name, create=True)
             await client.submit("handle", {"n": -1})  # the app exists before the workers watch it
             workers = [await _timed(stack, zk_hosts, chroot, name, port, tmp_path)
                        for name, port in zip(("w1", "w2"), ports, strict=True)]

@@ -18,7 +18,7 @@ from framework import DataTooLargeError, Session
 from framework.primitives.queue import WorkQueue
 from framework.runtime import App, Client, LocalDirectoryStore, PayloadMissing, Task, Worker
 from framework.runtime.payloads import STORE_ENV
-from tests.test_cli_ops import cli, zk
+from tests.test_cli_ops import cli, unchecked, zk
 from tests.test_lifecycle import start
 
 APP = "payloads"
@@ -70,11 +70,11 @@ async def test_payload_from_a_file_or_standard_input(
     payload_file.write_text('{"from": "file"}')
     code, out, err = await cli(capsys, "submit", APP, "handle", "--payload-file",
                                str(payload_file), "--key", "pf", "--create", *where)
-    assert (code, out, err) == (0, "pf\n", "")
+    assert (code, out, err) == (0, "pf\n", unchecked(APP))
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"from": "stdin"}'))
     code, out, err = await cli(capsys, "submit", APP, "handle", "--payload-file", "-",
                                "--key", "ps", *where)
-    assert (code, out, err) == (0, "ps\n", "")
+    assert (code, out, err) == (0, "ps\n", unchecked(APP))
     for bad, message in (
         (["{}", "--payload-file", str(payload_file)], "give PAYLOAD_JSON or --payload-file"),
         (["--payload-file", str(tmp_path / "missing.json")],
@@ -102,7 +102,7 @@ async def test_a_payload_over_the_limit_is_refused_in_one_line(
                                "--create", *zk(zk_hosts, chroot))
     assert code == 2 and out == "" and len(err.splitlines()) == 1, err
     assert "over the 65,536-byte limit of a queue item" in err and STORE_ENV in err
-    client = Client(session, APP)
+    client = Client(session, APP, create=True)
     for countdown in (None, 30.0):  # queued now, or delayed: the same limit
         with pytest.raises(DataTooLargeError, match="payload_store="):
             await client.submit("handle", BIG, countdown=countdown)
@@ -120,7 +120,7 @@ async def test_a_large_payload_goes_by_reference_and_is_deleted_at_the_ack(
     big.write_text(json.dumps(BIG))
     code, out, err = await cli(capsys, "submit", APP, "handle", "--payload-file", str(big),
                                "--key", "big", "--create", *zk(zk_hosts, chroot))
-    assert (code, out, err) == (0, "big\n", "")
+    assert (code, out, err) == (0, "big\n", unchecked(APP))
     (stored,) = os.listdir(store)
     assert json.loads((store / stored).read_bytes()) == BIG
     (task,) = await queued_tasks(session, App(APP))
@@ -139,7 +139,7 @@ async def test_a_payload_store_argument_and_a_worker_without_a_store(
         zk_hosts: str, chroot: str, session: Session, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(STORE_ENV, raising=False)
-    client = Client(session, APP, payload_store=str(tmp_path / "mine"))
+    client = Client(session, APP, create=True, payload_store=str(tmp_path / "mine"))
     await client.submit("handle", BIG, key="lost")
 
     records = await run_until(zk_hosts, chroot, Sizer(APP, name="w1"), client, ["lost"])

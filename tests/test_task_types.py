@@ -147,7 +147,7 @@ async def test_a_task_type_no_worker_has_fails_for_good_with_the_reason(
     """Submitted before any worker registered types (so accepted), taken by a worker
     without that type: one failure naming the worker's types, no retries."""
     async with Session(zk_hosts, chroot=chroot) as session:
-        client = Client(session, "early")
+        client = Client(session, "early", create=True)
         await client.submit("transcode", {}, key="t")
         worker = Media("early", name="w1")
         with trio.fail_after(60):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import hmac
 import json
 from collections.abc import AsyncIterator
@@ -188,8 +189,13 @@ async def _body(request: Request) -> bytes:
 
 
 def _json(doc: Any, status: int = 200) -> Response:
-    return Response(json.dumps(doc, default=str).encode(), status_code=status,
+    return Response(json.dumps(doc, default=_plain).encode(), status_code=status,
                     media_type="application/json", headers=NO_STORE)
+
+
+def _plain(value: Any) -> Any:
+    """An enum as its value (a result's ``"outcome": "succeeded"``), else its text."""
+    return value.value if isinstance(value, enum.Enum) else str(value)
 
 
 def _error(status: int, message: str) -> Response:

@@ -64,7 +64,7 @@ class BlockingClient:
 
     def __init__(self, hosts: str, app: App | str, *, chroot: str | None = None,
                  session_timeout: float = 10.0, connect_timeout: float = 15.0,
-                 timeout: float | None = None, create: bool = True,
+                 timeout: float | None = None, create: bool = False,
                  payload_store: PayloadStore | str | None = None) -> None:
         self.app = app if isinstance(app, App) else App(app)
         self.timeout = timeout
@@ -121,9 +121,12 @@ class BlockingClient:
         with trio.CancelScope() as scope:
             self._calls.add(scope)
             try:
-                with trio.fail_after(self.timeout) if self.timeout is not None \
-                        else trio.CancelScope():
+                if self.timeout is None:
                     return await fn(*args, **kwargs)
+                with trio.move_on_after(self.timeout):
+                    return await fn(*args, **kwargs)
+                raise trio.TooSlowError(f"{fn.__name__} on {self.app.name!r} took over the "
+                                        f"client's timeout of {self.timeout:g}s")
             finally:
                 self._calls.discard(scope)
                 if self._idle is not None and not self._calls:

@@ -18,13 +18,13 @@ is queued again).  Code outside trio uses :class:`~framework.runtime.BlockingCli
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from typing import Any
 
 import attrs
 import trio
 
 from framework import errors, records
+from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.records import CorruptRecord
 from framework.runtime import actions
@@ -32,8 +32,17 @@ from framework.runtime.app import App, ensure_layout
 from framework.runtime.payloads import PayloadStore
 from framework.runtime.records import CancelRecord, PastRun, Revocation, RevokeRecord
 from framework.runtime.submission import Existing, Submitter
-from framework.runtime.tasks import Task, TaskResult, read_result
+from framework.runtime.task_lookup import where_is
+from framework.runtime.task_types import TypeInfo
+from framework.runtime.tasks import Outcome, Task, TaskResult, read_result
 from framework.zk import Session, validate_name
+
+log = get_logger("framework.runtime.client")
+
+
+class UnknownTask(errors.FrameworkError):
+    """``revoke`` of a task id that is not queued, delayed or running and has no result:
+    nothing was revoked (a revoke never waits for a task submitted later)."""
 
 
 @attrs.frozen
@@ -53,13 +62,14 @@ class DeadLetter:
 class Client:
     """Submit tasks to application ``app`` and read their results, over ``session``.
 
-    ``create``: the first submit to an app that does not exist creates it (tasks may wait
-    for its first worker); ``False`` refuses it instead (:class:`~framework.runtime.actions.
-    UnknownApp`, naming the known apps: a typo does not make an app).  ``payload_store``:
-    where payloads over the queue's limit go (:mod:`framework.runtime.payloads`; default:
+    ``create``: ``False`` (the default, like ``framework submit``) refuses to submit to an
+    app that does not exist (:class:`~framework.runtime.actions.UnknownApp`, naming the
+    known apps: a typo does not make an app); ``True`` creates it at the first submit
+    (tasks may wait for its first worker).  ``payload_store``: where payloads over the
+    queue's limit go (:mod:`framework.runtime.payloads`; default:
     ``FRAMEWORK_PAYLOAD_STORE``, else they are refused)."""
 
-    def __init__(self, session: Session, app: App | str, *, create: bool = True,
+    def __init__(self, session: Session, app: App | str, *, create: bool = False,
                  payload_store: PayloadStore | str | None = None) -> None:
         if not isinstance(session, Session):
             raise errors.ConfigurationError(
@@ -71,12 +81,14 @@ class Client:
         self.payload_store = payload_store
         self._queue: WorkQueue | None = None
         self._submit: Submitter | None = None
+        #: the app's catalog was seen listing task types (then a name is always checked)
+        self._types_seen = False
 
     async def _work_queue(self) -> WorkQueue:
         if self._queue is None:
             if not self.create:
                 await actions.require_app(self.session, self.app,
-                                          hint="--create to create it")
+                                          hint="Client(..., create=True) creates it")
             await ensure_layout(self.session, self.app, self.app.tasks, self.app.running)
             self._queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
         return self._queue
@@ -102,16 +114,38 @@ class Client:
         has registered its types) and for an app that was cancelled (``framework cancel``);
         :class:`~framework.errors.DataTooLargeError` for a task over the queue's 64 KiB
         without a payload store; :class:`~framework.runtime.actions.UnknownApp` for a
-        missing app with ``create=False``."""
+        missing app with ``create=False``.  While no worker of the app has registered its
+        task types, ``name`` cannot be checked: the task is queued and a
+        ``client.task_type_unchecked`` warning says so (:meth:`task_types` tells it
+        beforehand); one more read per submit until a worker has registered."""
         if await self.session.exists(self.app.cancel) is not None:
             raise errors.ConfigurationError(
                 f"application {self.app.name!r} is cancelled: it takes no new tasks "
                 f"(framework resume {self.app.name}, or purge the app to start again)"
             )
         submitter = await self._submitter()
-        return await submitter.submit(name, payload, task_id=key, idempotency_key=key,
+        task = await submitter.submit(name, payload, task_id=key, idempotency_key=key,
                                       time_limit=time_limit, priority=priority,
                                       countdown=countdown, eta=eta, check_existing=True)
+        if not self._types_seen and not await self.task_types():
+            self.unchecked(self.app.name, name)
+        return task
+
+    @staticmethod
+    def unchecked(app: str, name: str) -> None:
+        """Called when a task of type ``name`` was queued unchecked (no worker of ``app``
+        has registered its types yet): a ``client.task_type_unchecked`` warning.  Replace
+        it on an instance to say it otherwise (``framework submit`` prints one line)."""
+        log.warning("client.task_type_unchecked", app=app, task_type=name,
+                    why="no worker of the app has registered its task types yet")
+
+    async def task_types(self) -> dict[str, TypeInfo]:
+        """The task types the app's workers registered (its catalog: one read); empty
+        while no worker of the app has started, when a submitted name cannot be checked."""
+        types = (await Submitter(self.session, self.app, WorkQueue(
+            self.session, self.app.tasks)).catalog.read()).types
+        self._types_seen = self._types_seen or bool(types)
+        return types
 
     async def existing(self, key: str) -> Existing | None:
         """What exists of task key ``key``: its result (succeeded, failed, revoked), or
@@ -126,11 +160,16 @@ class Client:
         """The result record of task ``key`` (id or idempotency key): a success, or the
         final failure of a task given up.  ``None`` if there is none yet; with ``wait``,
         blocks until it is written (a ZooKeeper watch, no polling) and raises
-        :class:`trio.TooSlowError` after ``timeout`` seconds (``None``: no limit)."""
+        :class:`trio.TooSlowError` after ``timeout`` seconds (``None``: no limit), saying
+        which task it waited for."""
         validate_name("task key", key)
         path = self.app.result_path(key)
-        with trio.fail_after(timeout) if wait and timeout is not None else nullcontext():
+        if not wait or timeout is None:
             return await read_result(self.session, path, wait=wait)
+        with trio.move_on_after(timeout):
+            return await read_result(self.session, path, wait=True)
+        raise trio.TooSlowError(f"no result for task {key!r} of {self.app.name!r} within "
+                                f"{timeout:g}s")
 
     async def cancel(self, *, by: str = "") -> bool:
         """Mark the app cancelled (its ``cancel`` node, which masters and workers watch);
@@ -156,18 +195,41 @@ class Client:
         worker watches ``revoked/``); either way it is recorded with outcome ``revoked``
         and never retried.  Returns what was done: :attr:`Revocation.FINISHED` (its result
         record exists: nothing to revoke), :attr:`Revocation.ALREADY` or
-        :attr:`Revocation.REVOKED`.  :class:`NoNodeError` if there is no such app."""
+        :attr:`Revocation.REVOKED`.
+
+        Only a task that is there can be revoked (as RQ's ``cancel_job``): an id that is not
+        queued, delayed or running and has no result raises :class:`UnknownTask`, and
+        nothing is recorded, so a task submitted later with that id (or key) runs.  Looking
+        for it costs a few reads, and for an id submitted without a key one read per queued
+        item (:mod:`framework.runtime.task_lookup`).  If the task finishes while it is
+        revoked, the revoke is taken back (:attr:`Revocation.FINISHED`).
+        :class:`~framework.runtime.actions.UnknownApp` (a :class:`NoNodeError`) if there
+        is no such app."""
         validate_name("task id", task_id)
-        if await self.session.exists(self.app.base) is None:
-            raise errors.NoNodeError(f"no application {self.app.name!r} in this ZooKeeper")
-        if await self.session.exists(self.app.result_path(task_id)) is not None:
+        await actions.require_app(self.session, self.app)
+        result_path = self.app.result_path(task_id)
+        node = f"{self.app.revoked}/{task_id}"
+        if await self.session.exists(result_path) is not None:
             return Revocation.FINISHED
+        if await self.session.exists(node) is not None:
+            return Revocation.ALREADY
+        if await where_is(self.session, self.app, task_id) is None:
+            if await self.session.exists(result_path) is not None:
+                return Revocation.FINISHED  # it finished while we looked
+            raise UnknownTask(
+                f"no task {task_id!r} of {self.app.name!r} is queued, delayed or running, "
+                f"and it has no result: nothing revoked (framework status {self.app.name})")
         await self.session.ensure_path(self.app.revoked)
         record = records.encode(RevokeRecord(time.time(), by))
         try:
-            await self.session.create(f"{self.app.revoked}/{task_id}", record)
+            await self.session.create(node, record)
         except errors.NodeExistsError:
             return Revocation.ALREADY
+        ended = await read_result(self.session, result_path)
+        if ended is not None and ended.outcome is not Outcome.REVOKED:
+            # it finished meanwhile: a revoke left behind would stop a later resubmission
+            await self.session.delete(node, missing_ok=True)
+            return Revocation.FINISHED
         return Revocation.REVOKED
 
     async def processes(self) -> tuple[int, int]:
