@@ -4,6 +4,7 @@ retried (against the real ZooKeeper)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -58,7 +59,7 @@ async def test_a_queued_task_revoked_never_runs(zk_hosts: str, chroot: str) -> N
     worker = Slow("rq", name="w1")
     with trio.fail_after(60):
         async with Session(zk_hosts, chroot=chroot) as session:
-            client = Client(session, "rq")
+            client = Client(session, "rq", create=True)
             await client.submit("quick", key="keep")
             await client.submit("quick", key="drop")
             await client.submit("quick", key="later", countdown=0.5)  # delayed, not queued
@@ -85,7 +86,7 @@ async def test_a_running_task_revoked_is_cancelled_and_never_retried(
         async with Session(zk_hosts, chroot=chroot) as session, \
                 trio.open_nursery() as nursery:
             await serve(nursery, zk_hosts, chroot, worker)
-            client = Client(session, "rr")
+            client = Client(session, "rr", create=True)
             await client.submit("wait", key="long")
             await worker.started.setdefault("long", trio.Event()).wait()
             await wait_exists(session, "/apps/rr/running/long")
@@ -104,7 +105,7 @@ async def test_a_running_task_revoked_is_cancelled_and_never_retried(
 async def test_framework_revoke_says_what_it_did(zk_hosts: str, chroot: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     async with Session(zk_hosts, chroot=chroot) as session:
-        await Client(session, "rc").submit("quick", key="t1")
+        await Client(session, "rc", create=True).submit("quick", key="t1")
     argv = ["revoke", "rc", "t1", "--zk", zk_hosts, "--chroot", chroot]
     code = await trio.to_thread.run_sync(cli_main, argv)
     out = capsys.readouterr().out
@@ -117,7 +118,7 @@ async def test_a_revoked_key_submitted_again_runs(zk_hosts: str, chroot: str) ->
     worker = Slow("ra", name="w1")
     with trio.fail_after(60):
         async with Session(zk_hosts, chroot=chroot) as session:
-            client = Client(session, "ra")
+            client = Client(session, "ra", create=True)
             await client.submit("quick", key="k")
             assert await client.revoke("k") is Revocation.REVOKED
             async with trio.open_nursery() as nursery:
@@ -145,3 +146,102 @@ async def outcome_after(session: Session, key: str, old: Outcome) -> TaskResult:
         if record.outcome is not old:
             return record
         await fired.wait()
+
+
+class Metered(Worker):
+    """``metered``: one start a minute (a second claimed task waits for its token);
+    ``stored``: its payload lives in a store whose reads wait until the test says."""
+
+    concurrency = 2
+    backoff_base = 0.01
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs: list[str] = []
+
+    @task(rate_limit="1/m")
+    async def metered(self, task: Task) -> None:
+        self.runs.append(task.key)
+
+    @task
+    async def stored(self, task: Task) -> None:
+        self.runs.append(task.key)
+
+
+class HeldStore:
+    """An in-memory payload store whose ``get`` tells the test it started (``reading``)
+    and returns only once ``release`` is set (it runs in a worker thread)."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.reading = trio.Event()
+        self.release = threading.Event()
+
+    def put(self, data: bytes) -> str:
+        ref = f"blob-{len(self.blobs)}"
+        self.blobs[ref] = data
+        return ref
+
+    def get(self, ref: str) -> bytes:
+        trio.from_thread.run_sync(self.reading.set)
+        self.release.wait()
+        return self.blobs[ref]
+
+    def delete(self, ref: str) -> None:
+        self.blobs.pop(ref, None)
+
+
+async def _revoked_unstarted(session: Session, client: Client, app: str, key: str) -> TaskResult:
+    """Revoke ``key`` (claimed, its handler not started) and return its record."""
+    assert await client.revoke(key) is Revocation.REVOKED
+    record = await client.result(key, wait=True)
+    assert record is not None
+    await wait_gone(session, f"/apps/{app}/revoked/{key}")  # cleaned with the ack
+    return record
+
+
+async def test_a_claimed_task_waiting_for_its_rate_limit_token_is_revoked(
+        zk_hosts: str, chroot: str) -> None:
+    worker = Metered("rl", name="w1")
+    with trio.fail_after(30):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            client = Client(session, "rl", create=True)
+            await client.submit("metered", key="first")
+            assert (await client.result("first", wait=True)).ok  # type: ignore[union-attr]
+            await client.submit("metered", key="second")  # claimed, waits ~60 s for a token
+            await wait_exists(session, "/apps/rl/running/second")
+            record = await _revoked_unstarted(session, client, "rl", "second")
+            worker.request_stop()
+    assert record.outcome is Outcome.REVOKED and record.error == "revoked"
+    assert worker.runs == ["first"]
+
+
+async def test_a_claimed_task_whose_stored_payload_is_being_read_is_revoked(
+        zk_hosts: str, chroot: str) -> None:
+    store = HeldStore()
+    worker = Metered("ps", name="w1")
+    worker.payload_store = store
+    with trio.fail_after(30):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            client = Client(session, "ps", create=True, payload_store=store)
+            await client.submit("stored", {"text": "x" * 200_000}, key="big")
+            await store.reading.wait()  # claimed; its payload is being read
+            assert await client.revoke("big") is Revocation.REVOKED
+            record: list[TaskResult] = []
+
+            async def revoked() -> None:
+                found = await client.result("big", wait=True)
+                assert found is not None
+                record.append(found)
+
+            async with trio.open_nursery() as waiting:
+                waiting.start_soon(revoked)
+                await wait_exists(session, "/apps/ps/revoked/big")
+                await trio.to_thread.run_sync(store.release.set)
+            await wait_gone(session, "/apps/ps/revoked/big")
+            worker.request_stop()
+    assert record[0].outcome is Outcome.REVOKED and worker.runs == []

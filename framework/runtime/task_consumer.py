@@ -307,30 +307,33 @@ class TaskConsumer:
             await self._failed(session, task, refusal, time.time(), rules)
             raise _GivenUp() from refusal
         assert rules is not None
-        if task.id in self._revoked:
-            await self._finish(session, queue, item, task, marker, previous_version,
-                               self._revoked_result(task, time.time()), revoked=True)
-            return
-        if task.payload_ref is not None:  # stored off ZooKeeper: read back for the handler
-            try:
-                task = await payloads.resolve(task, self.worker)
-            except errors.PermanentFailure as exc:
-                await self._failed(session, task, exc, time.time(), rules)
-                raise _GivenUp() from exc
-        if rules.limiter is not None:
-            await rules.limiter.acquire()  # the claim is held (and renewed) meanwhile
-            if stuck_after:
-                queue.renew_for(item, stuck_after)
-        self._in_flight += 1
-        self.worker.status_changed()
-        metrics.task_started(self.worker.app.name)
-        started = time.time()
+        # revocable from here on: a revoke seen now, during the waits before the handler
+        # (its stored payload, its rate-limit token) or while it runs cancels this scope;
+        # the task is then acknowledged as revoked and its handler never starts
         revocable = self._revocable[task.id] = trio.CancelScope()
+        if task.id in self._revoked:
+            revocable.cancel()
+        started = time.time()
+        running = False
+        value: Any = None
         try:
             with revocable:
+                task = await self._before_handler(task, rules)
+                if revocable.cancel_called:  # revoked during a wait that ran to its end
+                    await trio.lowlevel.checkpoint()  # raises Cancelled, caught by revocable
+                if stuck_after:
+                    queue.renew_for(item, stuck_after)
+                running = True
+                self._in_flight += 1
+                self.worker.status_changed()
+                metrics.task_started(self.worker.app.name)
+                started = time.time()
                 value = await self.handlers.call_within(task, rules.kind, limit)
         except Exception as exc:
-            final = await self._failed(session, task, exc, started, rules)
+            if not running and not isinstance(exc, errors.PermanentFailure):
+                raise  # the payload store failed: the slot backs off, the item comes back
+            final = await self._failed(session, task, exc, started if running else time.time(),
+                                       rules)
             # leaving take() with an error hands the item back, or - its type's attempts
             # used up, or a permanent failure - buries it at once: the queue's own limit is
             # the largest of the worker's types, and a delivery past the type's own would
@@ -338,9 +341,10 @@ class TaskConsumer:
             raise (_GivenUp() if final else _HandedBack()) from exc
         finally:
             self._revocable.pop(task.id, None)
-            self._in_flight -= 1
-            self.worker.status_changed()
-            metrics.task_ended(self.worker.app.name)
+            if running:
+                self._in_flight -= 1
+                self.worker.status_changed()
+                metrics.task_ended(self.worker.app.name)
         if revocable.cancelled_caught:
             await self._finish(session, queue, item, task, marker, previous_version,
                                self._revoked_result(task, started), revoked=True)
@@ -357,6 +361,16 @@ class TaskConsumer:
         self.worker.status_changed()  # publish the count (the last one came before _finish)
         log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
                  seconds=round(time.time() - started, 3))
+
+    async def _before_handler(self, task: Task, rules: TaskRules) -> Task:
+        """The waits between a claim and its handler: the stored payload read back (off
+        ZooKeeper), then the type's rate-limit token (the claim is held and renewed
+        meanwhile).  Both run in the task's revocable scope."""
+        if task.payload_ref is not None:
+            task = await payloads.resolve(task, self.worker)
+        if rules.limiter is not None:
+            await rules.limiter.acquire()
+        return task
 
     def _revoked_result(self, task: Task, started: float) -> TaskResult:
         log.info("task.revoked", task=task.id, worker=self.worker.name, attempt=task.attempts)
