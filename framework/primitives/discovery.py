@@ -1,0 +1,189 @@
+"""Service discovery: servers register instances (address and payload); clients find them.
+
+Layout (under ``base``, ``/services`` by default)::
+
+    /services/<service name>/<instance id>   ephemeral, JSON: id, name, address, port,
+                                             payload, registered (Unix time)
+
+Registering is a scope: ``async with discovery.register(instance) as registration:``.  The
+instance's node is a :class:`~framework.primitives.persistent_node.PersistentNode`: created
+again if someone deletes it or the session is LOST (the instance is back as soon as the
+session serves again), deleted when the scope ends.  An instance vanishes with its session:
+a process that dies (kill -9) or is paused past the session timeout is no longer listed
+once the server expires its session.
+
+Finding: :meth:`ServiceDiscovery.instances` reads a service's instances once (a list and a
+read per instance, pipelined); :meth:`ServiceDiscovery.watch` yields the service's
+instances now and again after every change of membership (one child watch on the service's
+node; only new instances are read).  An instance's payload is fixed while it is registered
+(register again to change it).  Nodes that do not hold an instance record (written by
+something else) are skipped with a warning.
+
+SUSPENDED: registrations stay (the node lives as long as the session); queries and watches
+wait for the connection.  LOST: registrations are re-created in the new session; a watch
+reads again and yields what changed.  Invalid names, addresses, ports or payloads raise
+:class:`ConfigurationError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import attrs
+
+from framework import errors
+from framework.logs import get_logger
+from framework.primitives.persistent_node import PersistentNode
+from framework.zk import Session, gather, validate_component, validate_path, watch_children
+
+log = get_logger("framework.primitives.discovery")
+
+
+def _check_port(_instance: Any, _attribute: Any, port: int | None) -> None:
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536
+    ):
+        raise errors.ConfigurationError(f"port must be 1-65535 or None, got {port!r}")
+
+
+def _check_address(_instance: Any, _attribute: Any, address: str) -> None:
+    if not isinstance(address, str) or not address or any(c.isspace() for c in address):
+        raise errors.ConfigurationError(f"address must be a host name or IP, got {address!r}")
+
+
+@attrs.frozen
+class ServiceInstance:
+    """One registered server: where to reach it and what it says about itself."""
+
+    name: str = attrs.field(validator=lambda _i, _a, v: validate_component("service name", v))
+    address: str = attrs.field(validator=_check_address)
+    port: int | None = attrs.field(default=None, validator=_check_port)
+    payload: Any = None  # anything JSON can carry
+    id: str = attrs.field(factory=lambda: uuid.uuid4().hex,
+                          validator=lambda _i, _a, v: validate_component("instance id", v))
+    registered: float = attrs.field(factory=time.time)
+
+    @property
+    def endpoint(self) -> str:
+        """``address:port`` (``address`` alone without a port)."""
+        return self.address if self.port is None else f"{self.address}:{self.port}"
+
+    def encode(self) -> bytes:
+        try:
+            return json.dumps(attrs.asdict(self), sort_keys=True).encode()
+        except (TypeError, ValueError) as exc:
+            raise errors.ConfigurationError(
+                f"the payload of instance {self.id} of {self.name!r} is not JSON: {exc}"
+            ) from None
+
+    @classmethod
+    def decode(cls, data: bytes) -> ServiceInstance:
+        """The instance in ``data``; :class:`ValueError` if it is not one."""
+        try:
+            fields = json.loads(data)
+            return cls(**fields)
+        except (TypeError, ValueError, errors.ConfigurationError) as exc:
+            raise ValueError(str(exc)) from None
+
+
+class Registration:
+    """An instance kept registered (see :meth:`ServiceDiscovery.register`)."""
+
+    def __init__(self, instance: ServiceInstance, node: PersistentNode) -> None:
+        self.instance = instance
+        self.node = node
+
+    @property
+    def path(self) -> str:
+        return self.node.path
+
+    @property
+    def present(self) -> bool:
+        """Whether the instance's node is known to exist now."""
+        return self.node.present
+
+    async def wait_present(self) -> None:
+        await self.node.wait_present()
+
+
+class ServiceDiscovery:
+    """Register and find service instances under ``base``; contract: see the module."""
+
+    def __init__(self, session: Session, base: str = "/services") -> None:
+        validate_path(base, allow_root=False)
+        self.session = session
+        self.base = base
+
+    def _service(self, name: str) -> str:
+        return f"{self.base}/{validate_component('service name', name)}"
+
+    @asynccontextmanager
+    async def register(self, instance: ServiceInstance) -> AsyncIterator[Registration]:
+        """Keep ``instance`` registered for the block (returns once it is registered)."""
+        node = PersistentNode(self.session, f"{self._service(instance.name)}/{instance.id}",
+                              instance.encode())
+        async with node.run():
+            await node.wait_present()
+            log.info("discovery.registered", service=instance.name, id=instance.id,
+                     endpoint=instance.endpoint)
+            try:
+                yield Registration(instance, node)
+            finally:
+                log.info("discovery.unregistered", service=instance.name, id=instance.id)
+
+    async def names(self) -> list[str]:
+        """The services with a node under ``base`` (some may have no instance now)."""
+        try:
+            return sorted(await self.session.children(self.base))
+        except errors.NoNodeError:
+            return []
+
+    async def instances(self, name: str) -> list[ServiceInstance]:
+        """The instances of service ``name`` registered now, by id."""
+        path = self._service(name)
+        try:
+            ids = await self.session.children(path)
+        except errors.NoNodeError:
+            return []
+        found = await self._read(path, ids)
+        return sorted(found.values(), key=lambda i: i.id)
+
+    async def instance(self, name: str, instance_id: str) -> ServiceInstance | None:
+        """One instance, or ``None`` when it is not registered."""
+        validate_component("instance id", instance_id)
+        found = await self._read(self._service(name), [instance_id])
+        return found.get(instance_id)
+
+    async def watch(self, name: str) -> AsyncIterator[tuple[ServiceInstance, ...]]:
+        """Yield the instances of ``name`` (by id) now and after every change of its
+        membership.  Never ends on its own: cancel it or ``break``."""
+        path = self._service(name)
+        known: dict[str, ServiceInstance] = {}
+        async for snapshot in watch_children(self.session, path):
+            current = set(snapshot.children)
+            for gone in set(known) - current:
+                del known[gone]
+            known.update(await self._read(path, sorted(current - set(known))))
+            yield tuple(known[i] for i in sorted(known))
+
+    async def _read(self, path: str, ids: list[str]) -> dict[str, ServiceInstance]:
+        out: dict[str, ServiceInstance] = {}
+
+        async def one(instance_id: str) -> None:
+            try:
+                data, _stat = await self.session.get(f"{path}/{instance_id}")
+            except errors.NoNodeError:
+                return
+            try:
+                out[instance_id] = ServiceInstance.decode(data)
+            except ValueError as exc:
+                log.warning("discovery.bad_instance", path=f"{path}/{instance_id}",
+                            error=str(exc))
+
+        await gather(*[functools.partial(one, i) for i in ids])
+        return out
