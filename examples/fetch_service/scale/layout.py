@@ -1,9 +1,9 @@
-"""Where the partitioned crawl keeps things: a few znodes, and a shared directory.
+"""Where the partitioned crawl keeps things: a few znodes, and a shared store.
 
 ZooKeeper (control plane only; nothing per URL), under the application's base; every record
 is an attrs class through :mod:`framework.records`::
 
-    crawl/job               :class:`Job`: id, seeds, partitions, shared directory,
+    crawl/job               :class:`Job`: id, seeds, partitions, shared store URL,
                             checkpoint interval (written once by :func:`start_job`)
     crawl/desired           the wanted :class:`CrawlConfig` (written at the start, may be
                             rewritten); the master publishes it to the fetchers
@@ -11,13 +11,15 @@ is an attrs class through :mod:`framework.records`::
                             its :class:`.store.Progress`, :class:`PartitionState`
     crawl/report            :class:`CrawlReport`; it exists once the crawl is finished
 
-The shared directory (``job.shared``; stands for a distributed file system that every
-fetcher machine mounts, like the Katta example's shard store; only whole files are written,
-each once, under a temporary name and renamed, which is what HDFS-like stores offer)::
+The shared store (``job.shared``, a URL: :func:`framework.open_store`; ``file://`` or a
+path for a directory every fetcher machine mounts at the same path, ``s3://bucket/prefix``
+for an S3-compatible object store; like the Katta example's shard store).  Only whole files
+are written, each once and atomically (a temporary name renamed, or one PUT), which is what
+HDFS-like stores and object stores offer; the keys::
 
-    <shared>/<job id>/parts/pNNN/ckpt-eEEEEEE-SSSSSS.sqlite   checkpoints of the partition
-    <shared>/<job id>/inbox/pNNN/<sender>-eEEEEEE-SSSSSSSSS.json   links for the partition
-                                                                   (:mod:`.inbox`)
+    <job id>/parts/pNNN/ckpt-eEEEEEE-SSSSSS.sqlite   checkpoints of the partition
+    <job id>/inbox/pNNN/<sender>-eEEEEEE-SSSSSSSSS.json   links for the partition
+                                                          (:mod:`.inbox`)
 
 A record that does not decode raises :class:`framework.records.CorruptRecord`; the readers
 log it and wait for the node to change rather than overwrite it (see :func:`wait_job`,
@@ -27,19 +29,22 @@ log it and wait for the node to change rather than overwrite it (see :func:`wait
 from __future__ import annotations
 
 import enum
+import functools
+import os
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
+import trio
 
 from examples.fetch_service.config import CrawlConfig
 from examples.fetch_service.links import InvalidUrlError, canonicalize, host_key
 from examples.fetch_service.scale.inbox import InboxBatch, write_inbox_file
 from examples.fetch_service.scale.store import Progress
 from examples.fetch_service.scale.urls import partition_name, partition_of
-from framework import errors, records
+from framework import BlobStore, errors, open_store, records, store_location
 from framework.logs import get_logger
 from framework.runtime import App
 from framework.zk import Session, watch_data
@@ -88,20 +93,58 @@ class Job:
         return [partition_name(i) for i in range(self.partitions)]
 
     def directory(self) -> SharedDir:
-        return SharedDir(Path(self.shared) / self.id)
+        """The job's part of the shared store (opened once per process and URL)."""
+        return SharedDir(_open_store(self.shared), self.id)
+
+
+@functools.lru_cache(maxsize=16)
+def _open_store(url: str) -> BlobStore:
+    return open_store(url)
 
 
 @attrs.frozen
 class SharedDir:
-    """The job's directory on the shared file system."""
+    """The job's part of the shared store: its keys start with the job's id."""
 
-    root: Path
+    store: BlobStore
+    job: str
+
+    def parts_key(self, partition: str) -> str:
+        """Where the partition's checkpoints are."""
+        return f"{self.job}/parts/{partition}"
+
+    def inbox_key(self, partition: str) -> str:
+        """Where the partition's inbox files are."""
+        return f"{self.job}/inbox/{partition}"
+
+    def _local(self, key: str) -> Path:
+        path = getattr(self.store, "path", None)
+        if path is None:
+            raise errors.ConfigurationError(f"the shared store {self.store.url} is not a "
+                                            "directory")
+        return Path(path(key))
 
     def parts(self, partition: str) -> Path:
-        return self.root / "parts" / partition
+        """The local directory of :meth:`parts_key` (a file store only)."""
+        return self._local(self.parts_key(partition))
 
     def inbox(self, partition: str) -> Path:
-        return self.root / "inbox" / partition
+        """The local directory of :meth:`inbox_key` (a file store only)."""
+        return self._local(self.inbox_key(partition))
+
+    def prepare(self, partitions: Iterable[str]) -> None:
+        """On a file store, make the partitions' (empty) directories, for an operator to
+        see; an object store has no directories (blocking)."""
+        if getattr(self.store, "path", None) is None:
+            return
+        try:
+            for name in partitions:
+                self.parts(name).mkdir(parents=True, exist_ok=True)
+                self.inbox(name).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise errors.ConfigurationError(
+                f"cannot use the shared store {self.store.url}: {exc.strerror or exc}"
+            ) from None
 
 
 class PartitionState(enum.Enum):
@@ -189,10 +232,14 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
     the job and its configuration are written in one transaction (so a job that exists has
     its seeds delivered).
 
-    Raises :class:`ConfigurationError` for no valid seed, a bad partition count, or when the
-    application already has a job (``framework purge fetch-scale`` first); ``OSError`` when
-    the shared directory cannot be written; ZooKeeper errors as they come (nothing is
-    retried: after a ``ConnectionLossError`` the job may or may not exist).
+    ``shared`` is the shared store: a URL (``file://``, ``s3://bucket/prefix``) or a path
+    (made absolute: every host must mount it at that path).
+
+    Raises :class:`ConfigurationError` for no valid seed, a bad partition count, a store
+    URL that is not one, or when the application already has a job (``framework purge
+    fetch-scale`` first); ``OSError`` (:class:`framework.StoreUnavailable`) when the shared
+    store cannot be written; ZooKeeper errors as they come (nothing is retried: after a
+    ``ConnectionLossError`` the job may or may not exist).
     """
     if not 1 <= partitions <= 999:
         raise errors.ConfigurationError(f"partitions must be in 1..999, got {partitions}")
@@ -204,19 +251,19 @@ async def start_job(session: Session, app: App, seeds: Sequence[str], config: Cr
         reasons = "; ".join(invalid) or "no seed given"
         raise errors.ConfigurationError(f"a crawl needs at least one valid seed URL ({reasons})")
     job = Job(job_id or uuid.uuid4().hex[:8], tuple(seeds), partitions,
-              str(Path(shared).resolve()), checkpoint_interval_s, obey_robots, time.time())
+              store_location(os.fspath(shared)), checkpoint_interval_s, obey_robots,
+              time.time())
     paths = ScalePaths(app)
     if await session.exists(paths.job) is not None:
         raise errors.ConfigurationError(
             f"application {app.name!r} already has a crawl job; purge it first "
             f"(framework purge {app.name})")
     directory = job.directory()
-    for name in job.names:
-        directory.parts(name).mkdir(parents=True, exist_ok=True)
-        directory.inbox(name).mkdir(parents=True, exist_ok=True)
+    await trio.to_thread.run_sync(directory.prepare, job.names)
     for index, links in routed.items():
-        write_inbox_file(directory.inbox(partition_name(index)), "seeds-e000000-000000000.json",
-                         InboxBatch(tuple(links)))
+        await trio.to_thread.run_sync(
+            write_inbox_file, directory.store, directory.inbox_key(partition_name(index)),
+            "seeds-e000000-000000000.json", InboxBatch(tuple(links)))
     await session.ensure_path(paths.partitions)
     try:
         await session.transaction().create(paths.job, records.encode(job)).create(

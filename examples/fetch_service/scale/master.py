@@ -123,7 +123,8 @@ async def read_partitions(session: Session, paths: ScalePaths, job: Job,
 
 def _inboxes_empty(job: Job) -> bool:
     directory = job.directory()
-    return not any(list_inbox(directory.inbox(name)) for name in job.names)
+    return not any(list_inbox(directory.store, directory.inbox_key(name))
+                   for name in job.names)
 
 
 async def _until_finished(session: Session, paths: ScalePaths,
@@ -151,7 +152,7 @@ def _quarantined(job: Job) -> tuple[str, ...]:
     """``pNNN/<file>`` of every inbox file set aside as unreadable."""
     directory = job.directory()
     return tuple(f"{name}/{file}" for name in job.names
-                 for file in list_quarantined(directory.inbox(name)))
+                 for file in list_quarantined(directory.store, directory.inbox_key(name)))
 
 
 def _report(job: Job, final: dict[str, PartitionRecord], master: str,

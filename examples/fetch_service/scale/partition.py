@@ -27,14 +27,17 @@ Guarantees:
 What :meth:`PartitionServer.serve` raises: :class:`.ownership.PartitionLost` (another owner
 took over, or the partition is not assigned here), :class:`CorruptCheckpoint` (the published
 checkpoint cannot be read: nothing is served and nothing overwritten), ZooKeeper errors and
-``OSError`` from the shared directory; the fetcher logs them and serves again after a
-backoff.  An inbox file that is not a batch is set aside (:func:`.inbox.quarantine`), logged
-as ``partition.inbox_corrupt`` and counted; the partition goes on.
+``OSError`` from the shared store (:class:`framework.StoreUnavailable` when it cannot be
+reached); the fetcher logs them and serves again after a backoff.  Checkpoints are written
+on the fetcher's local disk, then uploaded to the shared store atomically (a whole file or
+none), and downloaded to local disk before they are restored.  An inbox file that is not a batch is
+set aside (:func:`.inbox.quarantine`), logged as ``partition.inbox_corrupt`` and counted;
+the partition goes on.
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,7 +62,7 @@ from examples.fetch_service.scale.robots import RobotsRules, robots_url
 from examples.fetch_service.scale.store import CorruptCheckpoint, Link, PartitionStore, UrlState
 from examples.fetch_service.scale.urls import partition_of
 from examples.fetch_service.warc import WarcWriter
-from framework import errors, records, single_body_error
+from framework import BlobMissing, BlobStore, errors, records, single_body_error
 from framework.logs import get_logger
 from framework.zk import Session
 
@@ -67,8 +70,8 @@ __all__ = ["CorruptCheckpoint", "PartitionContext", "PartitionServer", "Partitio
 
 log = get_logger("examples.fetch_service.scale.partition")
 
-#: Seconds between two listings of the inbox directory while it has nothing new (a shared
-#: file system offers no change notification).
+#: Seconds between two listings of the inbox while it has nothing new (a shared file system
+#: or an object store offers no change notification).
 INBOX_POLL_S = 0.1
 #: Seconds between two shipments of the outbox (links are batched into one file per
 #: destination partition per shipment).
@@ -138,16 +141,24 @@ class PartitionServer:
         record = await self.ownership.take_over()
         previous = self.ownership.previous.owner
         epoch = record.epoch
-        parts = self.shared.parts(self.name)
-        source = parts / record.checkpoint if record.checkpoint else None
         working = self.ctx.local_dir / f"{self.name}-e{epoch:06d}.sqlite"
+        source = None
+        if record.checkpoint:
+            source = self.ctx.local_dir / f"{self.name}-e{epoch:06d}-restore" / record.checkpoint
         try:
+            if source is not None:
+                key = f"{self.shared.parts_key(self.name)}/{record.checkpoint}"
+                await trio.to_thread.run_sync(_download, self.shared.store, key, source)
             self.store = store = await trio.to_thread.run_sync(PartitionStore.restore, source,
                                                                working)
         except CorruptCheckpoint as exc:
             log.error("partition.checkpoint_corrupt", partition=self.name, epoch=epoch,
-                      checkpoint=str(source), error=str(exc))
+                      checkpoint=record.checkpoint, store=self.shared.store.url,
+                      error=str(exc))
             raise
+        finally:
+            if source is not None:
+                shutil.rmtree(source.parent, ignore_errors=True)
         try:
             self._consumed = store.consumed()
             self._rules = {host: RobotsRules.from_answer(status, body)
@@ -273,15 +284,15 @@ class PartitionServer:
     # ------------------------------------------------------------ links in and out
 
     async def _read_inbox(self) -> None:
-        directory = self.shared.inbox(self.name)
+        shared, inbox = self.shared.store, self.shared.inbox_key(self.name)
         while True:
-            names = await trio.to_thread.run_sync(list_inbox, directory)
+            names = await trio.to_thread.run_sync(list_inbox, shared, inbox)
             fresh = [name for name in names if name not in self._consumed]
             for name in fresh:
                 try:
-                    batch = await trio.to_thread.run_sync(read_inbox_file, directory / name)
+                    batch = await trio.to_thread.run_sync(read_inbox_file, shared, inbox, name)
                 except records.CorruptRecord as exc:
-                    kept = await trio.to_thread.run_sync(quarantine, directory / name)
+                    kept = await trio.to_thread.run_sync(quarantine, shared, inbox, name)
                     self.ctx.stats.corrupt_inbox_files += 1
                     log.error("partition.inbox_corrupt", partition=self.name, file=name,
                               error=str(exc), kept_as=str(kept))
@@ -307,9 +318,9 @@ class PartitionServer:
             for target, links in sorted(by_target.items()):
                 self._ship_seq += 1
                 name = inbox_file_name(self.name, self.ownership.epoch, self._ship_seq)
-                directory = self.shared.inbox(self.ctx.job.names[target])
+                inbox = self.shared.inbox_key(self.ctx.job.names[target])
                 self.ctx.session.ensure_trusted()  # a paused former owner writes nothing
-                await trio.to_thread.run_sync(write_inbox_file, directory, name,
+                await trio.to_thread.run_sync(write_inbox_file, self.shared.store, inbox, name,
                                               InboxBatch(tuple(links)))
                 self.ctx.stats.shipped_files += 1
             store.shipped([row.id for row in rows])
@@ -326,27 +337,32 @@ class PartitionServer:
             await trio.sleep(interval)  # the checkpoint period, not synchronisation
 
     async def _checkpoint(self, *, released: bool = False) -> None:
-        """Snapshot the store to the shared directory, publish it (fenced; ``released``: as
-        the last state of this owner), then delete what it made redundant: older checkpoints
-        and the inbox files it has merged."""
+        """Snapshot the store to local disk, upload it to the shared store, publish it
+        (fenced; ``released``: as the last state of this owner), then delete what it made
+        redundant: older checkpoints and the inbox files it has merged."""
         store = self._store()
         epoch = self.ownership.epoch
         self._ckpt_seq += 1
         name = f"ckpt-e{epoch:06d}-{self._ckpt_seq:06d}.sqlite"
-        parts = self.shared.parts(self.name)
-        tmp = parts / f".{name}.tmp"
+        parts = self.shared.parts_key(self.name)
+        tmp = self.ctx.local_dir / f".{self.name}-{name}.tmp"
         progress = store.progress()
         merged = set(self._consumed)
         self.ctx.session.ensure_trusted()
-        store.checkpoint(tmp)  # synchronous: no step of this partition runs meanwhile
-        self._dirty = False
-        await trio.to_thread.run_sync(_make_durable, tmp, parts / name)
+        try:
+            store.checkpoint(tmp)  # synchronous: no step of this partition runs meanwhile
+            self._dirty = False
+            self.ctx.session.ensure_trusted()
+            await trio.to_thread.run_sync(self.shared.store.put_file, f"{parts}/{name}", tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
         await self.ownership.publish(name, progress, released=released)
         self.ctx.stats.checkpoints += 1
         self.ctx.on_checkpoint()
-        inbox = self.shared.inbox(self.name)
+        inbox = self.shared.inbox_key(self.name)
         self.ctx.session.ensure_trusted()
-        await trio.to_thread.run_sync(_delete_redundant, parts, name, inbox, merged)
+        await trio.to_thread.run_sync(_delete_redundant, self.shared.store, parts, name, inbox,
+                                      merged)
         if merged:
             store.forget_consumed(merged)
             self._consumed -= merged
@@ -357,22 +373,22 @@ class PartitionServer:
         return self.store
 
 
-def _make_durable(tmp: Path, target: Path) -> None:
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
-    fd = os.open(target.parent, os.O_RDONLY)
+def _download(shared: BlobStore, key: str, target: Path) -> None:
+    """The published checkpoint ``key`` to the local file ``target``; a missing one is a
+    :class:`CorruptCheckpoint` (the record names a file the store does not have)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        shared.get_file(key, target)
+    except BlobMissing:
+        raise CorruptCheckpoint(f"checkpoint {shared.url}/{key} cannot be restored: it is "
+                                "not in the shared store") from None
 
 
-def _delete_redundant(parts: Path, current: str, inbox: Path, merged: set[str]) -> None:
+def _delete_redundant(shared: BlobStore, parts: str, current: str, inbox: str,
+                      merged: set[str]) -> None:
     """Older checkpoints of this partition (never a newer one) and merged inbox files."""
-    for entry in os.listdir(parts):
-        name = entry.removeprefix(".").removesuffix(".tmp")
+    for info in shared.list(parts):
+        name = info.key.rsplit("/", 1)[-1]
         if name.startswith("ckpt-") and name < current:
-            (parts / entry).unlink(missing_ok=True)
+            shared.delete(info.key)
     for name in merged:
-        (inbox / name).unlink(missing_ok=True)
+        shared.delete(f"{inbox}/{name}")
