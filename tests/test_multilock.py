@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,24 @@ async def test_a_killed_holder_releases_every_lock(
             holder.kill()
             async with MultiLock(session, ["/a", "/b"]).acquire():
                 pass
+
+
+async def test_a_holder_paused_past_its_session_makes_no_effect(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """SIGSTOP past the session timeout: both locks go to a waiter; after SIGCONT the old
+    holder makes no effect and says LockLost."""
+    argv = python_argv(HELPER, zk_hosts, chroot, "multilock", "a,b", "--timeout", 2.0)
+    with trio.fail_after(40):
+        async with spawn(argv, pipe_stdout=True) as holder:
+            assert holder.lines is not None
+            await holder.lines.until(lambda line: line.startswith("EFFECT"))
+            holder.pause()
+            async with MultiLock(session, ["/b", "/a"]).acquire():
+                resumed = time.monotonic()
+                holder.resume()
+                rest = await holder.lines.until(lambda line: line.startswith("ENDED"))
+    effects = [line for line in rest
+               if line.startswith("EFFECT") and float(line.split()[1]) > resumed]
+    assert effects == [], rest
+    assert rest[-1].startswith("ENDED LockLost"), rest
