@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/primitives.py`` (starts its own ZooKeeper unless
 FRAMEWORK_ZK_HOSTS is set).  Parts: election and membership (``primitives_election``), queue,
-locks and double barrier (``primitives_queue_lock``).
+locks and double barrier (``primitives_queue_lock``), semaphore and counter
+(``primitives_semaphore_counter``, also against the bare protocol).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import primitives_election, primitives_queue_lock
+from bench import primitives_election, primitives_queue_lock, primitives_semaphore_counter
 from bench.common import print_results, zookeeper
 from framework import configure_logging
 
@@ -27,6 +28,9 @@ def main() -> None:
                       f"(session timeout {primitives_election.SESSION_TIMEOUT:g} s)", election)
         queue_lock = trio.run(primitives_queue_lock.run, hosts)
         print_results("queue, locks, double barrier: ours vs kazoo recipes", queue_lock)
+        semaphore_counter = trio.run(primitives_semaphore_counter.run, hosts)
+        print_results("semaphore and counter: ours vs kazoo recipes and the bare protocol",
+                      semaphore_counter)
 
 
 if __name__ == "__main__":
