@@ -28,7 +28,6 @@ reads again and yields what changed.  Invalid names, addresses, ports or payload
 from __future__ import annotations
 
 import functools
-import json
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -36,7 +35,7 @@ from typing import Any, AsyncIterator
 
 import attrs
 
-from framework import errors
+from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.persistent_node import PersistentNode
 from framework.zk import Session, gather, validate_component, validate_path, watch_children
@@ -74,8 +73,9 @@ class ServiceInstance:
         return self.address if self.port is None else f"{self.address}:{self.port}"
 
     def encode(self) -> bytes:
+        """The instance's record (:mod:`framework.records`: JSON through cattrs)."""
         try:
-            return json.dumps(attrs.asdict(self), sort_keys=True).encode()
+            return records.encode(self)
         except (TypeError, ValueError) as exc:
             raise errors.ConfigurationError(
                 f"the payload of instance {self.id} of {self.name!r} is not JSON: {exc}"
@@ -85,9 +85,8 @@ class ServiceInstance:
     def decode(cls, data: bytes) -> ServiceInstance:
         """The instance in ``data``; :class:`ValueError` if it is not one."""
         try:
-            fields = json.loads(data)
-            return cls(**fields)
-        except (TypeError, ValueError, errors.ConfigurationError) as exc:
+            return records.decode(data, cls)
+        except (ValueError, errors.ConfigurationError) as exc:
             raise ValueError(str(exc)) from None
 
 
