@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -20,11 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Cluster:
-    """Spawn, pause and kill the processes of one Katta deployment (``async with``)."""
+    """Spawn, pause and kill the processes of one Katta deployment (``async with``).
+    ``prefixes``: per process name, what its command line is run under (``ip netns exec
+    HOST``: that process on another host, see ``tests/test_multihost.py``)."""
 
     def __init__(self, hosts: str, chroot: str | None, workdir: Path, *,
                  app: str = "katta", session_timeout: float = 4.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 prefixes: Mapping[str, Sequence[str]] | None = None) -> None:
         self.hosts = hosts
         self.chroot = chroot
         self.workdir = workdir
@@ -34,11 +38,13 @@ class Cluster:
         self.session_timeout = session_timeout
         self.env = {"KATTA_STORE": str(workdir / "store"), "KATTA_SAFE_MODE": "1.0",
                     "KATTA_NODE_GRACE": "1.0", **(env or {})}
+        self.prefixes = dict(prefixes or {})
         self.procs: dict[str, Child] = {}
         self._stack = AsyncExitStack()
 
     async def _spawn(self, name: str, component: str, env: dict[str, str]) -> Child:
-        argv = [sys.executable, "-m", "framework", "run", component, "--zk", self.hosts,
+        argv = [*self.prefixes.get(name, ()), sys.executable, "-m", "framework", "run",
+                component, "--zk", self.hosts,
                 "--app", self.app, "--name", name,
                 "--session-timeout", str(self.session_timeout)]
         if self.chroot:

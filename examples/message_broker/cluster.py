@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -89,23 +89,27 @@ class ProcessCluster:
     """Servers and controllers as child processes (see the module doc), through the
     framework's process harness: each dies with its parent, logs to ``<logs>/<name>.log``
     (appended to when a server restarts under its name); :meth:`stop_all` kills -9 and reaps
-    every one still running."""
+    every one still running.  ``prefixes``: per process name, what its command line is run
+    under (``ip netns exec HOST``: that process on another host, as in
+    ``tests/test_multihost.py``)."""
 
     def __init__(self, hosts: str, chroot: str | None, data_dir: Path, logs: Path, *,
-                 session_timeout: float = 4.0, log_level: str = "info") -> None:
+                 session_timeout: float = 4.0, log_level: str = "info",
+                 prefixes: Mapping[str, Sequence[str]] | None = None) -> None:
         self.hosts = hosts
         self.chroot = chroot
         self.data_dir = data_dir
         self.logs = logs
         self.session_timeout = session_timeout
         self.log_level = log_level
+        self.prefixes = dict(prefixes or {})
         self.procs: dict[str, Child] = {}
         self._stack = AsyncExitStack()
         logs.mkdir(parents=True, exist_ok=True)
 
     async def spawn(self, kind: str, name: str, env: dict[str, str] | None = None) -> Child:
         cls = {"server": "BrokerServer", "controller": "BrokerController"}[kind]
-        argv = [sys.executable, "-m", "framework", "run",
+        argv = [*self.prefixes.get(name, ()), sys.executable, "-m", "framework", "run",
                 f"examples.message_broker.app:{cls}", "--zk", self.hosts, "--name", name,
                 "--session-timeout", str(self.session_timeout)]
         if self.chroot:
