@@ -42,6 +42,7 @@ import datetime as dt
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,7 +96,8 @@ class BlobStore(Protocol):
         ...
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
-        """Write the local file ``path`` under ``key`` atomically (large files stream)."""
+        """Write the local file ``path`` under ``key`` atomically (large files, and pipes,
+        stream: on S3 as a multipart upload)."""
         ...
 
     def get(self, key: str) -> bytes:
@@ -310,7 +312,8 @@ class FileBlobStore:
 class S3BlobStore:
     """Objects in ``bucket`` under ``prefix``, through obstore (see the module doc for the
     environment it reads).  ``put`` is one PUT up to :data:`PUT_CHUNK` bytes and a
-    multipart upload above (visible only once completed); ``get_file`` streams."""
+    multipart upload above, or from a pipe (visible only once completed); ``get_file``
+    streams."""
 
     #: Above this many bytes an object is sent as a multipart upload.
     PUT_CHUNK = 8 * 1024 * 1024
@@ -369,9 +372,9 @@ class S3BlobStore:
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         import obstore
 
-        size = os.path.getsize(path)
         with self._errors("write", key), open(path, "rb") as handle:
-            if size <= self.PUT_CHUNK:
+            st = os.fstat(handle.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size <= self.PUT_CHUNK:
                 obstore.put(self._store, check_key(key), handle.read(), use_multipart=False)
             else:
                 obstore.put(self._store, check_key(key), handle, use_multipart=True,
