@@ -30,6 +30,7 @@ Two views of the same observations:
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any
@@ -216,20 +217,29 @@ def session_state_changed(state: str) -> None:
     _connected.set(1 if state == "connected" else 0)
 
 
-def serve(port: int, host: str = "0.0.0.0") -> int:
+#: The environment variable naming the address the metrics endpoint listens on.
+LISTEN_ENV = "FRAMEWORK_METRICS_LISTEN"
+
+
+def serve(port: int, host: str | None = None) -> int:
     """Serve ``/metrics`` of this process on ``host:port`` (a daemon thread); return the
-    port (useful with 0).  A port that cannot be bound is a one-line :class:`FrameworkError`.
-    Idempotent: a second call returns the first server's port."""
+    port (useful with 0).  ``host`` (default ``$FRAMEWORK_METRICS_LISTEN``, else
+    ``0.0.0.0``: every interface, so a Prometheus on another host reaches it; the endpoint
+    is not published anywhere, so it has no advertised address).  An address or port that
+    cannot be bound is a one-line :class:`FrameworkError`.  Idempotent: a second call
+    returns the first server's port."""
     global _server
     if not 0 <= port <= 65535:
         raise FrameworkError(f"--metrics-port must be between 0 and 65535, got {port}")
+    host = host or os.environ.get(LISTEN_ENV) or "0.0.0.0"
     with _lock:
         if _server is None:
             try:
                 _server = start_http_server(port, addr=host, registry=REGISTRY)
             except OSError as exc:
                 raise FrameworkError(
-                    f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+                    f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+                    f"(--metrics-port, ${LISTEN_ENV})"
                 ) from None
         server = _server[0] if isinstance(_server, tuple) else _server
         return int(server.server_port)
