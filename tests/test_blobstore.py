@@ -254,12 +254,12 @@ class socketless_port:
         self.sock.close()
 
 
-# ---------------------------------------------------------------- the three users on S3
+# ---------------------------------------------------------------- the three users, each store
 
 
-async def test_payloads_by_reference_in_s3(zk_hosts: str, chroot: str, session: Session,
-                                           s3_bucket: str) -> None:
-    url = f"s3://{s3_bucket}/payloads"
+async def test_payloads_by_reference(zk_hosts: str, chroot: str, session: Session,
+                                     store_url: str) -> None:
+    url = f"{store_url}/payloads"
 
     class S3Sizer(Sizer):
         payload_store = url
@@ -274,10 +274,9 @@ async def test_payloads_by_reference_in_s3(zk_hosts: str, chroot: str, session: 
     assert open_store(url).list() == []  # deleted once the task was acknowledged
 
 
-async def test_katta_builds_and_serves_shards_from_s3(zk_hosts: str, chroot: str,
-                                                      session: Session, s3_bucket: str,
-                                                      tmp_path: Path) -> None:
-    url = f"s3://{s3_bucket}/katta"
+async def test_katta_builds_and_serves_shards(zk_hosts: str, chroot: str, session: Session,
+                                              store_url: str, tmp_path: Path) -> None:
+    url = f"{store_url}/katta"
     spec = IndexRecord("docs", 3, 2, url, CorpusSpec(docs=200, seed=5))
     single = single_index(spec.corpus, tmp_path)
     with trio.fail_after(TIMEOUT):
@@ -297,10 +296,10 @@ async def test_katta_builds_and_serves_shards_from_s3(zk_hosts: str, chroot: str
     assert open_store(url).list() == []  # purged from the store
 
 
-async def test_the_crawlers_inboxes_and_checkpoints_in_s3(
-        zk_hosts: str, chroot: str, lazy_site: Any, s3_bucket: str, tmp_path: Path) -> None:
+async def test_the_crawlers_inboxes_and_checkpoints(
+        zk_hosts: str, chroot: str, lazy_site: Any, store_url: str, tmp_path: Path) -> None:
     site = lazy_site
-    url = f"s3://{s3_bucket}/crawl"
+    url = f"{store_url}/crawl"
     fetcher = one_fetcher(tmp_path)
     async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
         job = await layout.start_job(s, App(layout.APP_NAME), site.seeds,
@@ -315,3 +314,32 @@ async def test_the_crawlers_inboxes_and_checkpoints_in_s3(
     keys = [i.key for i in open_store(url).list(job.id)]
     assert not [k for k in keys if "/inbox/" in k]  # every inbox file merged and deleted
     assert {k.split("/")[2] for k in keys if "/parts/" in k} == set(job.names)
+
+
+def test_a_katta_shard_is_published_whole_or_not_at_all(store_url: str,
+                                                         tmp_path: Path) -> None:
+    """The manifest is the commit point: a shard whose files were uploaded but whose
+    manifest was not (a builder killed between the two) is not in the store; two builders
+    racing publish one whole build, and a node's copy of it verifies."""
+    from examples.katta_like.corpus import documents
+    from examples.katta_like.store import MANIFEST, CorruptShard, ShardStore, fetch_shard, verify
+
+    store = ShardStore(f"{store_url}/katta")
+    docs = list(documents(CorpusSpec(docs=120, seed=3)))
+    built = store.build_shard("ix", 0, docs)
+    store.blobs.delete(f"ix/shard-00000/{MANIFEST}")  # as if killed before the manifest
+    assert store.manifest("ix", 0) is None
+    with pytest.raises(CorruptShard, match="shard 0 of index 'ix' is not in the store"):
+        fetch_shard(store, "ix", 0, tmp_path / "node")
+    results: list[Any] = []
+    racers = [threading.Thread(target=lambda: results.append(store.build_shard("ix", 0, docs)))
+              for _ in range(2)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    published = store.manifest("ix", 0)
+    assert published is not None and published.build != built.build
+    assert published.docs == 120 and {r.checksum for r in results} >= {published.checksum}
+    local = fetch_shard(store, "ix", 0, tmp_path / "node")
+    assert verify(local) == published
