@@ -82,6 +82,8 @@ class RunOptions:
     session_timeout: float = 3.0
     timeout: float = 3600.0
     out: Path = Path("out/crawl")
+    #: the job's shared store (a URL: file://, s3://bucket/prefix; default <out>/shared)
+    shared: str | None = None
     progress: Callable[[str], None] | None = None
     zk: str | None = None  # an existing ensemble (default: $FRAMEWORK_ZK_HOSTS or embedded)
 
@@ -273,7 +275,8 @@ class _Crawl:
                              fetch_concurrency=8,
                              allowed_hosts=site.hosts, warc_max_bytes=20_000_000)
         await layout.start_job(session, self.app, site.seeds, config,
-                               shared=self.out / "shared", partitions=options.partitions,
+                               shared=options.shared or self.out / "shared",
+                               partitions=options.partitions,
                                checkpoint_interval_s=options.checkpoint_interval)
 
     async def start_masters(self, session: Session) -> None:
@@ -493,6 +496,9 @@ def build_parser(prog: str = "python -m examples.fetch_service.scale.run",
     p.add_argument("--session-timeout", type=float, default=3.0)
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--out", type=Path, default=Path("out/crawl"))
+    p.add_argument("--shared", default=None, metavar="URL",
+                   help="the job's shared store: a path or file:// URL every host mounts, or "
+                        "s3://bucket/prefix (default: <out>/shared)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(**defaults)
     return p
@@ -540,7 +546,7 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
         partitions=args.partitions, politeness=args.politeness,
         checkpoint_interval=args.checkpoint_interval, kill_at=args.kill_at,
         kill_master_at=args.kill_master_at, session_timeout=args.session_timeout,
-        timeout=args.timeout, out=args.out,
+        timeout=args.timeout, out=args.out, shared=args.shared,
         progress=lambda text: print(text, file=sys.stderr, flush=True))
     try:
         options.check()
