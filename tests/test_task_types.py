@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 
 from framework import ConfigurationError, Session
+from framework.primitives.queue import WorkQueue
 from framework.runtime import Client, Master, MasterContext, Task, Worker, task
 from framework.runtime.app import App
 from framework.runtime.delayed import BUCKET_SECONDS
+from framework.runtime.status import AppStatus, gather_status, render_status
 from framework.runtime.task_types import Catalog, RateLimit, collect
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone
@@ -142,22 +145,122 @@ async def test_an_unknown_task_name_is_refused_at_submit(zk_hosts: str, chroot: 
                                   "types: handle, ocr, resize")
 
 
-async def test_a_task_type_no_worker_has_fails_for_good_with_the_reason(
+class Encoder(Worker):
+    """The one class with task type ``transcode``."""
+
+    @task
+    async def transcode(self, task: Task) -> str:
+        return f"encoded {task.payload}"
+
+
+async def _statuses(session: Session, app: str) -> AppStatus:
+    return await gather_status(session, App(app))
+
+
+async def test_a_task_of_a_type_no_running_worker_has_waits_for_one(
         zk_hosts: str, chroot: str) -> None:
-    """Submitted before any worker registered types (so accepted), taken by a worker
-    without that type: one failure naming the worker's types, no retries."""
-    async with Session(zk_hosts, chroot=chroot) as session:
-        client = Client(session, "early", create=True)
-        await client.submit("transcode", {}, key="t")
-        worker = Media("early", name="w1")
-        with trio.fail_after(60):
+    """``transcode`` is in the catalog (an encoder ran once) but no running worker has it:
+    the running worker never claims its task (no delivery counted) and goes on with its
+    own; ``status`` names the type; an encoder that starts takes it, first delivery."""
+    with trio.fail_after(60):
+        async with Session(zk_hosts, chroot=chroot) as session:
+            client = Client(session, "waits", create=True)
+            encoder = Encoder("waits", name="enc1")
+            async with serving(zk_hosts, chroot, encoder):
+                pass  # registered its type, then stopped
+            await client.submit("transcode", "clip", key="t")
+            worker = Media("waits", name="w1")
             async with trio.open_nursery() as nursery:
                 await serve(nursery, zk_hosts, chroot, worker)
+                await wait_exists(session, "/apps/waits/workers/w1")
+                await client.submit("handle", [1], key="h")
+                assert (await client.result("h", wait=True)).ok  # type: ignore[union-attr]
+                status = await _statuses(session, "waits")
+                names = await WorkQueue(session, "/apps/waits/tasks").item_names()
+                deliveries = [(await session.exists(f"/apps/waits/tasks/items/{n}")).version
+                              for n in names]  # type: ignore[union-attr]
+                assert await client.result("t") is None
+                late = Encoder("waits", name="enc2")
+                await serve(nursery, zk_hosts, chroot, late)
                 record = await client.result("t", wait=True)
                 worker.request_stop()
-    assert record is not None and not record.ok and record.attempts == 1
-    assert record.error == ("worker w1 has no task type 'transcode' (its task types: handle, "
-                            "ocr, resize)")
+                late.request_stop()
+    assert status.types_without_worker == ["transcode"]
+    assert "types with no worker" in _text(status)
+    assert len(names) == 1 and deliveries == [0]  # passed over, never claimed
+    assert record is not None and record.ok and record.attempts == 1
+    assert record.worker == "enc2" and record.result == "encoded clip"
+
+
+def _text(status: AppStatus) -> str:
+    console = Console(width=200, record=True)
+    console.print(render_status(status))
+    return console.export_text()
+
+
+class Mailer(Worker):
+    concurrency = 2
+
+    @task
+    async def email(self, task: Task) -> str:
+        return f"sent {task.payload}"
+
+
+class Renderer(Worker):
+    concurrency = 2
+
+    @task
+    async def render(self, task: Task) -> str:
+        return f"drew {task.payload}"
+
+
+async def _in_line(session: Session, app: str, count: int) -> None:
+    """Return once ``count`` idle consumers wait in the app queue's lines (watched)."""
+    root = f"/apps/{app}/tasks/waiting"
+    await wait_exists(session, root)
+    while True:
+        changed = trio.Event()
+        wake = session.waker(changed)
+        found = 0
+        for name in await session.children(root, watch=wake):
+            if name.startswith("w-"):
+                found += 1
+            else:
+                found += len(await session.children(f"{root}/{name}", watch=wake))
+        if found >= count:
+            return
+        await changed.wait()
+
+
+async def test_two_worker_classes_take_only_their_own_types(zk_hosts: str, chroot: str) -> None:
+    """Two renderers wait first (the heads of an idle line), then a mailer: ten emails, then
+    ten renders, all succeed at their first delivery, each on its own class, with no
+    failure recorded.  The mailer waits in a line of its own: in one line with the
+    renderers ahead it would not be woken by the emails, which they pass over."""
+    gpus = [Renderer("mixed", name=f"gpu{n}") for n in (1, 2)]
+    mailer = Mailer("mixed", name="cpu1")
+    with trio.fail_after(60):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            for gpu in gpus:
+                await serve(nursery, zk_hosts, chroot, gpu)
+            await _in_line(session, "mixed", 2)
+            await serve(nursery, zk_hosts, chroot, mailer)
+            await _in_line(session, "mixed", 3)
+            client = Client(session, "mixed", create=True)
+            results = {}
+            for kind in ("email", "render"):  # emails first: the renderers stay in line
+                for n in range(10):
+                    await client.submit(kind, n, key=f"{kind[0]}{n}")
+                for n in range(10):
+                    results[f"{kind[0]}{n}"] = await client.result(f"{kind[0]}{n}", wait=True)
+            failures = await session.children("/apps/mixed/failures")
+            for worker in (*gpus, mailer):
+                worker.request_stop()
+    assert failures == []
+    for key, record in results.items():
+        assert record is not None and record.ok and record.attempts == 1, (key, record)
+        assert (record.worker == "cpu1") == key.startswith("e"), (key, record.worker)
 
 
 async def test_a_rate_limit_spaces_the_starts_of_its_type(zk_hosts: str, chroot: str) -> None:

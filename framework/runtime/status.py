@@ -10,7 +10,9 @@ What the counts mean (each one thing):
   requeued or discarded since;
 - a worker's **done**: tasks that process finished successfully since it started; its
   **failed**: failed attempts of that process since it started (a retried task counts once
-  per failed attempt).
+  per failed attempt);
+- **types with no worker**: task types of the app's catalog that no running worker has
+  now (their tasks wait in the queue until one starts: workers take only their own types).
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from framework.runtime.records import (
     CancelRecord,
     JobDone,
     MasterIdentity,
+    MemberState,
     MemberStatus,
     PastRun,
     RunningRecord,
     decode_or_none,
 )
+from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, gather
 
@@ -118,6 +122,8 @@ class AppStatus:
     done: JobDone | None = None  # the job-done record (``lead`` returned)
     cancelled: CancelRecord | None = None  # the cancel record (``framework cancel``)
     past_runs: list[PastRun] = attrs.Factory(list)  # earlier generations (``framework rerun``)
+    #: the catalog's task types no running worker has (their tasks wait in the queue)
+    types_without_worker: list[str] = attrs.Factory(list)
 
     @property
     def state(self) -> AppState:
@@ -202,6 +208,44 @@ async def _docs(session: Session, parent: str, names: list[str], cls: type[T],
     return {name: found[name] for name in names if name in found}
 
 
+@attrs.frozen
+class _TakesTypes:
+    """The part of a worker's status document that says which task types it takes
+    (``None``: a document without the key - a process that takes no tasks)."""
+
+    state: MemberState = MemberState.UNKNOWN
+    types: tuple[str, ...] | None = None
+
+
+def types_without_worker(catalog: list[str], documents: list[bytes]) -> list[str]:
+    """The task types in ``catalog`` that no running worker takes, given the workers'
+    status ``documents`` (``workers/<name>``'s data)."""
+    taken: set[str] = set()
+    for data in documents:
+        doc = decode_or_none(data, _TakesTypes, path="workers/")
+        if doc is not None and doc.state is MemberState.RUNNING and doc.types:
+            taken.update(doc.types)
+    return sorted(set(catalog) - taken)
+
+
+async def _types_without_worker(session: Session, app: App, workers: list[str]) -> list[str]:
+    """:func:`types_without_worker` for ``app`` now (the catalog and each worker's status
+    document: one read each, concurrently)."""
+    documents: list[bytes] = []
+
+    async def read(name: str) -> None:
+        try:
+            documents.append((await session.get(f"{app.workers}/{name}"))[0])
+        except errors.NoNodeError:
+            pass
+
+    catalog = await Catalog(session, app).read()
+    if not catalog.types:
+        return []
+    await gather(*[functools.partial(read, n) for n in workers])
+    return types_without_worker(list(catalog.types), documents)
+
+
 async def queue_depth(session: Session, app: App, watches: Watches | None = None) -> int:
     """Items in the app's task queue, claimed ones included (with ``watches``: every
     bucket's children watched, so a put or an ack sets ``watches.changed``)."""
@@ -251,13 +295,13 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         for shard in await _children(session, app.assignment_dir(worker)):
             assignments[shard] = worker
     newest = (await _children(session, app.failures, watches))[-recent_failures:]
+    workers = await _children(session, app.workers, watches)
     return AppStatus(
         app=app.name,
         exists=True,
         leader=line[0] if line else None,
         standbys=line[1:],
-        workers=await _docs(session, app.workers, await _children(session, app.workers, watches),
-                            MemberStatus, watches),
+        workers=await _docs(session, app.workers, workers, MemberStatus, watches),
         queue_depth=await queue_depth(session, app, watches),
         running=await _docs(session, app.running, await _children(session, app.running, watches),
                             RunningRecord, watches),
@@ -268,6 +312,7 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         done=await _record(session, app.done, JobDone, watches),
         cancelled=await _record(session, app.cancel, CancelRecord, watches),
         past_runs=await generations(session, app),
+        types_without_worker=await _types_without_worker(session, app, workers),
     )
 
 
@@ -381,6 +426,10 @@ def render_status(status: AppStatus) -> RichGroup | str:
     summary.add_row("running", str(len(status.running)))
     summary.add_row("results", str(status.results))
     summary.add_row("dead letters", str(status.dead_letters))
+    if status.types_without_worker:
+        summary.add_row("types with no worker",
+                        f"{', '.join(status.types_without_worker)} (their tasks wait in the "
+                        "queue until a worker that has them runs)")
     workers = _table("workers", "name", "address", "state", "load", "done", "failed",
                      "shards", "health", "changed")
     for name, member in sorted(status.workers.items()):

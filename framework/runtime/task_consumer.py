@@ -6,6 +6,14 @@ multi that acknowledges it), marks it ``running/<task id>`` (also the task id's 
 exclusion), runs the handler within its time limit, and records a failure (retried up to
 ``max_attempts`` deliveries, or dead-lettered) when it raises.
 
+Routing by type: a slot claims only tasks of the worker's own types (the queue's
+``accept``); a task of another type is never claimed by this worker and no delivery is
+counted - it waits in the queue for a worker that has its type (forever, if none ever runs:
+``framework status`` names the app's types that no running worker has).  Idle workers
+wait in the line of workers with the same types (``types_line``), so a put wakes the first
+idle workers of each kind, and a worker without the type never stands in front of one with
+it.  Each worker process reads a task of a type it lacks once and passes over it since.
+
 Crash safety: a task's claim is an ephemeral node of the worker's session (kill -9 the worker
 and the task goes back to the queue); a task whose key already has a successful record is
 acknowledged without running again (idempotency key).  SUSPENDED: a running handler goes on
@@ -36,7 +44,7 @@ from framework.runtime.handlers import HandlerPool
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
 from framework.runtime.result_index import SlotKeeper, entry_path, write_record
-from framework.runtime.task_types import Catalog, TaskRules, type_info
+from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
 from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
@@ -109,7 +117,8 @@ class TaskConsumer:
         self._slots = SlotKeeper(session, worker.app)
         queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.most_attempts,
                           dead_letter=worker.app.dead, lease=worker.lease,
-                          claim_with=self._claim_extras)
+                          claim_with=self._claim_extras, accept=self._takes,
+                          line=types_line(worker.task_types))
         async with self.handlers.open(), trio.open_nursery() as timer:
             await timer.start(self._follow_revoked, session)  # known before the first take
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
@@ -126,9 +135,12 @@ class TaskConsumer:
             scope.cancel()
 
     def status(self) -> dict[str, Any]:
-        """The consumer's counts, and its :class:`~framework.metrics.TaskStats` (retried,
-        dead-lettered, the duration histogram) for the dashboard to sum."""
-        return {"load": self._in_flight / max(self.worker.concurrency, 1),
+        """The consumer's counts, the task types it takes (``types``: ``framework status``
+        names the app's types no running worker has), and its
+        :class:`~framework.metrics.TaskStats` (retried, dead-lettered, the duration
+        histogram) for the dashboard to sum."""
+        return {"types": sorted(self.worker.task_types),
+                "load": self._in_flight / max(self.worker.concurrency, 1),
                 "in_flight": self._in_flight, "done": self.tasks_done,
                 "failed": self.tasks_failed, "stuck_threads": self.handlers.stuck_threads,
                 **metrics.task_stats(self).published()}
@@ -237,6 +249,16 @@ class TaskConsumer:
                         await session.delete(mine.path, version=owner[2])
                 except errors.ZooKeeperError:
                     pass  # not ours any more, or the session (and the marker) ended
+
+    def _takes(self, item: QueueItem) -> bool:
+        """Whether this worker takes ``item``: a task of one of its types (a malformed item
+        too, so that it fails where failures count).  Any other is never claimed: it waits
+        for a worker that has its type (see the module doc)."""
+        try:
+            name = Task.decode(item.data).name
+        except Exception:
+            return True
+        return name in self.worker.task_types
 
     def _claim_extras(self, item: QueueItem) -> ClaimExtras | None:
         """What a task's claim commits with it: the delivery's ``running/`` marker, and
@@ -440,9 +462,10 @@ class TaskConsumer:
                 started = True
 
     def _refusal(self, task: Task, rules: TaskRules | None) -> errors.PermanentFailure | None:
-        """Why this delivery must fail for good without running: a task type this worker
-        does not have, or more deliveries than its type allows (the queue buries items
-        only past the largest ``max_attempts`` of the worker's types)."""
+        """Why this delivery must fail for good without running: more deliveries than its
+        type allows (the queue buries items only past the largest ``max_attempts`` of the
+        worker's types), or a task type this worker does not have (a safeguard: such a task
+        is never claimed, see :meth:`_takes`)."""
         if rules is None:
             known = ", ".join(sorted(self.worker.task_types)) or "none"
             return errors.PermanentFailure(

@@ -18,16 +18,18 @@ minute or hour (``"20/s"``, ``"100/m"``, ``"500/h"``).
 The app's catalog, ``/apps/<app>/types`` (:class:`Catalog`), lists every type its workers
 have registered (each worker adds its own when it starts).  Submitting a name the catalog
 does not list raises :class:`~framework.errors.ConfigurationError` naming the known types;
-until a worker of the app has started once, the catalog is empty and any name is accepted
-(it is checked by the worker that takes it: a worker without the type fails the task for
-good, with that reason).
+until a worker of the app has started once, the catalog is empty and any name is accepted.
+A worker takes only tasks of its own types: a task of a type no running worker has waits in
+the queue (no delivery counted) until a worker with that type starts, and ``framework
+status`` names such types (:func:`~framework.runtime.status.types_without_worker`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import attrs
@@ -285,6 +287,15 @@ def _decode(data: bytes, path: str) -> CatalogRecord:
 
 
 # ---------------------------------------------------------------- at the worker
+
+
+def types_line(types: Iterable[str]) -> str:
+    """The name of the queue's line where idle workers with exactly these task types wait
+    (``WorkQueue(line=...)``): workers that take the same tasks share one line, so a kind
+    of worker that cannot take a task never holds the places of one that can."""
+    digest = hashlib.sha1(",".join(sorted(types)).encode(), usedforsecurity=False)
+    return f"types-{digest.hexdigest()[:16]}"
+
 
 
 class RateLimiter:

@@ -78,6 +78,13 @@ class WorkQueue(Producer, Consumer):
     the same transaction as the item's claim (the runtime creates a task's ``running/``
     marker there); refused by the server, the item is claimed without them and
     ``item.extras`` is ``None``; a claim undone before its block started undoes them too.
+    ``accept(item)`` (consumers) says whether this consumer takes an item at all (the
+    runtime: a task of a type the worker has): an item refused is never claimed (no
+    delivery counted), read once by this object and passed over since (an item's data never
+    changes while queued), and waits for a consumer that accepts it.  Consumers that accept
+    different items give each kind its own ``line`` (a name): idle consumers wait in the
+    line of their kind, so a put wakes the first few idle consumers of each kind, and a
+    kind that cannot take an item never holds the heads' places of one that can.
 
     SUSPENDED: waiting consumers keep waiting and re-read after reconnection; a consumer
     holding an item has its body cancelled after the session's ``suspended_grace`` and
@@ -102,6 +109,8 @@ class WorkQueue(Producer, Consumer):
         lease: float | None = None,
         fence: tuple[str, int] | None = None,
         claim_with: Callable[[QueueItem], ClaimExtras | None] | None = None,
+        accept: Callable[[QueueItem], bool] | None = None,
+        line: str | None = None,
     ) -> None:
         if not isinstance(session, Session):
             raise ConfigurationError(
@@ -134,6 +143,14 @@ class WorkQueue(Producer, Consumer):
             validate_path(fence[0], allow_root=False)
         self.fence = fence
         self.claim_with = claim_with
+        self.accept = accept
+        waiting = f"{path}/waiting"
+        if line is not None:
+            if not line or "/" in line or line.startswith("w-"):
+                raise ConfigurationError(
+                    f"line must be a name without '/' nor the prefix 'w-', got {line!r}")
+            waiting = f"{waiting}/{line}"
+            validate_path(waiting)
         self.bucket_size = bucket_size
         self.max_item_bytes = max_item_bytes
         self.max_attempts = max_attempts
@@ -151,7 +168,10 @@ class WorkQueue(Producer, Consumer):
         self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
         self._tickets: list[Any] = []  # takes waiting for a claim round
         self._round: Any = None  # the claim round in flight
-        self._line = WaitingLine(session, f"{path}/waiting")  # our place among idle takes
+        self._line = WaitingLine(session, waiting)  # our place among idle takes
+        self._foreign: set[str] = set()  # items ``accept`` refused (keys), passed over
+        self._foreign_bound = 1024  # forget those no longer listed past this many
+        self._misses = 0  # items ``accept`` refused in the last claim round
         self._turn: Any = None  # the line check in flight, shared by the idle takes
         self._acks: list[Any] = []  # acks waiting for a combined commit
         self._committing: trio.Event | None = None  # set when the commit in flight ends
@@ -163,7 +183,7 @@ class WorkQueue(Producer, Consumer):
             await gather(
                 lambda: self.session.ensure_path(self.items_root),
                 lambda: self.session.ensure_path(self.claims_root),
-                lambda: self.session.ensure_path(f"{self.path}/waiting"),
+                lambda: self.session.ensure_path(self._line.root),
             )
             self._ready = True
 

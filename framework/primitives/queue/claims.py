@@ -27,6 +27,10 @@ from framework.zk import Transaction, cleanup_scope, gather
 
 log = get_logger("framework.primitives.queue")
 
+#: Items ``accept`` refused are remembered (and passed over); past this many, those no
+#: longer listed are forgotten.
+_FOREIGN_PRUNE = 1024
+
 #: An abandoned claim restores its item's delivery count exactly up to this many deliveries
 #: (one operation per delivery); beyond that the lost delivery stays counted.
 _RESTORE_MAX = 64
@@ -112,7 +116,9 @@ class Claimer(QueueState):
         view = self._get_view()
         try:
             changed = view.changed
-            entries = await view.candidates(self._claiming)
+            if len(self._foreign) > self._foreign_bound:
+                self._forget_foreign(view)
+            entries = await view.candidates(self._claiming, self._foreign)
             if not entries:
                 # nothing to take: the moment to break leases that ran out (if any
                 # can run out, wake up when the next one could)
@@ -122,12 +128,15 @@ class Claimer(QueueState):
                                                                self._renewing())
                 return
             waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
-            chosen = _choose(entries, len(waiting), self._contended > 0)
+            # after a round that met items we do not take, read as many more ahead
+            # (up to a batch): a run of them is passed over in fewer rounds
+            reading = min(len(waiting) + self._misses, max(len(waiting), _BATCH))
+            chosen = _choose(entries, reading, self._contended > 0)
             self._contended = max(self._contended - 1, 0)
             keys = {entry.key for entry in chosen}
             self._claiming |= keys
             try:
-                claims = await self._claim_many(view, chosen)
+                claims = await self._claim_many(view, chosen, len(waiting))
             finally:
                 self._claiming -= keys
         except (errors.ConnectionLossError, errors.SessionExpiredError):
@@ -146,17 +155,19 @@ class Claimer(QueueState):
         for claim in claims:  # the takes that wanted them left meanwhile
             await self._abandon(claim)
 
-    async def _claim_many(self, view: QueueView, entries: list[Entry]) -> list[Claim]:
-        """Claim ``entries`` in one transaction (their items read at once first); return
-        the claims made.  An entry claimed by someone else first is dropped and the rest
-        tried again; one whose item is gone is forgotten.  Cancelled while claims may
+    async def _claim_many(self, view: QueueView, entries: list[Entry],
+                          wanted: int) -> list[Claim]:
+        """Claim up to ``wanted`` of ``entries`` in one transaction (their items read at once
+        first; those ``accept`` refuses are passed over); return the claims made.  An entry
+        claimed by someone else first is dropped and the rest tried again; one whose item is
+        gone is forgotten.  Cancelled while claims may
         exist: they are undone before the cancellation goes on.  If this object waits in
         the line of idle consumers, the same transaction deletes its node there: it leaves
         the line exactly when it gets work (so the worker that just started a handler,
         which may block its event loop, is never left a head)."""
         found = await self._read_items(view, entries)
         session_id = await self.session.wait_connected()
-        claims = await self._claims_for(entries, found, session_id)
+        claims = (await self._claims_for(entries, found, session_id))[:wanted]
         place = self._line.place() if session_id == self._line.session_id else None
         try:
             return await self._commit_claims(view, claims, place)
@@ -186,10 +197,15 @@ class Claimer(QueueState):
         """The claims to make for the entries read (an item whose deliveries are used up
         is dead-lettered instead)."""
         claims: list[Claim] = []
+        self._misses = 0
         for entry in entries:
             if entry.key not in found:
                 continue
             data, stat = found[entry.key]
+            if not self._accepts(QueueItem(entry.key, data, entry.priority, stat.version + 1)):
+                self._foreign.add(entry.key)  # never claimed: no delivery counted
+                self._misses += 1
+                continue
             if self.max_attempts is not None and stat.version >= self.max_attempts:
                 await self._bury_unclaimed(entry, data, stat.version)
                 continue
@@ -270,6 +286,24 @@ class Claimer(QueueState):
                           attempt=claim.version)
             return list(claims)
         return []
+
+    def _accepts(self, item: QueueItem) -> bool:
+        """Whether ``accept`` takes ``item`` (any item without it; an ``accept`` that
+        raises takes it: its holder sees the problem, where a failure is counted)."""
+        if self.accept is None:
+            return True
+        try:
+            return bool(self.accept(item))
+        except Exception as exc:
+            log.warning("queue.accept_failed", path=self.path, item=item.name,
+                        error=f"{type(exc).__name__}: {exc}")
+            return True
+
+    def _forget_foreign(self, view: QueueView) -> None:
+        """Forget the refused items no longer listed (taken by consumers that accept
+        them), so the set stays about as large as what is queued."""
+        self._foreign &= view.listed_keys()
+        self._foreign_bound = max(_FOREIGN_PRUNE, 2 * len(self._foreign))
 
     def _extras_for(self, item: QueueItem) -> ClaimExtras | None:
         """``claim_with``'s extras for ``item``, built once here to catch what could never

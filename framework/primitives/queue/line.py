@@ -1,7 +1,9 @@
 """The line of idle consumers: only the first few wait for the queue to change (no herd).
 
 Layout: ``<queue>/waiting/w-<guid>-NNNNNNNNNN``, ephemeral and sequential, one per
-:class:`~framework.primitives.queue.WorkQueue` object that has a take with nothing to take.
+:class:`~framework.primitives.queue.WorkQueue` object that has a take with nothing to take;
+consumers of one kind (``WorkQueue(line=...)``: they accept the same items) wait in their
+own line, ``<queue>/waiting/<line>/w-...``, with its own heads.
 
 Guarantees:
 

@@ -34,6 +34,7 @@ class QueueState:
     lease: float | None
     fence: tuple[str, int] | None
     claim_with: Callable[[QueueItem], ClaimExtras | None] | None
+    accept: Callable[[QueueItem], bool] | None
     _owner: str
     _setup: Callable[[], Awaitable[None]]
     # producer: per priority lane, the bucket it puts into and the highest sequence number
@@ -44,6 +45,9 @@ class QueueState:
     _view: QueueView | None
     _claiming: set[str]
     _contended: int
+    _foreign: set[str]
+    _foreign_bound: int
+    _misses: int
     _breaker: LeaseBreaker
     _renewals: dict[str, Renewal]
     _finishers: dict[str, Finisher]

@@ -6,6 +6,7 @@ Layout (owned by :class:`framework.primitives.queue.WorkQueue`)::
     <path>/claims/b-NNNNNNNNNN.i<priority>-<token>-NNNNNNNNNN  ephemeral claim of an item in use
     <path>/puts/p-<guid>                                       ephemeral: orders pipelined puts
     <path>/waiting/w-<guid>-NNNNNNNNNN                         ephemeral: the line of idle consumers
+    <path>/waiting/<line>/w-<guid>-NNNNNNNNNN                  the same, of one kind of consumer
 
 ``<priority>`` is signed (``+0``, ``-5``); ``<token>`` is the GUID that lets a producer find
 its item after a lost reply (16 hex digits: a batch id and the item's index in the batch);
@@ -229,13 +230,15 @@ class QueueView:
     # notification can overtake the resumption of the reading task): otherwise the answer is
     # used once - the caller sees ``changed`` set and comes back - and read again next time.
 
-    async def candidates(self, skip: set[str]) -> list[Entry]:
+    async def candidates(self, skip: set[str],
+                         passed: set[str] | frozenset[str] = frozenset()) -> list[Entry]:
         """Unclaimed items (lower priority value first, then oldest), from fresh lists: the
         first ones of the first bucket holding unclaimed work, in the most urgent lane
         (each priority value has its lane of buckets, so an urgent item never waits behind
         older items of a lower priority).
 
-        ``skip`` holds keys this process is claiming right now.  An empty answer means every
+        ``skip`` holds keys this process is claiming right now, ``passed`` keys it does not
+        take (refused by the queue's ``accept``).  An empty answer means every
         list needed to prove the queue has no unclaimed work was read with a watch (or that
         one changed meanwhile, which has set ``changed``).
         """
@@ -257,13 +260,19 @@ class QueueView:
                 if not listed and not newest_of_lane(bucket, buckets):
                     await self._drop_empty_bucket(bucket)
                 for e in listed:  # already in (priority, seq) order
-                    if e.claim_name not in claims and e.key not in skip:
+                    if e.claim_name not in claims and e.key not in skip \
+                            and e.key not in passed:
                         window.append(e)
                         if len(window) >= _WINDOW:
                             break
                 if window:
                     break
             return window
+
+    def listed_keys(self) -> set[str]:
+        """The keys of every item in the buckets' last listings (no read)."""
+        return {f"{bucket}/{name}" for bucket, (names, _) in self._listed.items()
+                for name in names}
 
     async def claims(self) -> frozenset[str]:
         """The names of the current claims, from a watched list."""
