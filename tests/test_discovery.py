@@ -50,7 +50,7 @@ async def test_watch_follows_registrations_and_a_killed_server(
 ) -> None:
     discovery = ServiceDiscovery(session)
     seen: list[set[str]] = []
-    argv = python_argv(HELPER, zk_hosts, chroot, "register", "search", "--timeout", 2.0)
+    argv = python_argv(HELPER, zk_hosts, chroot, "register", "search", "--timeout", 1.0)
     with trio.fail_after(40):
         async with spawn(argv, pipe_stdout=True) as server:
             assert server.lines is not None

@@ -89,7 +89,7 @@ async def test_losing_one_lock_ends_the_holding_and_fences(session: Session) -> 
 async def test_a_killed_holder_releases_every_lock(
     zk_hosts: str, chroot: str, session: Session
 ) -> None:
-    argv = python_argv(HELPER, zk_hosts, chroot, "multilock", "a,b", "--timeout", 2.0)
+    argv = python_argv(HELPER, zk_hosts, chroot, "multilock", "a,b", "--timeout", 1.0)
     with trio.fail_after(40):
         async with spawn(argv, pipe_stdout=True) as holder:
             assert holder.lines is not None

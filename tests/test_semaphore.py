@@ -16,7 +16,8 @@ from framework.primitives import Semaphore
 from framework.testing import Lines, count_watch_fires, python_argv, spawn
 
 HELPER = Path(__file__).parent / "helpers" / "recipe_holder.py"
-OWNER_TIMEOUT = 2.0  # the child's session timeout
+OWNER_TIMEOUT = 2.0  # the paused child's session timeout
+KILLED_TIMEOUT = 1.0  # the killed child's: the server expires it that much after the kill
 
 
 async def test_never_more_than_max_holders(zk_hosts: str, chroot: str, session: Session) -> None:
@@ -141,7 +142,7 @@ async def _read_until(lines: Lines, kind: str) -> list[str]:
 async def test_a_killed_holder_gives_its_lease_back(
     zk_hosts: str, chroot: str, session: Session
 ) -> None:
-    argv = python_argv(HELPER, zk_hosts, chroot, "semaphore", 1, "--timeout", OWNER_TIMEOUT)
+    argv = python_argv(HELPER, zk_hosts, chroot, "semaphore", 1, "--timeout", KILLED_TIMEOUT)
     with trio.fail_after(40):
         async with spawn(argv, pipe_stdout=True) as holder:
             assert holder.lines is not None

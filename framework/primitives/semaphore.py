@@ -57,6 +57,7 @@ from framework.primitives.holding import node_scope
 from framework.primitives.lock import release_node
 from framework.zk import (
     Session,
+    Transaction,
     basename,
     create_protected,
     delete_guid_nodes,
@@ -82,8 +83,8 @@ class Lease:
     node: str
     session_id: int
 
-    def fence(self, txn: object) -> object:
-        return txn.check(self.node, -1)  # type: ignore[attr-defined]
+    def fence(self, txn: Transaction) -> Transaction:
+        return txn.check(self.node, -1)
 
 
 class _Vanished(Exception):
