@@ -643,7 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--payload-file", metavar="F", default=None,
                         help="read the payload's JSON from file F ('-': standard input); a "
                              "task is at most 64 KiB as JSON unless FRAMEWORK_PAYLOAD_STORE "
-                             "names a directory for larger payloads")
+                             "names a store (a directory, or s3://bucket/prefix) for larger "
+                             "payloads")
     submit.add_argument("--create", action="store_true",
                         help="create the application if it does not exist (default: refused, "
                              "naming the known ones)")
