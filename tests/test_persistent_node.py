@@ -77,3 +77,12 @@ async def test_persistent_and_ttl_modes(session: Session) -> None:
             await wait_created(session, "/t")  # ...and put back while the scope runs
     with pytest.raises(ConfigurationError, match="cannot be ephemeral"):
         PersistentNode(session, "/x", ttl=5)
+
+
+async def test_an_error_no_retry_can_help_ends_the_scope_as_itself(session: Session) -> None:
+    """A missing parent with makepath=False: the scope ends with NoNodeError (not a group)."""
+    from framework.errors import NoNodeError
+
+    with trio.fail_after(10), pytest.raises(NoNodeError):
+        async with PersistentNode(session, "/missing/me", makepath=False).run() as node:
+            await node.wait_present()

@@ -74,6 +74,7 @@ class PersistentNode:
         self.present = False
         self._changed = trio.Event()
         self.recreated = 0  # how many times the node was created again after a loss
+        self._failure: errors.FrameworkError | None = None
 
     async def wait_present(self) -> None:
         """Return once the node exists as ours (immediately if it does now)."""
@@ -96,7 +97,7 @@ class PersistentNode:
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keep)
+                nursery.start_soon(self._keep_or_fail, nursery.cancel_scope)
                 try:
                     yield self
                 except trio.Cancelled:
@@ -110,6 +111,18 @@ class PersistentNode:
             await self._remove()  # shielded
         if body_error is not None:
             raise body_error
+        if self._failure is not None:
+            raise self._failure
+
+    async def _keep_or_fail(self, scope: trio.CancelScope) -> None:
+        """Keep the node; an error no retry can help (NoAuth, a closed session...) ends the
+        scope and is raised from it, as itself rather than inside an exception group."""
+        try:
+            await self._keep()
+        except errors.FrameworkError as exc:
+            log.warning("persistent_node.failed", path=self.path, error=str(exc))
+            self._failure = exc
+            scope.cancel()
 
     async def _remove(self) -> None:
         if self.ephemeral:
@@ -132,8 +145,7 @@ class PersistentNode:
         while True:
             try:
                 ours, fired = await self._ensure()
-            except (errors.ConnectionLossError, errors.SessionExpiredError,
-                    errors.NoNodeError):
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
                 await self.session.wait_connected()
                 continue
             if ours and not self.present:
@@ -159,9 +171,12 @@ class PersistentNode:
             stat = await session.exists(self.path, watch=session.waker(fired))
             if stat is not None:
                 if not self.ephemeral and not self.present:  # adopt it with our data
-                    data, _stat = await session.get(self.path)
-                    if data != self.data:
-                        await session.set(self.path, self.data)
+                    try:
+                        data, _stat = await session.get(self.path)
+                        if data != self.data:
+                            await session.set(self.path, self.data)
+                    except errors.NoNodeError:
+                        continue  # deleted meanwhile: create it
                 if not self._ours(stat):
                     log.info("persistent_node.waiting", path=self.path,
                              owner=f"{stat.ephemeralOwner:#x}")
