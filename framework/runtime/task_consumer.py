@@ -3,8 +3,14 @@
 :class:`TaskConsumer` runs ``concurrency`` slots.  Each slot claims a task (at-least-once:
 an item is deleted only after the handler returned and its result was recorded, in the same
 multi that acknowledges it), marks it ``running/<task id>`` (also the task id's mutual
-exclusion), runs the handler within its time limit, and records a failure (retried up to
-``max_attempts`` deliveries, or dead-lettered) when it raises.
+exclusion), runs the handler within its time limit, and records a failure when it raises:
+retried up to its type's ``max_attempts`` deliveries, then dead-lettered at once with the
+handler's error (a :class:`~framework.errors.PermanentFailure` at once too).
+
+Revocation: a claimed task is revocable from its claim on.  A revoke seen before its handler
+starts - also during the waits in between (its stored payload's read, its type's rate-limit
+token), checked again after them - acknowledges it as revoked without running it; a revoke
+of a running task cancels its handler.  Either way the ``revoked/`` node goes with the ack.
 
 Routing by type: a slot claims only tasks of the worker's own types (the queue's
 ``accept``); a task of another type is never claimed by this worker and no delivery is
