@@ -27,7 +27,8 @@ State machine of one contender::
                              +---- woken: list again -----------+
 
 Costs: an uncontended acquire is a create and a list (plus a read of the semaphore's node
-once per object); a release is a delete.  A promotion costs a list and, with waiters behind,
+once per object), and the lease's scope sets one ``exists`` watch on its node; a release is
+a delete.  A promotion costs a list and, with waiters behind,
 one write; the new first waiter then sets ``max_leases`` exists-watches.
 
 A lease is a scope (:func:`framework.primitives.holding.node_scope`):
