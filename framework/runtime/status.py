@@ -11,8 +11,9 @@ What the counts mean (each one thing):
 - a worker's **done**: tasks that process finished successfully since it started; its
   **failed**: failed attempts of that process since it started (a retried task counts once
   per failed attempt);
-- **types with no worker**: task types of the app's catalog that no running worker has
-  now (their tasks wait in the queue until one starts: workers take only their own types).
+- **types with no worker**: task types no running worker has now - of the app's catalog,
+  and of tasks a worker passed over (a name never registered) - whose tasks wait in the
+  queue until a worker with the type starts (workers take only their own types).
 """
 
 from __future__ import annotations
@@ -210,40 +211,45 @@ async def _docs(session: Session, parent: str, names: list[str], cls: type[T],
 
 @attrs.frozen
 class _TakesTypes:
-    """The part of a worker's status document that says which task types it takes
-    (``None``: a document without the key - a process that takes no tasks)."""
+    """The part of a worker's status document about task types: those it takes, and those
+    of tasks it passed over (not its own)."""
 
     state: MemberState = MemberState.UNKNOWN
-    types: tuple[str, ...] | None = None
+    types: tuple[str, ...] = ()
+    passed_types: tuple[str, ...] = ()
 
 
 def types_without_worker(catalog: list[str], documents: list[bytes]) -> list[str]:
-    """The task types in ``catalog`` that no running worker takes, given the workers'
-    status ``documents`` (``workers/<name>``'s data)."""
-    taken: set[str] = set()
+    """The task types no running worker takes: of those in ``catalog`` and those of tasks
+    some worker passed over (a name no worker ever registered: a typo submitted before
+    the catalog listed anything), given the workers' status ``documents``
+    (``workers/<name>``'s data)."""
+    wanted, taken = set(catalog), set()
     for data in documents:
         doc = decode_or_none(data, _TakesTypes, path="workers/")
-        if doc is not None and doc.state is MemberState.RUNNING and doc.types:
+        if doc is None:
+            continue
+        wanted.update(doc.passed_types)
+        if doc.state is MemberState.RUNNING:
             taken.update(doc.types)
-    return sorted(set(catalog) - taken)
+    return sorted(wanted - taken)
 
 
-async def _types_without_worker(session: Session, app: App, workers: list[str]) -> list[str]:
-    """:func:`types_without_worker` for ``app`` now (the catalog and each worker's status
-    document: one read each, concurrently)."""
-    documents: list[bytes] = []
+async def _raw_docs(session: Session, parent: str, names: list[str],
+                    watches: Watches | None = None) -> dict[str, bytes]:
+    """The data of ``parent``'s children ``names`` (read concurrently, gone ones left
+    out)."""
+    found: dict[str, bytes] = {}
 
     async def read(name: str) -> None:
+        path = f"{parent}/{name}"
         try:
-            documents.append((await session.get(f"{app.workers}/{name}"))[0])
+            found[name] = (await session.get(path, watch=_arm(watches, path)))[0]
         except errors.NoNodeError:
             pass
 
-    catalog = await Catalog(session, app).read()
-    if not catalog.types:
-        return []
-    await gather(*[functools.partial(read, n) for n in workers])
-    return types_without_worker(list(catalog.types), documents)
+    await gather(*[functools.partial(read, n) for n in names])
+    return {name: found[name] for name in names if name in found}
 
 
 async def queue_depth(session: Session, app: App, watches: Watches | None = None) -> int:
@@ -295,13 +301,16 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         for shard in await _children(session, app.assignment_dir(worker)):
             assignments[shard] = worker
     newest = (await _children(session, app.failures, watches))[-recent_failures:]
-    workers = await _children(session, app.workers, watches)
+    documents = await _raw_docs(session, app.workers,
+                                await _children(session, app.workers, watches), watches)
+    catalog = await Catalog(session, app).read()
     return AppStatus(
         app=app.name,
         exists=True,
         leader=line[0] if line else None,
         standbys=line[1:],
-        workers=await _docs(session, app.workers, workers, MemberStatus, watches),
+        workers={name: decode_or_none(data, MemberStatus, path=f"{app.workers}/{name}")
+                 or MemberStatus() for name, data in documents.items()},
         queue_depth=await queue_depth(session, app, watches),
         running=await _docs(session, app.running, await _children(session, app.running, watches),
                             RunningRecord, watches),
@@ -312,7 +321,8 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         done=await _record(session, app.done, JobDone, watches),
         cancelled=await _record(session, app.cancel, CancelRecord, watches),
         past_runs=await generations(session, app),
-        types_without_worker=await _types_without_worker(session, app, workers),
+        types_without_worker=types_without_worker(list(catalog.types),
+                                                  list(documents.values())),
     )
 
 

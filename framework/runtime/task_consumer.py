@@ -63,6 +63,9 @@ log = get_logger("framework.runtime.worker")
 #: Longest error message kept in a failure record (a record must fit in one znode).
 MAX_ERROR_CHARS = 4000
 
+#: Most names of task types passed over (not this worker's) its status document lists.
+MAX_PASSED_TYPES = 32
+
 #: Longest traceback kept in a failure record (its end: the frames nearest the error).
 MAX_TRACEBACK_CHARS = 8000
 
@@ -95,6 +98,7 @@ class TaskConsumer:
         self._slots: SlotKeeper | None = None  # the result index's slots written into
         self._revoked: frozenset[str] = frozenset()  # task ids under revoked/, as last seen
         self._revocable: dict[str, trio.CancelScope] = {}  # running task id -> its handler
+        self._passed_types: dict[str, None] = {}  # types of tasks passed over, newest last
 
     @property
     def in_flight(self) -> int:
@@ -142,11 +146,12 @@ class TaskConsumer:
             scope.cancel()
 
     def status(self) -> dict[str, Any]:
-        """The consumer's counts, the task types it takes (``types``: ``framework status``
-        names the app's types no running worker has), and its
+        """The consumer's counts, the task types it takes (``types``) and those of tasks it
+        passed over (``passed_types``, the last :data:`MAX_PASSED_TYPES`): ``framework
+        status`` names the types no running worker has from them; and its
         :class:`~framework.metrics.TaskStats` (retried, dead-lettered, the duration
         histogram) for the dashboard to sum."""
-        return {"types": sorted(self.worker.task_types),
+        return {"types": sorted(self.worker.task_types), "passed_types": list(self._passed_types),
                 "load": self._in_flight / max(self.worker.concurrency, 1),
                 "in_flight": self._in_flight, "done": self.tasks_done,
                 "failed": self.tasks_failed, "stuck_threads": self.handlers.stuck_threads,
@@ -263,9 +268,16 @@ class TaskConsumer:
         for a worker that has its type (see the module doc)."""
         try:
             name = json.loads(item.data).get("name", DEFAULT_TASK)  # a quarter of a decode
-            return name in self.worker.task_types or not isinstance(name, str)
+            if name in self.worker.task_types or not isinstance(name, str):
+                return True
         except (ValueError, AttributeError, TypeError):
             return True
+        if name not in self._passed_types:  # published: status names types nobody has
+            self._passed_types[name] = None
+            if len(self._passed_types) > MAX_PASSED_TYPES:
+                del self._passed_types[next(iter(self._passed_types))]
+            self.worker.status_changed()
+        return False
 
     def _claim_extras(self, item: QueueItem) -> ClaimExtras | None:
         """What a task's claim commits with it: the delivery's ``running/`` marker, and
