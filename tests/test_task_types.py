@@ -16,7 +16,16 @@ from rich.console import Console
 
 from framework import ConfigurationError, Session
 from framework.primitives.queue import WorkQueue
-from framework.runtime import Client, Master, MasterContext, Task, Worker, task
+from framework.runtime import (
+    Client,
+    Master,
+    MasterContext,
+    Outcome,
+    Revocation,
+    Task,
+    Worker,
+    task,
+)
 from framework.runtime.app import App
 from framework.runtime.delayed import BUCKET_SECONDS
 from framework.runtime.status import AppStatus, Watches, gather_status, render_status
@@ -169,7 +178,8 @@ async def test_a_task_of_a_type_no_running_worker_has_waits_for_one(
     """``transcode`` is in the catalog (an encoder ran once) but no running worker has it,
     ``transcod`` (a typo submitted before any worker) is in no catalog: the running worker
     never claims their tasks (no delivery counted) and goes on with its own; ``status``
-    names both types; an encoder that starts takes its task, at the first delivery."""
+    names both types; an encoder that starts takes its task, at the first delivery; the
+    typo's task, revoked, is ended by a worker that lacks its type."""
     with trio.fail_after(60):
         async with Session(zk_hosts, chroot=chroot) as session:
             client = Client(session, "waits", create=True)
@@ -192,12 +202,17 @@ async def test_a_task_of_a_type_no_running_worker_has_waits_for_one(
                 late = Encoder("waits", name="enc2")
                 await serve(nursery, zk_hosts, chroot, late)
                 record = await client.result("t", wait=True)
+                # a revoked task of a type nobody has is taken only to be ended
+                assert await client.revoke("typo") is Revocation.REVOKED
+                typo = await client.result("typo", wait=True)
+                await wait_gone(session, "/apps/waits/revoked/typo")
                 worker.request_stop()
                 late.request_stop()
     assert "types with no worker  transcod, transcode" in _text(status)
     assert len(names) == 2 and deliveries == [0, 0]  # passed over, never claimed
     assert record is not None and record.ok and record.attempts == 1
     assert record.worker == "enc2" and record.result == "encoded clip"
+    assert typo is not None and typo.outcome is Outcome.REVOKED
 
 
 def _text(status: AppStatus) -> str:

@@ -131,7 +131,8 @@ class TaskConsumer:
                           claim_with=self._claim_extras, accept=self._takes,
                           line=types_line(worker.task_types))
         async with self.handlers.open(), trio.open_nursery() as timer:
-            await timer.start(self._follow_revoked, session)  # known before the first take
+            # known before the first take
+            await timer.start(self._follow_revoked, session, queue)
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
             async with trio.open_nursery() as slots:
                 for _ in range(worker.concurrency):
@@ -263,12 +264,15 @@ class TaskConsumer:
                     pass  # not ours any more, or the session (and the marker) ended
 
     def _takes(self, item: QueueItem) -> bool:
-        """Whether this worker takes ``item``: a task of one of its types (a malformed item
-        too, so that it fails where failures count).  Any other is never claimed: it waits
-        for a worker that has its type (see the module doc)."""
+        """Whether this worker takes ``item``: a task of one of its types, or a revoked one
+        (acknowledged as revoked), or a malformed item (so that it fails where failures
+        count).  Any other is never claimed: it waits for a worker that has its type (see
+        the module doc)."""
         try:
-            name = json.loads(item.data).get("name", DEFAULT_TASK)  # a quarter of a decode
-            if name in self.worker.task_types or not isinstance(name, str):
+            doc = json.loads(item.data)  # a quarter of a record's decode
+            name = doc.get("name", DEFAULT_TASK)
+            if name in self.worker.task_types or not isinstance(name, str) \
+                    or doc.get("id") in self._revoked:  # taken to be acknowledged as revoked
                 return True
         except (ValueError, AttributeError, TypeError):
             return True
@@ -343,6 +347,10 @@ class TaskConsumer:
                 previous_version = stat.version
             except errors.NoNodeError:
                 pass
+        if rules is None and task.id in self._revoked:  # a type we lack, taken to end it
+            await self._finish(session, queue, item, task, marker, previous_version,
+                               self._revoked_result(task, time.time()), revoked=True)
+            return
         refusal = self._refusal(task, rules)
         if refusal is not None:
             await self._failed(session, task, refusal, time.time(), rules)
@@ -466,16 +474,21 @@ class TaskConsumer:
                 except errors.ZooKeeperError:
                     pass  # left behind: a resubmission of the id would find it revoked
 
-    async def _follow_revoked(self, session: Session,
+    async def _follow_revoked(self, session: Session, queue: WorkQueue,
                               task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Keep :attr:`_revoked` current (one children watch on ``revoked/`` per worker, so a
         revoke costs each worker one listing and a task nothing) and cancel the handler of
-        a revoked task this worker is running."""
+        a revoked task this worker is running.  A new revoke also makes ``queue`` look
+        again at the tasks it passed over: a revoked task of a type no worker has is taken
+        by any worker, only to be acknowledged as revoked."""
         started = False
         async for snap in watch_children(session, self.worker.app.revoked):
+            new = frozenset(snap.children) - self._revoked
             self._revoked = frozenset(snap.children)
             for task_id in self._revoked & set(self._revocable):
                 self._revocable[task_id].cancel()
+            if new:
+                queue.reconsider()
             if not started:
                 task_status.started()
                 started = True

@@ -187,6 +187,14 @@ class WorkQueue(Producer, Consumer):
             )
             self._ready = True
 
+    def reconsider(self) -> None:
+        """What ``accept`` takes changed: read again the items it refused, and wake this
+        object's idle takes that wait on the queue (the heads of its line) to look."""
+        self._foreign.clear()
+        self._misses = 0
+        if self._view is not None:
+            self._view.wake()
+
     async def size(self, *, changed: trio.Event | None = None) -> int:
         """Items in the queue, including those being processed (claimed, not yet acked).
 

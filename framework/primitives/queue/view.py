@@ -206,6 +206,12 @@ class QueueView:
         self.changed.set()
         self.changed = trio.Event()
 
+    def wake(self) -> None:
+        """Set :attr:`changed` (and replace it) with nothing dropped: the consumers waiting
+        on it look again (their own reasons to take changed)."""
+        self.changed.set()
+        self.changed = trio.Event()
+
     def invalidate_all(self) -> None:
         """Forget everything (after a new session: its watches are gone)."""
         self._epoch += 1
