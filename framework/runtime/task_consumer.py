@@ -363,7 +363,7 @@ class TaskConsumer:
         if task.id in self._revoked:
             revocable.cancel()
         started = time.time()
-        running = False
+        in_handler = False
         value: Any = None
         try:
             with revocable:
@@ -372,16 +372,16 @@ class TaskConsumer:
                     await trio.lowlevel.checkpoint()  # raises Cancelled, caught by revocable
                 if stuck_after:
                     queue.renew_for(item, stuck_after)
-                running = True
+                in_handler = True
                 self._in_flight += 1
                 self.worker.status_changed()
                 metrics.task_started(self.worker.app.name)
                 started = time.time()
                 value = await self.handlers.call_within(task, rules.kind, limit)
         except Exception as exc:
-            if not running and not isinstance(exc, errors.PermanentFailure):
+            if not in_handler and not isinstance(exc, errors.PermanentFailure):
                 raise  # the payload store failed: the slot backs off, the item comes back
-            final = await self._failed(session, task, exc, started if running else time.time(),
+            final = await self._failed(session, task, exc, started if in_handler else time.time(),
                                        rules)
             # leaving take() with an error hands the item back, or - its type's attempts
             # used up, or a permanent failure - buries it at once: the queue's own limit is
@@ -390,7 +390,7 @@ class TaskConsumer:
             raise (_GivenUp() if final else _HandedBack()) from exc
         finally:
             self._revocable.pop(task.id, None)
-            if running:
+            if in_handler:
                 self._in_flight -= 1
                 self.worker.status_changed()
                 metrics.task_ended(self.worker.app.name)
