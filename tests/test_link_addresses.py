@@ -88,19 +88,23 @@ def test_an_address_that_cannot_be_bound_is_one_line() -> None:
     assert "\n" not in str(refused.value)
 
 
-def test_a_broker_server_refuses_an_address_it_cannot_bind(zk_hosts: str, chroot: str,
-                                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize(("component", "setting"), [
+    ("examples.message_broker.app:BrokerServer", "BROKER_LISTEN"),
+    ("examples.katta_like.node:SearchNode", "KATTA_LISTEN"),
+])
+def test_a_server_refuses_an_address_it_cannot_bind(zk_hosts: str, chroot: str, tmp_path: Path,
+                                                    component: str, setting: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "framework", "run", "examples.message_broker.app:BrokerServer",
+        [sys.executable, "-m", "framework", "run", component,
          "--zk", zk_hosts, "--chroot", chroot, "--name", "s1"],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
-             "BROKER_LISTEN": "192.0.2.77", "BROKER_DATA_DIR": str(tmp_path),
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), setting: "192.0.2.77",
+             "BROKER_DATA_DIR": str(tmp_path), "KATTA_DATA": str(tmp_path),
              "FRAMEWORK_LOG_LEVEL": "error"},
         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
+    assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
-    assert "cannot listen on 192.0.2.77:0 (BROKER_LISTEN)" in lines[0]
+    assert f"cannot listen on 192.0.2.77:0 ({setting})" in lines[0]
 
 
 def test_bad_tls_settings_are_one_line(certs: Certs) -> None:
