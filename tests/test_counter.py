@@ -13,6 +13,7 @@ from framework.errors import ConcurrentUpdateError, ConfigurationError, Connecti
 from framework.primitives import Counter
 from framework.primitives.counter import RECEIPTS, decode
 from framework.testing import python_argv, spawn
+from framework.zk import wait_gone
 
 HELPER = Path(__file__).parent / "helpers" / "recipe_holder.py"
 
@@ -53,7 +54,7 @@ async def test_increments_from_several_processes_are_never_lost(
                     nursery.start_soon(adder)
             for child in (a, b):
                 assert child.lines is not None
-                assert await child.lines.next() == "DONE"
+                await child.lines.until(lambda line: line == "DONE")
     assert await Counter(session, "/counter").get() == 3 * 4 * times
 
 
@@ -101,3 +102,46 @@ async def test_an_outcome_that_cannot_be_told_says_so(session: Session) -> None:
     assert len(state.receipts) == RECEIPTS
     assert await counter._landed(state.receipts[-1], now.version - 1)
     assert not await counter._landed("0123456789ab", now.version - 1)
+
+
+async def test_an_adder_paused_past_its_session_counts_exactly_once(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """SIGSTOP mid-run past the session timeout: the server expires the session (updates
+    may be in flight); after SIGCONT every update is settled in a new session, none lost
+    or doubled, while others counted meanwhile."""
+    times = 30
+    argv = python_argv(HELPER, zk_hosts, chroot, "counter", times, "--timeout", 1.0)
+    with trio.fail_after(40):
+        async with spawn(argv, pipe_stdout=True) as adder:
+            assert adder.lines is not None
+            await adder.lines.until(lambda line: line == "READY")
+            [alive] = await session.children("/alive")
+            await adder.lines.until(lambda line: line == "ADDED")
+            adder.pause()
+            counter = Counter(session, "/counter")
+            for _ in range(10):
+                await counter.add(1)
+            await wait_gone(session, f"/alive/{alive}")  # its session has expired
+            adder.resume()
+            await adder.lines.until(lambda line: line == "DONE")
+    assert await counter.get() == 4 * times + 10
+
+
+async def test_a_killed_adder_leaves_a_consistent_counter(
+    zk_hosts: str, chroot: str, session: Session
+) -> None:
+    """kill -9 mid-run: the node still reads as a counter holding every acknowledged
+    increment, plus at most the updates that were in flight (one per task)."""
+    argv = python_argv(HELPER, zk_hosts, chroot, "counter", 1000)
+    with trio.fail_after(40):
+        async with spawn(argv, pipe_stdout=True) as adder:
+            assert adder.lines is not None
+            await adder.lines.until(lambda line: line == "READY")
+            for _ in range(20):
+                await adder.lines.until(lambda line: line == "ADDED")
+            adder.kill()
+            acknowledged = 20 + (await adder.lines.rest()).count("ADDED")
+    value = await Counter(session, "/counter").get()
+    assert acknowledged <= value <= acknowledged + 4
+    assert await Counter(session, "/counter").add(1) == value + 1

@@ -42,7 +42,7 @@ async def test_never_more_than_max_holders(zk_hosts: str, chroot: str, session: 
                     for _ in range(2):
                         nursery.start_soon(worker, s)
     assert done == 32
-    assert peak == 3
+    assert 1 <= peak <= 3  # how many overlap depends on timing; never more than 3
     assert await session.children("/sem") == []  # no contender node left
     assert (await session.get("/sem"))[0] == b"3"
 

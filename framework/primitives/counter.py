@@ -127,29 +127,37 @@ class Counter:
             return value
 
     async def _read(self) -> CounterState:
-        """Read the state, creating the node with the default value when missing."""
+        """Read the state, creating the node with the default value when missing.  The node
+        is persistent, so a read cut by an expiry is simply made again in the new session."""
         while True:
             try:
                 data, stat = await self.session.get(self.path)
                 return decode(self.path, data, stat.version)
             except errors.NoNodeError:
                 pass
+            except errors.SessionExpiredError:
+                await self.session.wait_connected()
+                continue
             try:
                 await self.session.create(self.path, encode(self.default, ()), makepath=True)
             except errors.NodeExistsError:
                 pass
-            except errors.ConnectionLossError:
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
                 await self.session.wait_connected()  # created or not: read again
 
     async def _landed(self, token: str, version: int) -> bool:
         """Whether the update carrying ``token``, written against ``version``, was applied
         (see the module); raises :class:`ConnectionLossError` when that cannot be told."""
-        await self.session.wait_connected()
-        await self.session.sync(self.path)  # a lagging follower may not have it yet
-        try:
-            data, stat = await self.session.get(self.path)
-        except errors.NoNodeError:
-            return False
+        while True:
+            await self.session.wait_connected()
+            try:
+                await self.session.sync(self.path)  # a lagging follower may not have it yet
+                data, stat = await self.session.get(self.path)
+                break
+            except errors.NoNodeError:
+                return False
+            except errors.SessionExpiredError:
+                continue  # reading is safe to repeat in the new session
         state = decode(self.path, data, stat.version)
         if token in state.receipts:
             return True

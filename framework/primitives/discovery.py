@@ -137,26 +137,36 @@ class ServiceDiscovery:
 
     async def names(self) -> list[str]:
         """The services with a node under ``base`` (some may have no instance now)."""
-        try:
-            return sorted(await self.session.children(self.base))
-        except errors.NoNodeError:
-            return []
+        while True:
+            try:
+                return sorted(await self.session.children(self.base))
+            except errors.NoNodeError:
+                return []
+            except errors.SessionExpiredError:
+                continue  # a read: made again in the new session
 
     async def instances(self, name: str) -> list[ServiceInstance]:
         """The instances of service ``name`` registered now, by id."""
         path = self._service(name)
-        try:
-            ids = await self.session.children(path)
-        except errors.NoNodeError:
-            return []
-        found = await self._read(path, ids)
-        return sorted(found.values(), key=lambda i: i.id)
+        while True:
+            try:
+                ids = await self.session.children(path)
+                found = await self._read(path, ids)
+            except errors.NoNodeError:
+                return []
+            except errors.SessionExpiredError:
+                continue  # a read: made again in the new session
+            return sorted(found.values(), key=lambda i: i.id)
 
     async def instance(self, name: str, instance_id: str) -> ServiceInstance | None:
         """One instance, or ``None`` when it is not registered."""
         validate_component("instance id", instance_id)
-        found = await self._read(self._service(name), [instance_id])
-        return found.get(instance_id)
+        while True:
+            try:
+                found = await self._read(self._service(name), [instance_id])
+            except errors.SessionExpiredError:
+                continue
+            return found.get(instance_id)
 
     async def watch(self, name: str) -> AsyncIterator[tuple[ServiceInstance, ...]]:
         """Yield the instances of ``name`` (by id) now and after every change of its

@@ -167,16 +167,20 @@ class Semaphore:
         while True:
             try:
                 data, stat = await self.session.get(self.path)
+            except errors.SessionExpiredError:
+                continue  # a read: made again in the new session
             except errors.NoNodeError:
                 try:
                     await self.session.create(self.path, wanted, makepath=True)
-                except (errors.NodeExistsError, errors.ConnectionLossError):
+                except (errors.NodeExistsError, errors.ConnectionLossError,
+                        errors.SessionExpiredError):
                     pass
                 continue
             if not data:  # made by someone else's ensure_path: claim it
                 try:
                     await self.session.set(self.path, wanted, version=stat.version)
-                except (errors.BadVersionError, errors.ConnectionLossError):
+                except (errors.BadVersionError, errors.ConnectionLossError,
+                        errors.SessionExpiredError):
                     pass
                 continue
             if data != wanted:

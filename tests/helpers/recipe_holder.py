@@ -2,7 +2,8 @@
 
 Usage: ``python recipe_holder.py HOSTS CHROOT MODE [ARG] [--timeout SECONDS]`` with MODE
 
-* ``counter N``: add 1 to ``/counter`` N times from 4 tasks at once, then print ``DONE``;
+* ``counter N``: add 1 to ``/counter`` N times from 4 tasks at once (``ADDED`` after each,
+  ``DONE`` at the end; ``/alive/<pid>`` is its session's ephemeral node);
 * ``semaphore MAX``: hold a lease of ``/sem`` (MAX leases) and run steps;
 * ``multilock A,B``: hold the locks at ``/A`` and ``/B`` and run steps;
 * ``register NAME``: register an instance of service NAME (address ``127.0.0.1``, port
@@ -54,10 +55,16 @@ async def steps(ensure_trusted: Callable[[], None]) -> None:
 
 
 async def count(session: Session, times: int) -> None:
+    """``/alive/<pid>`` (ephemeral: its end shows the session's), then ``READY``, then an
+    ``ADDED`` line after each acknowledged increment and ``DONE``."""
+    await session.create(f"/alive/{os.getpid()}", ephemeral=True, makepath=True)
+    emit("READY")
+
     async def adder() -> None:
         counter = Counter(session, "/counter")
         for _ in range(times):
             await counter.add(1)
+            emit("ADDED")
 
     async with trio.open_nursery() as nursery:
         for _ in range(4):
