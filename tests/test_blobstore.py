@@ -343,3 +343,36 @@ def test_a_katta_shard_is_published_whole_or_not_at_all(store_url: str,
     assert published.docs == 120 and {r.checksum for r in results} >= {published.checksum}
     local = fetch_shard(store, "ix", 0, tmp_path / "node")
     assert verify(local) == published
+
+
+async def test_the_crawl_master_waits_out_a_store_it_cannot_list(
+        zk_hosts: str, chroot: str, lazy_site: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master's check of the inboxes fails twice (the store unreachable): it is logged
+    and asked again, and the crawl still ends with every page."""
+    from examples.fetch_service.scale import master as master_module
+    from tests.test_fetch_scale import logged
+
+    real = master_module._inboxes_empty
+    failures = iter([StoreUnavailable("cannot list x in the store s3://b/p: refused")] * 2)
+
+    def flaky(job: Any) -> bool:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real(job)
+
+    monkeypatch.setattr(master_module, "_inboxes_empty", flaky)
+    monkeypatch.setattr(master_module, "STORE_RETRY_S", 0.05)
+    site = lazy_site
+    fetcher = one_fetcher(tmp_path)
+    async with Session(zk_hosts, chroot=chroot, session_timeout=4.0) as s:
+        await layout.start_job(s, App(layout.APP_NAME), site.seeds, unhurried(site.hosts),
+                               shared=tmp_path / "shared", partitions=2,
+                               checkpoint_interval_s=0.2)
+        with logged("crawl.store_unavailable") as seen:
+            await crawl_in_process(zk_hosts, chroot, s, fetcher)
+            assert seen.is_set()
+    assert next(failures, None) is None
+    stored = {u for u, _ in iter_stored(tmp_path / "warc")}
+    assert stored == site.expected_urls(obey_robots=True)

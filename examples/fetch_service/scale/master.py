@@ -50,6 +50,9 @@ __all__ = ["PartitionMaster", "read_partitions"]
 
 log = get_logger("examples.fetch_service.scale.master")
 
+#: Seconds between two listings of the inboxes while the shared store cannot be listed.
+STORE_RETRY_S = 1.0
+
 
 class PartitionMaster(Master):
     app_name = APP_NAME
@@ -127,6 +130,20 @@ def _inboxes_empty(job: Job) -> bool:
                    for name in job.names)
 
 
+async def _inboxes_seen_empty(job: Job) -> bool:
+    """Whether every inbox is empty; while the shared store cannot be listed (an
+    ``OSError``: unreachable, say) it is asked again every :data:`STORE_RETRY_S` seconds
+    (logged as ``crawl.store_unavailable``): the crawl does not end unseen, nor does the
+    master's term."""
+    while True:
+        try:
+            return await trio.to_thread.run_sync(_inboxes_empty, job)
+        except OSError as exc:
+            log.warning("crawl.store_unavailable", store=job.shared, error=str(exc),
+                        action=f"listing the inboxes again in {STORE_RETRY_S:g} s")
+        await trio.sleep(STORE_RETRY_S)  # a retry's pace, not a synchronisation
+
+
 async def _until_finished(session: Session, paths: ScalePaths,
                           job: Job) -> dict[str, PartitionRecord]:
     while True:
@@ -134,7 +151,7 @@ async def _until_finished(session: Session, paths: ScalePaths,
         try:
             first = await read_partitions(session, paths, job, changed)
             idle = all(read.record.idle for read in first.values())
-            if idle and await trio.to_thread.run_sync(_inboxes_empty, job):
+            if idle and await _inboxes_seen_empty(job):
                 second = await read_partitions(session, paths, job)
                 if all(first[n].version == second[n].version for n in job.names):
                     return {name: read.record for name, read in second.items()}
