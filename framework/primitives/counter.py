@@ -14,7 +14,10 @@ retrying blindly could count it twice (kazoo's ``Counter`` does).  Here the upda
 node again once connected: our receipt in it means the write landed; its absence means it
 did not, provided at most :data:`RECEIPTS` writes happened since the version we wrote
 against (every one of them left a receipt, so ours would still be listed).  Past that the
-outcome cannot be told and :class:`ConnectionLossError` is raised, saying so.
+outcome cannot be told and :class:`ConnectionLossError` is raised, saying so.  This holds
+while every writer of the node is a ``Counter``: a bare value written by something else
+clears the receipts.  An ``add`` *cancelled* while its write is in flight may or may not
+have been applied, like any write (the caller chose not to wait for the answer).
 
 Costs: an uncontended ``add`` is one round trip (a conditional ``set``; two for the first
 one, which reads); each lost race adds a ``get``.  ``get()`` is one read.
