@@ -31,6 +31,9 @@ log = get_logger("framework.primitives.queue")
 #: longer listed are forgotten.
 _FOREIGN_PRUNE = 1024
 
+#: Most items a claim round reads while passing over items ``accept`` refuses.
+_PROBE = 64
+
 #: An abandoned claim restores its item's delivery count exactly up to this many deliveries
 #: (one operation per delivery); beyond that the lost delivery stays counted.
 _RESTORE_MAX = 64
@@ -128,9 +131,9 @@ class Claimer(QueueState):
                                                                self._renewing())
                 return
             waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
-            # after a round that met items we do not take, read as many more ahead
-            # (up to a batch): a run of them is passed over in fewer rounds
-            reading = min(len(waiting) + self._misses, max(len(waiting), _BATCH))
+            # after a round that met items we do not take, read twice as many more ahead
+            # (up to the view's window): a run of them is passed over in few rounds
+            reading = min(len(waiting) + 2 * self._misses, max(len(waiting), _PROBE))
             chosen = _choose(entries, reading, self._contended > 0)
             self._contended = max(self._contended - 1, 0)
             keys = {entry.key for entry in chosen}
