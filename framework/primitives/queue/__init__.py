@@ -36,6 +36,7 @@ import trio
 
 from framework import errors
 from framework.errors import ConfigurationError
+from framework.primitives.queue.claims import FOREIGN_PRUNE
 from framework.primitives.queue.consumer import Consumer
 from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.lease import LeaseBreaker, Renewal
@@ -170,7 +171,7 @@ class WorkQueue(Producer, Consumer):
         self._round: Any = None  # the claim round in flight
         self._line = WaitingLine(session, waiting)  # our place among idle takes
         self._foreign: set[str] = set()  # items ``accept`` refused (keys), passed over
-        self._foreign_bound = 1024  # forget those no longer listed past this many
+        self._foreign_bound = FOREIGN_PRUNE  # forget those no longer listed past this many
         self._misses = 0  # items ``accept`` refused in the last claim round
         self._turn: Any = None  # the line check in flight, shared by the idle takes
         self._acks: list[Any] = []  # acks waiting for a combined commit

@@ -29,7 +29,7 @@ log = get_logger("framework.primitives.queue")
 
 #: Items ``accept`` refused are remembered (and passed over); past this many, those no
 #: longer listed are forgotten.
-_FOREIGN_PRUNE = 1024
+FOREIGN_PRUNE = 1024
 
 #: Most items a claim round reads while passing over items ``accept`` refuses.
 _PROBE = 64
@@ -306,7 +306,7 @@ class Claimer(QueueState):
         """Forget the refused items no longer listed (taken by consumers that accept
         them), so the set stays about as large as what is queued."""
         self._foreign &= view.listed_keys()
-        self._foreign_bound = max(_FOREIGN_PRUNE, 2 * len(self._foreign))
+        self._foreign_bound = max(FOREIGN_PRUNE, 2 * len(self._foreign))
 
     def _extras_for(self, item: QueueItem) -> ClaimExtras | None:
         """``claim_with``'s extras for ``item``, built once here to catch what could never
