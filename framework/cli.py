@@ -272,16 +272,24 @@ def _cmd_dead(args: argparse.Namespace) -> int:
             return letters
         if args.action == "purge":
             for letter in letters:
-                await client.discard(letter.name)
+                for name in (*letter.older, letter.name):
+                    await client.discard(name)
             return letters
         chosen = letters
         if not args.all:
-            missing = [k for k in args.keys if not any(k in (d.key, d.name) for d in letters)]
+            missing = [k for k in args.keys
+                       if not any(k in (d.key, d.name, *d.older) for d in letters)]
             if missing:
                 raise FrameworkError(f"no dead letter {missing[0]!r} in {args.app!r} "
                                      "(`framework dead APP list` shows them)")
-            chosen = [d for d in letters if d.key in args.keys or d.name in args.keys]
-        return [(d, await client.requeue(d.name)) for d in chosen]
+            chosen = [d for d in letters
+                      if d.key in args.keys or {d.name, *d.older} & set(args.keys)]
+        done = []
+        for letter in chosen:
+            done.append((letter, await client.requeue(letter.name)))
+            for name in letter.older:  # superseded by the one requeued
+                await client.discard(name)
+        return done
 
     _app(args.app)
     done = _connect(args, work, deadline=args.timeout)
@@ -295,7 +303,8 @@ def _cmd_dead(args: argparse.Namespace) -> int:
             for column in ("key", "attempts", "error", "name"):
                 table.add_column(column, overflow="fold")
             for d in done:
-                table.add_row(str(d.key), str(d.attempts), str(d.error or "-"), d.name)
+                name = d.name + (f" (and {len(d.older)} older, superseded)" if d.older else "")
+                table.add_row(str(d.key), str(d.attempts), str(d.error or "-"), name)
             _console().print(table)
     elif args.action == "purge":
         print(f"deleted {len(done)} dead letter(s) of {args.app!r}")

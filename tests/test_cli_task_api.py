@@ -21,7 +21,7 @@ from framework.dashboard.model import Model
 from framework.runtime import App, Client, Revocation
 from framework.runtime.actions import UnknownApp
 from framework.runtime.client import UnknownTask
-from tests.test_cli_ops import APP, Echo, cli, serve, zk
+from tests.test_cli_ops import APP, Echo, cli, serve, wait_children, zk
 
 
 async def finished(zk_hosts: str, chroot: str, session: Session, keys: list[str]) -> None:
@@ -129,3 +129,37 @@ def test_a_module_that_does_not_compile_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.startswith("framework: error: cannot import module 'brokenpkg.jobs': "
                                     f"SyntaxError at {package / 'jobs.py'}:3: "), result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+async def test_a_key_given_up_twice_is_one_dead_letter(
+        zk_hosts: str, chroot: str, session: Session, capsys: pytest.CaptureFixture[str],
+        captured_logs: list[dict[str, object]]) -> None:
+    app = App(APP)
+    client = Client(session, APP, create=True)
+    await client.submit("handle", {"fail": "first"}, key="k")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            worker = Echo(APP, name="w1")
+            await serve(nursery, zk_hosts, chroot, worker)
+            await wait_children(session, app.dead, 1)
+            await client.submit("handle", {"fail": "again"}, key="k")  # failed: queued again
+            await wait_children(session, app.dead, 2)
+            worker.request_stop()
+            nursery.cancel_scope.cancel()
+    # in the order made: the queue's sequence number ends the item's name
+    first, second = sorted(await session.children(app.dead),
+                           key=lambda name: name.rpartition(".")[0][-10:])
+    buried = [e for e in captured_logs if e["event"] == "queue.dead_lettered"]
+    assert [e["error"] for e in buried] == ["PermanentFailure: cannot do first",
+                                            "PermanentFailure: cannot do again"]
+
+    code, out, err = await cli(capsys, "dead", APP, "list", "--json", *zk(zk_hosts, chroot))
+    assert code == 0, err
+    (listed,) = json.loads(out)
+    assert (listed["key"], listed["name"], listed["older"]) == ("k", second, [first])
+    assert listed["payload"] == {"fail": "again"} and listed["error"] == "cannot do again"
+    code, out, err = await cli(capsys, "dead", APP, "list", *zk(zk_hosts, chroot))
+    assert out.count("cannot do again") == 1 and "1 older, superseded" in out
+    code, out, err = await cli(capsys, "dead", APP, "requeue", "k", *zk(zk_hosts, chroot))
+    assert code == 0, err
+    assert await session.children(app.dead) == []  # the newest requeued, the older deleted

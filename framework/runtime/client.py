@@ -17,6 +17,7 @@ is queued again).  Code outside trio uses :class:`~framework.runtime.BlockingCli
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -35,7 +36,7 @@ from framework.runtime.submission import Existing, Submitter
 from framework.runtime.task_lookup import where_is
 from framework.runtime.task_types import TypeInfo
 from framework.runtime.tasks import Outcome, Task, TaskResult, read_result
-from framework.zk import Session, validate_name
+from framework.zk import Session, gather, validate_name
 
 log = get_logger("framework.runtime.client")
 
@@ -48,7 +49,9 @@ class UnknownTask(errors.FrameworkError):
 @attrs.frozen
 class DeadLetter:
     """A task given up (``dead/<name>``): ``name`` is what requeue and discard take;
-    ``error`` is that of its final failure (from its result record), if recorded."""
+    ``error`` is that of its final failure (from its result record), if recorded.
+    ``older``: the names of earlier dead letters of the same task key (it was submitted
+    again and given up again): this one supersedes them."""
 
     name: str
     task_id: str | None
@@ -57,6 +60,7 @@ class DeadLetter:
     priority: int
     error: str | None
     payload: Any
+    older: tuple[str, ...] = ()
 
 
 class Client:
@@ -255,7 +259,10 @@ class Client:
         await actions.discard(self.session, self.app.name, dead_letter)
 
     async def dead_letters(self) -> list[DeadLetter]:
-        """The app's dead letters, oldest first, each with the error of its final failure."""
+        """The app's dead letters, oldest first, each with the error of its final failure:
+        one per task key, the newest (a key given up again after a resubmission names its
+        earlier dead letters in :attr:`DeadLetter.older`; requeue the newest, discard the
+        older ones)."""
         queue = WorkQueue(self.session, self.app.tasks, dead_letter=self.app.dead)
         out = []
         for item in await queue.dead_letters():
@@ -276,4 +283,34 @@ class Client:
                 attempts=item.attempts, priority=item.priority, error=error,
                 payload=task.payload if task else item.data.decode(errors="replace"),
             ))
-        return out
+        return newest_per_key(await self._oldest_first(out))
+
+    async def _oldest_first(self, letters: list[DeadLetter]) -> list[DeadLetter]:
+        """``letters`` in the order they were made (their nodes' creation zxids, read
+        together); one deleted meanwhile is dropped."""
+        made: dict[str, int] = {}
+
+        async def stat(name: str) -> None:
+            found = await self.session.exists(f"{self.app.dead}/{name}")
+            if found is not None:
+                made[name] = found.czxid
+
+        await gather(*[functools.partial(stat, d.name) for d in letters])
+        return sorted((d for d in letters if d.name in made), key=lambda d: made[d.name])
+
+
+def newest_per_key(letters: list[DeadLetter]) -> list[DeadLetter]:
+    """``letters`` (oldest first) with one per task key: the last, naming the others in
+    ``older``; letters without a key (undecodable) are all kept."""
+    last: dict[str, int] = {}
+    for n, letter in enumerate(letters):
+        if letter.key is not None:
+            last[letter.key] = n
+    kept = []
+    for n, letter in enumerate(letters):
+        if letter.key is None:
+            kept.append(letter)
+        elif last[letter.key] == n:
+            older = tuple(d.name for d in letters[:n] if d.key == letter.key)
+            kept.append(attrs.evolve(letter, older=older))
+    return kept

@@ -27,6 +27,21 @@ log = get_logger("framework.primitives.queue")
 
 
 
+def failure_text(exc: BaseException) -> str:
+    """``Type: message`` of the failure behind ``exc``: an exception without a message of
+    its own that was raised from (or while handling) another stands for that one (a
+    consumer's marker for "given up" carries no text: its cause is the error)."""
+    seen: set[int] = set()
+    while not str(exc) and id(exc) not in seen:
+        seen.add(id(exc))
+        inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if inner is None:
+            break
+        exc = inner
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class Ending(enum.Enum):
     """How an attempt to end a claim (ack, release, dead letter, undo) came out."""
 
@@ -269,7 +284,7 @@ class Acker(QueueState):
                      error=type(exc).__name__)
         elif bury:
             log.warning("queue.dead_lettered", path=self.path, item=entry.key,
-                        attempts=claim.version, error=repr(exc))
+                        attempts=claim.version, error=failure_text(exc))
         else:
             log.info("queue.released", path=self.path, item=entry.key,
                      attempt=claim.version, error=type(exc).__name__, restored=not started)
