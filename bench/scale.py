@@ -272,12 +272,13 @@ async def _counted_pass(session: Session, retention: Retention) -> tuple[int, fl
         session._call = original  # type: ignore[method-assign]
 
 
-async def pass_cost(records: int = 10_000) -> dict[str, float]:
+async def pass_cost(records: int = 10_000,
+                    sizes: tuple[int, ...] = (1_000, 100_000)) -> dict[str, float]:
     report: dict[str, float] = {}
     with ZooKeeperEnsemble(1, heap_mb=2048) as zk:
         pid = zk.members[0].process.pid  # type: ignore[union-attr]
         async with Session(zk.connect_string, session_timeout=30.0) as session:
-            for queued in (1_000, 100_000):
+            for queued in sizes:
                 app = App(f"cost{queued}")
                 await ensure_result_buckets(session, app)  # as the first worker does
                 await _write_records(session, app, records)
@@ -305,7 +306,7 @@ async def pass_cost(records: int = 10_000) -> dict[str, float]:
                 report[f"queued_{queued}_pass_seconds"] = busy[1]
                 report[f"queued_{queued}_pass_deleted"] = busy[2]
                 report[f"queued_{queued}_idle_pass_requests"] = idle[0]
-                if queued >= 100_000:
+                if queued == sizes[-1]:
                     report["heap_bytes_per_queued_task"] = (heap[1] - heap[0]) * 2**20 / half
                     report["heap_bytes_per_queued_keyed_task"] = (
                         (heap[2] - heap[1]) * 2**20 / half)
@@ -385,10 +386,12 @@ async def master_memory(queued: int, drain: int) -> dict[str, float]:
     heap = 4096 if queued > 300_000 else 1024
     with ZooKeeperEnsemble(1, heap_mb=heap) as zk:
         hosts = zk.connect_string
-        async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
-            session = await stack.enter_async_context(Session(hosts, session_timeout=30.0))
+        # the session first: it opens a nursery of its own, which must close after ours
+        async with Session(hosts, session_timeout=30.0) as session, AsyncExitStack() as stack, \
+                trio.open_nursery() as nursery:
             master = await stack.enter_async_context(spawn(
-                python_argv(__file__, "--master", hosts), name=f"master-{queued}",
+                python_argv(__file__, "--master", hosts, PASS_INTERVAL),
+                name=f"master-{queued}",
                 log_dir=LOGS, env=ENV, cwd=ROOT, pipe_stdout=True))
             passes = _Passes()
             nursery.start_soon(passes.read, master)
@@ -454,12 +457,14 @@ async def _drain(hosts: str, name: str, limit: int) -> None:
 
 
 def main() -> None:
+    global IDLE_WINDOW, ROUNDS, PASS_INTERVAL  # --quick and a --master child set them
     if sys.argv[1:2] == ["--serve"]:
         hosts, first, count = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         configure_logging(level="warning")
         trio.run(_serve_workers, hosts, first, count)
         return
     if sys.argv[1:2] == ["--master"]:
+        PASS_INTERVAL = float(sys.argv[3])
         configure_logging(level="warning")
         trio.run(_run_master, sys.argv[2])
         return
@@ -479,7 +484,14 @@ def main() -> None:
     parser.add_argument("--skip-retention", action="store_true")
     parser.add_argument("--skip-master", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="every part at a toy size, in seconds (the test suite runs it so "
+                             "that the bench cannot rot; its numbers mean nothing)")
     args = parser.parse_args()
+    if args.quick:
+        IDLE_WINDOW, ROUNDS, PASS_INTERVAL = 0.3, 3, 0.2
+        args.workers, args.per_process, args.queued = 4, 2, 2_000
+        args.master_small, args.master_large, args.drain_large = 200, 400, 80
     configure_logging(level="warning")
     for old in LOGS.glob("*.log"):  # the children's logs of this run only
         old.unlink()
@@ -489,7 +501,8 @@ def main() -> None:
     if not args.skip_queued:
         report["queued"] = trio.run(queued, args.queued)
     if not args.skip_retention:
-        report["retention_pass"] = trio.run(pass_cost)
+        report["retention_pass"] = (trio.run(pass_cost, 2_000, (100, 400)) if args.quick
+                                    else trio.run(pass_cost))
     if not args.skip_master:
         small = args.master_small
         report["master_small"] = trio.run(master_memory, small, small * 8 // 10)
