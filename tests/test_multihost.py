@@ -69,7 +69,7 @@ from tests.test_katta_crash import checked, start
 _UNAVAILABLE = netns_available() or (None if shutil.which("openssl") else "no openssl command")
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"netns: {_UNAVAILABLE}"),
+    pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"multihost: {_UNAVAILABLE}"),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
