@@ -1,7 +1,8 @@
 """The session against plain kazoo: the same get/create workloads through ``Session`` (the
 trio-native protocol driver, :mod:`framework.zk.connection`) and through ``KazooClient``.
 
-Run: ``.venv/bin/python bench/bridge.py`` (starts its own ZooKeeper unless FRAMEWORK_ZK_HOSTS).
+Run: ``.venv/bin/python bench/bridge.py`` (starts its own ZooKeeper unless FRAMEWORK_ZK_HOSTS;
+``--quick``: a smoke run at toy sizes).
 Sequential latency (one request at a time) and throughput with 200 requests in flight
 (200 trio tasks for the session; a 200-deep window of ``*_async`` calls for kazoo).
 """
@@ -18,13 +19,13 @@ from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Result, median, print_results, zookeeper
+from bench.common import Result, median, print_results, sized, zookeeper
 from framework import Session, configure_logging
 
-SEQUENTIAL_OPS = 500
-CONCURRENT_OPS = 6000
+SEQUENTIAL_OPS = sized(500, 20)  # --quick: the smaller sizes (see bench.common.quick)
+CONCURRENT_OPS = sized(6000, 400)
 CONCURRENCY = 200
-ROUNDS = 3
+ROUNDS = sized(3, 1)
 
 
 # ------------------------------------------------------------------ plain kazoo

@@ -5,13 +5,32 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import sys
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 from rich.console import Console
 from rich.table import Table
 
 from framework.zkserver import ZooKeeperEnsemble
+
+#: Set for a bench run with ``--quick`` and inherited by the processes it starts.
+QUICK_ENV = "FRAMEWORK_BENCH_QUICK"
+
+
+def quick() -> bool:
+    """Whether this is a smoke run (``--quick`` on the command line, or a parent bench's):
+    every size shrinks to seconds of work, so ``make test`` can run each bench and none can
+    rot; the numbers of such a run mean nothing.  Read at import, before the sizes."""
+    if "--quick" in sys.argv:
+        os.environ[QUICK_ENV] = "1"
+    return os.environ.get(QUICK_ENV) == "1"
+
+
+def sized(full: int | float, small: int | float) -> Any:
+    """``full``, or ``small`` in a smoke run (:func:`quick`)."""
+    return small if quick() else full
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """All recipe benchmarks in one run: ours vs kazoo's recipes on the same server.
 
 Run: ``.venv/bin/python bench/primitives.py`` (starts its own ZooKeeper unless
-FRAMEWORK_ZK_HOSTS is set).  Parts: election and membership (``primitives_election``), queue,
+FRAMEWORK_ZK_HOSTS is set; ``--quick``: every part at a toy size, a smoke run).  Parts:
+election and membership (``primitives_election``), queue,
 locks and double barrier (``primitives_queue_lock``), semaphore and counter
 (``primitives_semaphore_counter``, also against the bare protocol).
 """
@@ -16,12 +17,14 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import primitives_election, primitives_queue_lock, primitives_semaphore_counter
-from bench.common import print_results, zookeeper
+from bench.common import print_results, quick, zookeeper
 from framework import configure_logging
 
 
 def main() -> None:
     configure_logging(level="error")
+    if quick():  # a smoke run: the other parts shrank at import (bench.common.sized)
+        primitives_semaphore_counter.WINDOW = 0.3
     with zookeeper() as hosts:
         election = trio.run(primitives_election.run, hosts)
         print_results("election and membership: ours vs kazoo recipes "

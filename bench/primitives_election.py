@@ -35,18 +35,18 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FRAMEWORK_LOG_LEVEL", "error")
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Result, median, print_results, zookeeper  # noqa: E402
+from bench.common import Result, median, print_results, sized, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives.election import Election  # noqa: E402
 from framework.primitives.membership import Group  # noqa: E402
 from framework.testing import Child, python_argv, spawn  # noqa: E402
 
 HELPER = ROOT / "tests" / "helpers" / "p1_election_holder.py"
-SESSION_TIMEOUT = 4.0
-RESIGN_ROUNDS = 20
-KILL_ROUNDS = 3
-MEMBERS = 50
-MEMBERSHIP_ROUNDS = 5
+SESSION_TIMEOUT = sized(4.0, 1.0)
+RESIGN_ROUNDS = sized(20, 2)  # --quick: the smaller sizes (see bench.common.quick)
+KILL_ROUNDS = sized(3, 1)
+MEMBERS = sized(50, 5)
+MEMBERSHIP_ROUNDS = sized(5, 1)
 
 
 # ------------------------------------------------------------------ hand-over: clean resign

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FRAMEWORK_LOG_LEVEL", "error")
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Result, print_results, zookeeper  # noqa: E402
+from bench.common import Result, print_results, sized, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives.double_barrier import DoubleBarrier  # noqa: E402
 from framework.primitives.lock import Lock  # noqa: E402
@@ -50,11 +50,11 @@ from framework.primitives.queue import WorkQueue  # noqa: E402
 from framework.testing import Child, python_argv, spawn  # noqa: E402
 from framework.zk import wait_exists  # noqa: E402
 
-QUEUE_ITEMS = 600
+QUEUE_ITEMS = sized(600, 40)  # --quick: the smaller sizes (see bench.common.quick)
 QUEUE_CONSUMERS = 4
-LOCK_SECONDS = 2.0
-BARRIER_CLIENTS = 20
-BARRIER_ROUNDS = 50
+LOCK_SECONDS = sized(2.0, 0.3)
+BARRIER_CLIENTS = sized(20, 4)
+BARRIER_ROUNDS = sized(50, 3)
 BARRIER_PROCESSES = 4
 BARRIER_TIMEOUT = 15.0
 SESSION_TIMEOUT = 10.0

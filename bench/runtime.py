@@ -56,22 +56,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
-from bench.common import Result, print_results, zookeeper  # noqa: E402
+from bench.common import Result, print_results, sized, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Rendezvous  # noqa: E402
 from framework.testing import Child, Lines, spawn  # noqa: E402
 from framework.zk import watch_children  # noqa: E402
 from framework.zkserver import ZooKeeperEnsemble, four_letter  # noqa: E402
 
-TASKS = 2000
+TASKS = sized(2000, 100)  # --quick: the smaller sizes (see bench.common.quick)
 WORKERS = 4
-DRAIN_EACH = 500
-SMALL_BACKLOG = 3_000  # more than 4 x 500: each worker stops after its 500
-LARGE_BACKLOG = 100_000
-KAZOO_LARGE_EACH = 25
-LATENCY_ROUNDS = 50
+DRAIN_EACH = sized(500, 20)
+SMALL_BACKLOG = sized(3_000, 120)  # more than 4 x 500: each worker stops after its 500
+LARGE_BACKLOG = sized(100_000, 1_000)
+KAZOO_LARGE_EACH = sized(25, 5)
+LATENCY_ROUNDS = sized(50, 3)
 SESSION_TIMEOUT = 2.0
-FAILOVER_ROUNDS = 3
+FAILOVER_ROUNDS = sized(3, 1)
 PEER_RUNS = 3
 ENV = {"PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "warning"}
 LOGS = ROOT / "out" / "bench-runtime"
@@ -109,7 +109,7 @@ print("DRAINED", first, time.time(), flush=True)
 c.stop()
 """
 
-CEILING_TASKS = 10_000
+CEILING_TASKS = sized(10_000, 200)
 
 KAZOO_TASK_OPS = """
 def claim_ops(c, base, name, data, version):
@@ -715,7 +715,8 @@ def parse_args() -> argparse.Namespace:
                       help=f"only submit_many of {LARGE_BACKLOG:,} vs kazoo's put_all, "
                            "alternated RUNS times (each run and the ranges)")
     parser.add_argument("--quick", action="store_true",
-                        help="peers: one run of 200 tasks and 10 latency rounds (smoke test)")
+                        help="a smoke run: every size shrunk to seconds of work (peers: one "
+                             "run of 200 tasks and 10 latency rounds)")
     return parser.parse_args()
 
 
