@@ -280,11 +280,21 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             if (path := shot_path("dashboard-after-failover.png")) is not None:
                 await page.screenshot(path)
 
+            # the app's own count of results (12 tasks and the poison one), whichever
+            # processes wrote them
+            await page.shown(f"{app} [data-stat='results'] b", "13")
+
             # the stale app, chosen in the selector, says so
             await page.click(f"#selector a.app-link[data-app='{OLD.name}']")
             await page.shown(f"#app-{OLD.name} .job[data-state='stale']",
                              "stale: no live process")
             await page.gone(f"{app}:not([hidden])")
+
+            # an app the address names that does not exist is said, not replaced
+            await page.open(f"{dashboard}#app=nosuchapp")
+            await page.shown("#empty[data-missing='nosuchapp']",
+                             'No application "nosuchapp" in this ZooKeeper')
+            await page.gone("article.app:not([hidden])")
 
 
 async def test_a_browser_sends_the_token_it_was_given(zk_hosts: str, chroot: str,

@@ -215,3 +215,26 @@ def test_no_token_off_loopback_is_one_line(zk_hosts: str, host: str) -> None:
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert f"serve {host} without authentication" in result.stderr
     assert "FRAMEWORK_DASHBOARD_TOKEN" in result.stderr
+
+
+async def test_an_app_s_results_are_counted_whoever_wrote_them(zk_hosts: str,
+                                                               chroot: str) -> None:
+    """Results written by processes the dashboard never saw (gone before it started) are
+    the app's count all the same; a later change its members report counts them again."""
+    model = Model()
+    done = App("finished-earlier")
+    with trio.fail_after(60):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            for n in range(5):
+                await session.create(f"{done.results}/{n:02x}/k{n}", b"{}", makepath=True)
+            await session.ensure_path(done.workers)
+            nursery.start_soon(Feed(session, model).run)
+            view = model.app(done.name)
+            await _until(model, lambda: view.results == 5)
+            assert view.totals.done == 0  # no process seen: the old count said 0
+            await session.create(f"{done.results}/00/k5", b"{}")
+            await session.create(f"{done.workers}/w9", b'{"done": 1}', ephemeral=True)
+            await _until(model, lambda: view.results == 6)
+            assert view.to_json()["results"] == 6
+            nursery.cancel_scope.cancel()

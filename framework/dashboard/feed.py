@@ -39,6 +39,7 @@ from framework.primitives import ConfigStore, Group
 from framework.primitives.election import contenders_of
 from framework.primitives.queue.view import is_bucket
 from framework.runtime.app import App
+from framework.runtime.status import result_count
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, validate_name, watch_children, watch_data
 
@@ -48,6 +49,9 @@ log = get_logger("framework.dashboard.feed")
 THROTTLE = 0.1
 #: Seconds between reads of a busy queue's counts.
 QUEUE_THROTTLE = 0.25
+#: Shortest time between two counts of an app's result records (256 ``exists``, pipelined):
+#: counted again after a change its members report (a task done), not watched.
+RESULTS_THROTTLE = 2.0
 #: Root of the applications.
 APPS_ROOT = "/apps"
 #: The app-level counters hook: a JSON object an application may write here.
@@ -77,6 +81,7 @@ class AppFeed:
         self.model = model
         self.app = App(name)
         self.view = model.app(name)
+        self._count_results = trio.Event()  # set when the result count may have changed
 
     async def run(self) -> None:
         watchers: dict[str, Callable[[], Awaitable[None]]] = {
@@ -84,7 +89,7 @@ class AppFeed:
             "failures": self._failures, "dead": self._dead, "queue": self._queue,
             "config": self._config, "shards": self._shards,
             "assignments": self._assignments, "done": self._done, "cancel": self._cancel,
-            "counters": self._counters,
+            "counters": self._counters, "results": self._results,
         }
         async with trio.open_nursery() as nursery:
             for what, body in watchers.items():
@@ -113,8 +118,20 @@ class AppFeed:
     async def _workers(self) -> None:
         async for members in Group(self.session, self.app.workers).watch():
             self.view.set_workers({name: json_doc(data) for name, data in members.items()})
+            self._count_results.set()  # a member's counts changed: a task may have ended
             self._changed()
             await trio.sleep(THROTTLE)
+
+    async def _results(self) -> None:
+        """The app's result records, counted at start and again (at most every
+        :data:`RESULTS_THROTTLE` s) after its members report a change: the app's own count,
+        whatever processes this dashboard saw."""
+        while True:
+            self._count_results = trio.Event()
+            self.view.results = await result_count(self.session, self.app)
+            self._changed()
+            await trio.sleep(RESULTS_THROTTLE)
+            await self._count_results.wait()
 
     async def _running(self) -> None:
         async for members in Group(self.session, self.app.running).watch():

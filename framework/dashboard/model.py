@@ -93,6 +93,7 @@ class AppModel:
     claimed: int = 0
     failures: list[dict[str, Any]] = attrs.field(factory=list)
     dead: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    results: int | None = None  # the app's result records (None: not counted yet)
     config: dict[str, Any] | None = None
     shards: list[str] = attrs.field(factory=list)
     assignments: dict[str, str] = attrs.field(factory=dict)
@@ -197,6 +198,7 @@ class AppModel:
             "failures": self.failures[-RECENT_FAILURES:][::-1],
             "dead_letters": dead,
             "dead_total": len(self.dead),
+            "results": self.results,
             "config": self.config,
             "shards": self.shards,
             "assignments": dict(sorted(self.assignments.items())),

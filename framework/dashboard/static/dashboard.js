@@ -56,8 +56,18 @@ function render() {
     if (!names.has(name)) { cards[name].root.remove(); delete cards[name]; }
   }
   const wanted = decodeURIComponent((location.hash.match(/^#app=(.*)$/) || [])[1] ?? "");
-  // the apps come running first: without a choice in the address, the first is shown
-  selected = names.has(wanted) ? wanted : (state.apps[0] ?? {}).name ?? null;
+  // the apps come running first: without a choice in the address, the first is shown; an
+  // app the address names that is not there is said, never replaced by another
+  const missing = wanted !== "" && !names.has(wanted);
+  selected = missing ? null : wanted || ((state.apps[0] ?? {}).name ?? null);
+  if (missing) {
+    empty.textContent = `No application "${wanted}" in this ZooKeeper` +
+      (state.apps.length ? ": choose one above." : ".");
+    empty.style.display = "";
+    empty.dataset.missing = wanted;
+  } else {
+    delete empty.dataset.missing;
+  }
   renderSelector();
   for (const app of state.apps) {
     if (!cards[app.name]) { cards[app.name] = makeCard(app.name); main.appendChild(cards[app.name].root); }
@@ -133,14 +143,22 @@ function fillCard(card, app) {
   card.job.textContent = app.done ? `job finished by ${app.done.master ?? "?"}` : label;
   card.job.className = `badge job ${tone}`;
   card.job.dataset.state = app.state;
-  const stat = (label, value, cls = "") =>
-    `<div class="stat ${cls}" data-stat="${label}"><b>${fmt(value)}</b><span>${label}</span></div>`;
+  const stat = (label, value, title) =>
+    `<div class="stat" data-stat="${label}" title="${esc(title)}"><b>${fmt(value)}</b>` +
+    `<span>${label}</span></div>`;
+  const seen = "counted from the members' status reports since this dashboard started";
   setHTML(card.stats, [
-    stat("queue depth", app.queue.depth), stat("claimed", app.queue.claimed),
-    stat("running", app.running), stat("members", app.workers.length),
-    stat("done", app.totals.done), stat("failed", app.totals.failed),
-    stat("retried", app.totals.retried), stat("dead letters", app.dead_total),
-    stat("leader changes", app.totals.leader_changes)].join(""));
+    stat("queue depth", app.queue.depth, "tasks queued or being handled"),
+    stat("claimed", app.queue.claimed, "tasks a worker has claimed"),
+    stat("running", app.running, "tasks being handled now"),
+    stat("members", app.workers.length, "live members of the app's workers/ group"),
+    stat("results", app.results ?? "…", "the app's result records: tasks that succeeded, " +
+      "failed for good or were revoked (framework status counts them the same way)"),
+    stat("dead letters", app.dead_total, "tasks given up and not requeued or deleted"),
+    stat("done (seen)", app.totals.done, `tasks done: ${seen}`),
+    stat("failed attempts (seen)", app.totals.failed, `failed attempts: ${seen}`),
+    stat("retried (seen)", app.totals.retried, `retries: ${seen}`),
+    stat("leader changes", app.totals.leader_changes, "seen by this dashboard")].join(""));
   const who = (m) => `${esc(m.name ?? m.node)} <span class="muted">${esc(m.host ?? "")}` +
     `${m.pid ? ":" + esc(m.pid) : ""} ${esc(m.address ?? "")}</span>`;
   setHTML(card.masters, app.leader
@@ -202,10 +220,14 @@ function workersTable(workers) {
       `<td>${fmt(w.in_flight ?? 0)}</td><td>${fmt(w.done ?? 0)}</td><td>${fmt(w.failed ?? 0)}</td>` +
       `<td>${tasks || '<span class="muted">idle</span>'}</td>` +
       `<td><div class="counters">${counters}</div></td>` +
-      `<td class="heartbeat" data-at="${esc(w.at)}">${ago(w.at)}</td></tr>`;
+      `<td class="heartbeat muted" data-at="${esc(w.at)}">${ago(w.at)}</td></tr>`;
   }).join("");
+  // a listed member is alive (its session keeps its node: no status writes needed); its
+  // status is written when it changes, so a busy, healthy member may not have written lately
   return `<table><tr><th>member</th><th>state</th><th>load</th><th>in flight</th><th>done</th>` +
-    `<th>failed</th><th>progress</th><th>counters</th><th>last status</th></tr>${rows}</table>`;
+    `<th>failed</th><th>progress</th><th>counters</th><th title="a listed member is alive ` +
+    `(its ZooKeeper session keeps it listed); this is when it last changed its status">` +
+    `status changed</th></tr>${rows}</table>`;
 }
 
 // the durations histogram: tasks per bucket (the cumulative counts, differenced)
