@@ -2,22 +2,30 @@
 
 :class:`Connection` connects to a member of the ensemble (in random order, the next one after
 a failure, pausing after each full round), performs the handshake (session id, password,
-last zxid seen, requested timeout), sends the digest credentials, and then runs four tasks
-on the socket until it drops: a reader, a writer, a heartbeat and a watchdog.  Requests are
-kazoo protocol records (:mod:`framework.zk.wire` frames them); a caller waits for its own
-reply in its own task, with no thread and no hand-off.
+last zxid seen, requested timeout), sends the digest credentials, and then runs five tasks
+on the socket until it drops: a reader, a writer, a heartbeat, a watchdog and a prover.
+Requests are kazoo protocol records (:mod:`framework.zk.wire` frames them); a caller waits
+for its own reply in its own task, with no thread and no hand-off.
 
 Contract:
 
 * **Order.**  Requests are written in the order they are made and answered in that order
   (ZooKeeper's per-session FIFO); replies are matched to requests by xid.
-* **Liveness.**  Every reply proves the session alive as of its request's send time
-  (:mod:`framework.zk.liveness`).  The heartbeat pings after half a read timeout without
-  sending; the watchdog drops the connection when no reply has proven life for a read timeout
-  (2/3 of the negotiated session timeout), however busy the client is - so a half-open link
-  or a hung server ends in SUSPENDED, never in a session that looks alive.  The loop itself
-  keeps the session: an event loop blocked (or a process paused) past the read timeout sends
-  no heartbeat, and its ownership scopes end (:mod:`framework.zk.trust`).
+* **The connection's liveness** (the Java client's rule).  The heartbeat pings after half a
+  read timeout (2/3 of the negotiated session timeout) without sending; the watchdog drops
+  the connection when the server has been silent for a read timeout while an answer was
+  awaited - so a half-open link or a hung server ends in SUSPENDED.  A server that keeps
+  answering is never dropped, however long its queue: under a heavy write load replies keep
+  coming.  Packets go to the socket in slices of :data:`WRITE_SLICE` bytes, and a ping goes
+  ahead of requests not yet written, so it is never stuck behind megabytes.
+* **The session's trust** (:mod:`framework.zk.liveness`).  Only replies that went through
+  the leader (writes, ``sync``, close, the handshake) prove the session alive, as of the time
+  their request was written; the prover sends a ``sync`` when nothing has proven it for a
+  third of a read timeout.  A member cut off from the leader answers pings and reads but no
+  sync, so the proof stops and ownership scopes end (:mod:`framework.zk.trust`) before the
+  leader can expire the session.  The loop itself keeps the session: an event loop blocked
+  (or a process paused) sends no sync; the connection is dropped only after a read timeout
+  of silence, but scopes end at the trust deadline.
 * **SUSPENDED.**  When a connection drops, requests in flight fail with kazoo's
   ``ConnectionLoss`` (their outcome unknown) and the next member is tried with the same
   session.  Requests made while not connected fail at once with ``ConnectionLoss`` (nothing
@@ -29,7 +37,12 @@ Contract:
   see :mod:`framework.zk.watches`), state LOST, then a new session is made on the next
   connection (reported as CONNECTED with another id).  Closing ends watches the same way.
 * **Close.**  :meth:`close` sends the close request and waits up to ``grace`` for its answer,
-  then stops; requests fail with ``ConnectionClosedError`` from then on.
+  then ends the connection; requests fail with ``ConnectionClosedError`` from then on.  When
+  :meth:`run` returns (after :meth:`close` or :meth:`stop`, connected or not), every request
+  in flight has failed with ``ConnectionClosedError`` and every watch has fired once with a
+  ``NONE`` event in state ``CLOSED``.
+* **Malformed packets** (a short header, handshake or watch event) end the connection like a
+  network error: the next member is tried; they never end the session.
 
 State changes are reported synchronously to ``on_state(state, session_id)`` in the trio
 thread; watch callbacks and :meth:`send` callbacks run in the trio thread too, and must not
@@ -50,14 +63,22 @@ import trio
 from kazoo import exceptions as kz
 from kazoo.protocol.serialization import (
     Auth,
+    CheckVersion,
     Close,
     CloseInstance,
     Connect,
+    Create,
+    Create2,
+    Delete,
     Exists,
     GetChildren,
     GetChildren2,
     PingInstance,
-    Watch,
+    Reconfig,
+    SetACL,
+    SetData,
+    Sync,
+    Transaction,
 )
 from kazoo.protocol.states import EVENT_TYPE_MAP, EventType, KeeperState, WatchedEvent
 
@@ -73,6 +94,7 @@ from framework.zk.wire import (
     connect_packet,
     parse_connect,
     parse_header,
+    parse_watch,
     request_packet,
     set_watches_packets,
 )
@@ -85,6 +107,17 @@ ReplyCallback = Callable[[outcome.Outcome], None]
 
 #: bytes asked of the socket per read
 RECEIVE_BYTES = 1 << 18
+#: the most bytes handed to the socket in one send (a ping waits behind at most this much)
+WRITE_SLICE = 1 << 18
+#: the most request bytes written and not yet answered: the server never holds more of this
+#: session's work than a few milliseconds' worth, so its replies (and a ping's) keep coming
+#: under any load instead of after one fsync of hundreds of megabytes (one request of any
+#: size may always go)
+UNANSWERED_BYTES = 4 << 20
+#: the requests whose replies come through the leader: they prove the session (see
+#: :mod:`framework.zk.liveness`); reads and pings do not
+LEADER_RECORDS = frozenset({Create, Create2, Delete, SetData, SetACL, CheckVersion,
+                            Transaction, Sync, Close, Reconfig})
 #: the pause before a new round of members: first (after a round that got an answer), the
 #: factor it grows by after each round without one, and its most (seconds)
 BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MOST = 0.05, 1.5, 1.0
@@ -92,20 +125,23 @@ BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MOST = 0.05, 1.5, 1.0
 _CREATED, _DELETED, _CHANGED, _CHILD = 1, 2, 3, 4
 _EMPTY_PASSWORD = b"\x00" * 16
 
-#: what ends one connection (others are bugs and end the session's nursery)
+#: what ends one connection (others are bugs and end the session's nursery); a malformed
+#: packet is a ValueError (framework.zk.wire.MalformedPacket)
 _CONNECTION_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                       trio.TooSlowError, ssl.SSLError, ValueError, kz.ConnectionDropped)
 
 
 class _Request:
-    """One request in flight: its record, xid, send time and who waits for the reply."""
+    """One request in flight: its record, xid, the time it went to the socket (its enqueue
+    time until then) and who waits for the reply."""
 
-    __slots__ = ("callback", "record", "sent", "task", "xid")
+    __slots__ = ("callback", "record", "sent", "size", "task", "xid")
 
-    def __init__(self, record: Any, xid: int, sent: float) -> None:
+    def __init__(self, record: Any, xid: int, sent: float, size: int) -> None:
         self.record = record
         self.xid = xid
         self.sent = sent
+        self.size = size
         self.task: trio.lowlevel.Task | None = None
         self.callback: ReplyCallback | None = None
 
@@ -152,22 +188,28 @@ class Connection:
         self._auth_data = list(auth_data)
         self._ssl_context = ssl_context
         self._pending: collections.deque[_Request] = collections.deque()
-        self._outbox: list[bytes] = []
+        #: packets not yet written, each with its request (None: ping, SetWatches, close)
+        self._outbox: collections.deque[tuple[bytes, _Request | None]] = collections.deque()
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._xid = 0
         self._last_send = 0.0
         self._ping_sent: float | None = None
+        #: since when an answer has been awaited with nothing heard (None: nothing awaited)
+        self._waiting_since: float | None = None
+        self._unanswered = 0  # request bytes written and not answered
         # watch callbacks by server path: data (a node read), exist (a node found missing),
         # child (a listing); dicts keep one registration per callback, in order
         self._data_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._exist_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._child_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._scope: trio.CancelScope | None = None  # the current connection's tasks
+        self._attempt: trio.CancelScope | None = None  # the current connection attempt
         self._drop_reason = ""
         self._closing = False
         self._stopped = trio.Event()
         self._shield = trio.CancelScope(shield=True)
         self._failure: str | None = None  # why the session can never connect (auth refused)
+        self._negotiated: float | None = None
 
     # ------------------------------------------------------------------ requests
 
@@ -200,9 +242,10 @@ class Connection:
             raise kz.ConnectionLoss("not connected to ZooKeeper")
         self._xid = self._xid % 2147483647 + 1
         now = time.monotonic()
-        request = _Request(record, self._xid, now)
+        packet = request_packet(self._xid, record)
+        request = _Request(record, self._xid, now, len(packet))
         self._pending.append(request)
-        self._outbox.append(request_packet(request.xid, record))
+        self._outbox.append((packet, request))
         self._last_send = now
         self._writer_lot.unpark()
         return request
@@ -219,10 +262,12 @@ class Connection:
             with self._shield:
                 await self._connect_loop()
         finally:
+            self._ended()
             self._stopped.set()
 
     def stop(self) -> None:
-        """End :meth:`run` now (after :meth:`close`, or to drop everything)."""
+        """End :meth:`run` now (after :meth:`close`, or to drop everything); requests and
+        watches end as the module doc says."""
         self._closing = True
         self._shield.cancel()
 
@@ -235,7 +280,11 @@ class Connection:
             for host, port in members:
                 if self._closing or self._failure is not None:
                     return
-                progress = await self._connect_once(host, port) or progress
+                with trio.CancelScope() as self._attempt:
+                    progress = await self._connect_once(host, port) or progress
+                self._attempt = None
+            if self._closing:
+                return
             # kazoo's rule: a pause before every new round, the first one short; it also
             # lets a server finish with the old connection (a session being closed or
             # moved) before the same session asks again
@@ -255,10 +304,11 @@ class Connection:
                     await self.call(CloseInstance)
                 except kz.KazooException:
                     pass
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._attempt is not None:  # connected, or in a handshake
+            self._attempt.cancel()
 
     async def wait_stopped(self) -> None:
+        """Return once :meth:`run` has returned."""
         await self._stopped.wait()
 
     @property
@@ -298,17 +348,27 @@ class Connection:
         except _CONNECTION_ERRORS as exc:
             reason = _describe(exc)
         finally:
-            if stream is not None:
-                await trio.aclose_forcefully(stream)
+            # the bookkeeping first: the close below is a checkpoint, and a stop() may be
+            # cancelling this very task
             if self.connected:
                 self._disconnected(reason)
             elif reason and not self._closing:
                 log.info("zk.connect_failed", host=host, port=port, reason=reason)
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
         return answered
 
     def _handshake_timeout(self) -> float:
-        """kazoo's rule: a member has the session timeout divided among the members."""
-        return self.session_timeout / max(len(self.hosts), 1)
+        """A member has the session timeout divided among the members (the Java client's
+        rule): the negotiated one once a server has told it, the requested one before."""
+        negotiated = self.negotiated_timeout
+        timeout = negotiated if negotiated is not None else self.session_timeout
+        return timeout / max(len(self.hosts), 1)
+
+    @property
+    def negotiated_timeout(self) -> float | None:
+        """The session timeout the server granted (seconds), once a handshake told it."""
+        return self._negotiated
 
     async def _open(self, host: str, port: int) -> trio.abc.Stream:
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
@@ -320,10 +380,13 @@ class Connection:
 
     def _established(self, host: str, port: int, reply: Connect, started: float) -> None:
         assert self.session_id is not None
-        self._liveness.connected(self.session_id, started, reply.time_out / 1000.0)
+        self._negotiated = reply.time_out / 1000.0
+        self._liveness.connected(self.session_id, started, self._negotiated)
         self._xid = 0
         self._last_send = started
         self._ping_sent = None
+        self._waiting_since = None
+        self._unanswered = 0
         self.peer = (host, port)
         self.connected = True
         self._set_watches_again()
@@ -343,6 +406,7 @@ class Connection:
             nursery.start_soon(self._guarded, self._write_loop, stream)
             nursery.start_soon(self._guarded, self._heartbeat)
             nursery.start_soon(self._guarded, self._watchdog, _raw_socket(stream))
+            nursery.start_soon(self._guarded, self._prover)
         self._scope = None
         return self._drop_reason or ("closed" if self._closing else "dropped")
 
@@ -366,16 +430,39 @@ class Connection:
                 return
             for packet in reader.feed(data):
                 self._dispatch(packet)
+            if self._outbox:
+                self._writer_lot.unpark()  # replies made room for more requests
+            # the server is heard: what is still awaited is awaited from now on
+            awaited = self._pending or self._ping_sent is not None
+            self._waiting_since = time.monotonic() if awaited else None
 
     async def _write_loop(self, stream: trio.abc.Stream) -> None:
+        """Write the outbox in slices of :data:`WRITE_SLICE` bytes while fewer than
+        :data:`UNANSWERED_BYTES` of requests await their replies (pings, SetWatches always
+        go); each request's ``sent`` is the time it went to the socket."""
         outbox = self._outbox
         while True:
-            if not outbox:
+            if not outbox or not self._may_write(outbox[0]):
                 await self._writer_lot.park()
                 continue
-            data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
-            outbox.clear()
-            await stream.send_all(data)
+            now = time.monotonic()
+            parts: list[bytes] = []
+            size = 0
+            while outbox and size < WRITE_SLICE and self._may_write(outbox[0]):
+                packet, request = outbox.popleft()
+                if request is not None:
+                    request.sent = now
+                    self._unanswered += request.size
+                parts.append(packet)
+                size += len(packet)
+            if self._waiting_since is None:
+                self._waiting_since = now
+            await stream.send_all(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def _may_write(self, queued: tuple[bytes, _Request | None]) -> bool:
+        request = queued[1]
+        return (request is None or not self._unanswered
+                or self._unanswered + request.size <= UNANSWERED_BYTES)
 
     async def _heartbeat(self) -> None:
         """A ping after half a read timeout without sending (requests count as pings)."""
@@ -386,28 +473,49 @@ class Connection:
                 await trio.sleep(due - now)
             elif self._ping_sent is None:
                 self._ping_sent = now
-                self._outbox.append(request_packet(PING_XID, PingInstance))
+                # ahead of whatever is not written yet: the server answers it in turn, but
+                # it does not wait in this process behind megabytes of requests
+                self._outbox.appendleft((request_packet(PING_XID, PingInstance), None))
                 self._last_send = now
                 self._writer_lot.unpark()
             else:  # one ping at a time; the watchdog judges a silent server
                 await trio.sleep(self._liveness.read_timeout / 2)
 
     async def _watchdog(self, sock: Any) -> None:
-        """Drop the connection when no reply has proven the session for a read timeout."""
+        """Drop the connection when the server has been silent for a read timeout while an
+        answer was awaited (the heartbeat makes sure one is, after half a read timeout)."""
         while True:
-            deadline = self._liveness.trusted_until()
+            read_timeout = self._liveness.read_timeout
+            since = self._waiting_since
             now = time.monotonic()
-            if now < deadline:
-                await trio.sleep(deadline - now)
+            if since is None:
+                await trio.sleep(read_timeout / 2)
+            elif now < since + read_timeout:
+                await trio.sleep(since + read_timeout - now)
             elif _readable(sock):
                 # replies are waiting (this process was paused, or the loop was busy): the
                 # reader takes them before the deadline is judged again
                 await trio.sleep(0)
             else:
                 self._liveness.dropped_connections += 1
-                self._drop(f"no reply from ZooKeeper for {self._liveness.read_timeout:.2f}s "
+                self._drop(f"no reply from ZooKeeper for {read_timeout:.2f}s "
                            "(read timeout: 2/3 of the session timeout)")
                 return
+
+    async def _prover(self) -> None:
+        """A ``sync`` when nothing has proven the session through the leader for a third of
+        a read timeout (a busy writer never needs one); one at a time."""
+        sync = Sync("/")
+        while True:
+            due = self._liveness.refresh_due()
+            now = time.monotonic()
+            if now < due:
+                await trio.sleep(due - now)
+                continue
+            try:
+                await self.call(sync)  # its reply moves the proof (see _dispatch)
+            except kz.KazooException:
+                return  # the connection is ending: a new one starts a new prover
 
     # ------------------------------------------------------------------ replies
 
@@ -418,16 +526,14 @@ class Connection:
             self._watch_event(packet, offset)
             return
         if xid == PING_XID:
-            if self._ping_sent is not None:
-                self._liveness.answered(self._ping_sent)
-                self._ping_sent = None
+            self._ping_sent = None
             return
         if xid == AUTH_XID:
             return
         if xid == SET_WATCHES_XID:
             if header.err:  # not set again: the watchers must read again themselves
                 log.warning("zk.set_watches_failed", error=header.err)
-                self._reset_watchers()
+                self._reset_watchers(KeeperState.CONNECTED)
             return
         if not self._pending:
             raise kz.ConnectionDropped(f"a reply (xid {xid}) to no request")
@@ -436,8 +542,10 @@ class Connection:
             raise kz.ConnectionDropped(f"reply xid {xid}, expected {request.xid}")
         if header.zxid > 0:
             self.last_zxid = header.zxid
-        self._liveness.answered(request.sent)
+        self._unanswered -= request.size
         record = request.record
+        if type(record) in LEADER_RECORDS or record is CloseInstance:
+            self._liveness.proved(request.sent)
         err = header.err
         if err:
             if err == kz.NoNodeError.code and type(record) is Exists:
@@ -472,14 +580,13 @@ class Connection:
         """Queue the SetWatches packets of every registered watch (a reconnection)."""
         if not (self._data_watchers or self._exist_watchers or self._child_watchers):
             return
-        self._outbox.extend(set_watches_packets(
+        self._outbox.extend((packet, None) for packet in set_watches_packets(
             self.last_zxid, list(self._data_watchers), list(self._exist_watchers),
             list(self._child_watchers)))
         self._writer_lot.unpark()
 
     def _watch_event(self, packet: bytes, offset: int) -> None:
-        watch, _offset = Watch.deserialize(packet, offset)
-        path, kind = watch.path, watch.type
+        kind, path = parse_watch(packet, offset)
         fired: list[WatchCallback] = []
         if kind in (_CREATED, _CHANGED, _DELETED):
             fired.extend(self._data_watchers.pop(path, ()))
@@ -489,7 +596,7 @@ class Connection:
         if kind not in EVENT_TYPE_MAP or self._closing:
             return
         event = WatchedEvent(EVENT_TYPE_MAP[kind], KeeperState.CONNECTED, self._unchroot(path))
-        for callback in fired:
+        for callback in dict.fromkeys(fired):  # one call, however many ways it watched
             _fire(callback, event)
 
     def _unchroot(self, path: str) -> str:
@@ -505,11 +612,9 @@ class Connection:
         self.peer = None
         self._outbox.clear()
         self._ping_sent = None
+        self._waiting_since = None
         if self._closing:
-            self._fail_pending(kz.ConnectionClosedError("Connection has been closed"))
-            self._reset_watchers()
-            self._liveness.lost()
-            self._on_state(SessionState.LOST, None)
+            self._ended()
             return
         log.warning("zk.connection_dropped", reason=reason)
         self._fail_pending(kz.ConnectionLoss(reason))
@@ -519,7 +624,16 @@ class Connection:
         log.warning("zk.session_expired", session_id=_hex(self.session_id))
         self.session_id, self.password, self.last_zxid = None, _EMPTY_PASSWORD, 0
         self._fail_pending(kz.SessionExpiredError())
-        self._reset_watchers()
+        self._reset_watchers(KeeperState.EXPIRED_SESSION)
+        self._liveness.lost()
+        self._on_state(SessionState.LOST, None)
+
+    def _ended(self) -> None:
+        """Closed or stopped, connected or not: nothing waits any more (idempotent)."""
+        self._closing = True
+        self.connected = False
+        self._fail_pending(kz.ConnectionClosedError("Connection has been closed"))
+        self._reset_watchers(KeeperState.CLOSED)
         self._liveness.lost()
         self._on_state(SessionState.LOST, None)
 
@@ -527,7 +641,7 @@ class Connection:
         self._failure = (f"ZooKeeper refused the session's {scheme} credentials "
                          "(AuthFailed): check FRAMEWORK_ZK_AUTH or Session(auth=...)")
         log.error("zk.auth_failed", scheme=scheme)
-        self._reset_watchers()
+        self._reset_watchers(KeeperState.AUTH_FAILED)
         self._liveness.lost()
         self._on_state(SessionState.LOST, None)
 
@@ -536,12 +650,15 @@ class Connection:
         for request in pending:
             request.complete(outcome.Error(error))
 
-    def _reset_watchers(self) -> None:
+    def _reset_watchers(self, state: str) -> None:
+        """Forget every watch, firing each callback once with a ``NONE`` event in ``state``
+        (``EXPIRED_SESSION``, ``CLOSED``, ``AUTH_FAILED``; ``CONNECTED`` when the server
+        would not set them again)."""
         tables = (self._data_watchers, self._exist_watchers, self._child_watchers)
         fired = [callback for table in tables
                  for callbacks in table.values() for callback in callbacks]
         self._data_watchers, self._exist_watchers, self._child_watchers = {}, {}, {}
-        event = WatchedEvent(EventType.NONE, KeeperState.CONNECTING, None)
+        event = WatchedEvent(EventType.NONE, state, None)
         for callback in dict.fromkeys(fired):
             _fire(callback, event)
 

@@ -1,21 +1,25 @@
-"""The session's own liveness: a connection is dead when no *reply* has come for a read timeout.
+"""The session's trust: until when the *leader* provably had not expired the session.
 
-A heartbeat that is sent only while the client sends nothing else never fires for a client
-that keeps sending requests into a partition (a busy leader); its locks, claims and
-leadership would outlive the server-side session.  :class:`Liveness` closes that hole the way
-ZooKeeper's Java client does:
+Two questions are kept apart (:mod:`framework.zk.connection` answers the first):
 
-* **Proof of life.**  Every reply to one of our requests (a ping too, but never a watch event,
-  which the server sends without hearing from us) proves the server had heard from us when
-  that request was *sent*.  ``proof`` is the send time (``time.monotonic``) of the newest
-  answered request; the handshake of a (re)connection proves life from its start.
+* **Is the connection alive?**  The member we are connected to answers: any packet from it
+  (a reply, a ping's reply, a watch event) while we wait for an answer.  A member cut off
+  from the leader keeps answering pings and reads until its own sync limit runs out, so
+  this says nothing about the session on the leader.
+* **Is the session alive?**  Only the leader expires sessions.  A reply to a request that
+  went through the leader - a write (create, delete, set, check, multi), ``sync``, close,
+  or the handshake (a follower asks the leader to revalidate the session) - proves the
+  leader had heard from the session no earlier than that request was *sent*.  ``proof``
+  is the send time (``time.monotonic``) of the newest such answered request.
+
 * **Read timeout.**  ``read_timeout`` is 2/3 of the negotiated session timeout (the Java
-  client's rule).  The connection (:mod:`framework.zk.connection`) drops a connection with no
-  proof for a read timeout, so the session becomes SUSPENDED however busy the client is.
-* **The guarantee.**  The server cannot expire the session before ``proof + session_timeout``
-  (it heard from us no earlier than ``proof``), so a body cancelled by ``trusted_until()`` =
-  ``proof + read_timeout`` ends at least ``session_timeout / 3`` before anyone else can be given
-  what the session owned (minus the trio scheduling delay of the cancellation).
+  client's rule).  The connection keeps the proof fresh: when no write has proven the
+  session for a third of the read timeout, it sends a ``sync`` (:mod:`framework.zk.connection`).
+* **The guarantee.**  The leader cannot expire the session before ``proof +
+  session_timeout``, so a body cancelled by ``trusted_until()`` = ``proof + read_timeout``
+  ends at least ``session_timeout / 3`` before anyone else can be given what the session
+  owned (minus the trio scheduling delay of the cancellation) - also when the client is on
+  a follower that is cut off from the leader and still answers pings.
 
 The connection updates it from the trio thread; other threads (``Session.is_trusted``) read
 :attr:`proven`, one tuple replaced as a whole, consistent under the GIL.
@@ -27,6 +31,8 @@ import math
 
 #: The read timeout as a fraction of the session timeout (ZooKeeper's Java client).
 READ_TIMEOUT_FRACTION = 2.0 / 3.0
+#: A ``sync`` refreshes the proof once it is this fraction of the read timeout old.
+PROOF_REFRESH_FRACTION = 1.0 / 3.0
 
 
 class Liveness:
@@ -48,6 +54,10 @@ class Liveness:
     def session_id(self) -> int | None:
         return self.proven[0]
 
+    def refresh_due(self) -> float:
+        """The monotonic time at which the proof wants refreshing with a ``sync``."""
+        return self.proven[1] + self.read_timeout * PROOF_REFRESH_FRACTION
+
     def trusted_until(self) -> float:
         """The monotonic time until which the session is provably alive on the server side,
         less a third of the session timeout as the safety margin."""
@@ -61,8 +71,9 @@ class Liveness:
             return -math.inf
         return proof + self.read_timeout
 
-    def answered(self, sent: float) -> None:
-        """A reply came to a request sent at ``sent`` (monotonic)."""
+    def proved(self, sent: float) -> None:
+        """The leader answered a request sent at ``sent`` (monotonic): a write, a sync, a
+        close (never a read or a ping, which any member answers by itself)."""
         proven_id, proof = self.proven
         if sent > proof:
             self.proven = (proven_id, sent)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from kazoo.protocol.serialization import Connect, Create2, ReplyHeader, write_string
+from kazoo.protocol.serialization import Connect, Create2, ReplyHeader, Watch, write_string
 
 #: xids the server reserves: watch notifications, pings, authentication, watches set again
 WATCH_XID = -1
@@ -75,6 +75,11 @@ def set_watches_packets(relative_zxid: int, data: list[str], exist: list[str],
     return packets
 
 
+class MalformedPacket(ValueError):
+    """A packet too short or garbled to parse: the connection is unusable (the stream has
+    lost its framing or the peer is no ZooKeeper server), never the session's fault."""
+
+
 def connect_packet(record: Connect) -> bytes:
     """The framed handshake packet (no xid, no type)."""
     body = record.serialize()
@@ -82,14 +87,33 @@ def connect_packet(record: Connect) -> bytes:
 
 
 def parse_connect(packet: bytes) -> Connect:
-    """The server's handshake reply."""
-    reply, _offset = Connect.deserialize(packet, 0)
+    """The server's handshake reply; :class:`MalformedPacket` if it cannot be one."""
+    try:
+        reply, _offset = Connect.deserialize(packet, 0)
+    except (struct.error, IndexError, TypeError) as exc:
+        raise MalformedPacket(f"malformed handshake reply ({len(packet)} bytes): {exc}") from None
     return reply
 
 
 def parse_header(packet: bytes) -> tuple[ReplyHeader, int]:
-    """A reply's header and the offset of the reply record behind it."""
-    return ReplyHeader.deserialize(packet, 0)
+    """A reply's header and the offset of the reply record behind it;
+    :class:`MalformedPacket` if the packet is shorter than a header."""
+    try:
+        return ReplyHeader.deserialize(packet, 0)
+    except struct.error as exc:
+        raise MalformedPacket(f"malformed reply header ({len(packet)} bytes): {exc}") from None
+
+
+def parse_watch(packet: bytes, offset: int) -> tuple[int, str]:
+    """A watch notification's event type and server path (after its header);
+    :class:`MalformedPacket` if it cannot be one."""
+    try:
+        watch, _offset = Watch.deserialize(packet, offset)
+    except (struct.error, IndexError, TypeError) as exc:
+        raise MalformedPacket(f"malformed watch event ({len(packet)} bytes): {exc}") from None
+    if not isinstance(watch.path, str):
+        raise MalformedPacket("malformed watch event: no path")
+    return watch.type, watch.path
 
 
 class PacketReader:
