@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,6 +40,7 @@ import pytest
 import trio
 
 from framework import Session, WorkQueue, ZooKeeperEnsemble
+from framework.runtime import App
 from framework.testing import Child
 from framework.testing import spawn as harness_spawn
 from framework.testing.netns import (
@@ -50,6 +51,7 @@ from framework.testing.netns import (
     delay_available,
     netns_available,
 )
+from framework.zk import wait_exists, wait_gone
 from framework.zkserver import Placement
 from tests.test_partition_ownership import wait_until_b_waits
 
@@ -481,3 +483,66 @@ async def test_sync_makes_a_lagging_follower_catch_up_before_the_read(
                 await synced.wait()
         assert (await reader.get("/synced"))[0] == b"new"
         assert zk.modes()[lagging] == "follower"
+
+
+# ------------------------------------------------------------------------------ follower
+
+FOLLOWER_MODES = ("leader", "lock", "claim", "shard")
+
+
+async def test_owners_on_a_follower_cut_off_from_the_leader_end_before_the_majority_expires(
+    network: VirtualNetwork, zk: ZooKeeperEnsemble, chroot: str
+) -> None:
+    """Owners connected to one follower only (an election term, a lock, a queue claim, a
+    served shard; each its own process on host ``a``).  The follower is cut off from the
+    leader and the other follower, but still reaches the owners and answers their pings and
+    reads until its sync limit (syncLimit x tickTime = 2 s) runs out.  The majority expires
+    the owners' sessions after their 3 s timeout and deletes their nodes.  A reply from a
+    follower proves nothing about the leader: every owner's body must stop before the
+    majority deletes its node (the recorder, on the majority's side, sees it go)."""
+    board = Board()
+    leader = zk.leader()
+    assert leader is not None
+    follower, other = (m.sid for m in zk.members if m.sid != leader)
+    majority = ",".join(zk.member(sid).address for sid in (leader, other))
+    on_follower = zk.member(follower).address
+    stopped: dict[str, float] = {}
+    deleted: dict[str, float] = {}
+    async with Session(majority, chroot=chroot, session_timeout=TIMEOUT) as recorder:
+        await WorkQueue(recorder, "/q").put(b"the one item")
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                owners = {}
+                for mode in FOLLOWER_MODES:
+                    owners[mode] = await stack.enter_async_context(spawn(
+                        board, network["a"], "pause_owner.py", on_follower, chroot, mode,
+                        "--timeout", TIMEOUT, "--marker", f"/alive/{mode}"))
+                assignments = App("pause").assignment_dir("w")
+                await wait_exists(recorder, assignments)
+                await recorder.create(f"{assignments}/s0", b"")
+                for owner in owners.values():
+                    await owner.expect("EFFECT")
+                await recorder.sync("/")
+                for mode in FOLLOWER_MODES:
+                    assert await recorder.exists(f"/alive/{mode}") is not None
+                cut = time.monotonic()
+                network.partition(f"zk{follower}", f"zk{leader}")
+                network.partition(f"zk{follower}", f"zk{other}")
+
+                async def watch(mode: str) -> None:
+                    [at] = await owners[mode].expect("STOPPED")
+                    stopped[mode] = float(at)
+
+                async def gone(mode: str) -> None:
+                    await wait_gone(recorder, f"/alive/{mode}")
+                    deleted[mode] = time.monotonic()
+
+                async with trio.open_nursery() as nursery:
+                    for mode in FOLLOWER_MODES:
+                        nursery.start_soon(watch, mode)
+                        nursery.start_soon(gone, mode)
+    report = ", ".join(f"{mode} stopped {stopped[mode] - cut:.2f} s, node deleted "
+                       f"{deleted[mode] - cut:.2f} s after the cut" for mode in FOLLOWER_MODES)
+    print(f"\nfollower {follower} cut off from leader {leader}: {report}")
+    for mode in FOLLOWER_MODES:
+        assert stopped[mode] < deleted[mode], (mode, report)

@@ -1,6 +1,7 @@
 """Own something in ZooKeeper and run a body of steps, for the process-pause tests.
 
-Usage: ``python pause_owner.py HOSTS CHROOT MODE [--timeout SECONDS] [--unchecked]`` with
+Usage: ``python pause_owner.py HOSTS CHROOT MODE [--timeout SECONDS] [--unchecked]
+[--marker PATH]`` with
 MODE one of
 ``lock``, ``leader``, ``claim`` (takes the one item of ``/q``) or ``shard`` (a push-mode
 ``Worker`` named ``w`` of app ``pause`` serving what is assigned to it).
@@ -8,7 +9,9 @@ MODE one of
 Prints, one line each, unbuffered: ``READY`` once the body runs, then what :func:`steps`
 says, ``<t>`` being ``time.monotonic()`` (the parent's clock too), and ``ENDED <error type>
 <reason>`` once the scope has ended.  The test SIGSTOPs this process and counts the steps
-that started after its SIGCONT.
+that started after its SIGCONT.  ``STOPPED <t>`` is printed when the body stops (its scope
+cancelled).  With ``--marker``, the session first creates ``PATH`` as an ephemeral node, whose
+deletion tells another client that the session expired.
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ async def steps(ensure_trusted: Callable[[], None]) -> None:
     lines).  Unchecked: a busy loop with no check, whose step start times are printed when
     the body ends (``STARTS t ...``, the last 5,000), with a ``START`` line every 50 ms."""
     emit("READY")
+    try:
+        await _steps(ensure_trusted)
+    finally:
+        emit(f"STOPPED {time.monotonic()!r}")
+
+
+async def _steps(ensure_trusted: Callable[[], None]) -> None:
     if CHECKED:
         while True:
             await trio.sleep(STEP)
@@ -79,6 +89,8 @@ class ShardOwner(Worker):
 
 async def own(args: argparse.Namespace) -> None:
     async with Session(args.hosts, chroot=args.chroot, session_timeout=args.timeout) as session:
+        if args.marker:
+            await session.create(args.marker, b"", ephemeral=True, makepath=True)
         try:
             if args.mode == "lock":
                 async with Lock(session, "/lock").acquire() as holding:
@@ -102,6 +114,7 @@ def main() -> None:
     parser.add_argument("mode", choices=("lock", "leader", "claim", "shard"))
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--unchecked", action="store_true")
+    parser.add_argument("--marker", default=None)
     args = parser.parse_args()
     global CHECKED
     CHECKED = not args.unchecked
