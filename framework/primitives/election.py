@@ -114,12 +114,13 @@ class Election:
     raised from the ``async with`` with ``reason``:
 
     * ``"suspended"`` - the connection stayed SUSPENDED past the session's trust deadline
-      (:meth:`Session.trusted_until`: the send time of the newest answered request plus 2/3
-      of the session timeout) or past ``suspended_grace``, if that is set and shorter.  The
-      server cannot expire the session sooner than a third of the session timeout after that
-      deadline, so the body is cancelled *before* any other contender can be elected, even
-      when the body keeps sending requests into a partition.  A ZooKeeper leader change (a
-      stall of about a second) is ridden through without cancelling anything.
+      (:meth:`Session.trusted_until`: the send time of the newest request answered through
+      the leader plus 2/3 of the session timeout) or past ``suspended_grace``, if that is
+      set and shorter.  The server cannot expire the session sooner than a third of the
+      session timeout after that deadline, so the body is cancelled *before* any other
+      contender can be elected, even when the body keeps sending requests into a partition
+      or its follower is cut off from the leader.  A ZooKeeper leader change (a stall of
+      about a second) is ridden through without cancelling anything.
     * ``"lost"`` - the session expired (LOST) or was closed: our node is gone.
     * ``"node deleted"`` - someone deleted our node.
 

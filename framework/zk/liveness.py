@@ -10,7 +10,7 @@ Two questions are kept apart (:mod:`framework.zk.connection` answers the first):
   went through the leader - a write (create, delete, set, check, multi), ``sync``, close,
   or the handshake (a follower asks the leader to revalidate the session) - proves the
   leader had heard from the session no earlier than that request was *sent*.  ``proof``
-  is the send time (``time.monotonic``) of the newest such answered request.
+  is the time (``time.monotonic``) the newest such answered request was written.
 
 * **Read timeout.**  ``read_timeout`` is 2/3 of the negotiated session timeout (the Java
   client's rule).  The connection keeps the proof fresh: when no write has proven the
@@ -42,7 +42,7 @@ class Liveness:
         self.read_timeout = session_timeout * READ_TIMEOUT_FRACTION
         #: ``(session id, proof)``, replaced as a whole (read by other threads in one go):
         #: the session the proof is about (``None``: none, or it was lost) and the send time
-        #: (monotonic) of the newest request the server answered
+        #: (monotonic) of the newest request answered through the leader
         self.proven: tuple[int | None, float] = (None, -math.inf)
         self.dropped_connections = 0  # how often the read timeout dropped a connection
 

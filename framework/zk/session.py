@@ -353,7 +353,8 @@ class Session:
     def trusted_until(self) -> float:
         """The trio time until which the current session is provably alive with a margin.
 
-        That is the send time of the newest request the server answered plus 2/3 of the
+        That is the send time of the newest request answered through the leader (a write,
+        a ``sync``: a follower's replies to reads and pings prove nothing) plus 2/3 of the
         session timeout: the server cannot expire the session within the remaining third.
         While connected the value keeps moving forward; once the connection drops it stays.
         """
