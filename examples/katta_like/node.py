@@ -27,7 +27,9 @@ Guarantees:
   :class:`DeploymentInfo`, through :meth:`Worker.ready`) only after it was copied to local
   disk, verified against its manifest and opened.  A corrupt shard, or a shard spec that
   is not a :class:`ShardSpec`, is refused (:class:`PermanentFailure`: the runtime's
-  ``refused/``) and never served.
+  ``refused/``) and never served.  A shard store that cannot be reached is not a corrupt
+  shard: the copy is tried again with a capped backoff (:attr:`SearchNode.store_backoff`,
+  ``shard.store_unavailable`` events) until the store answers or the shard is unassigned.
 * Unassigned (or its index removed), a shard's record is withdrawn first, then its searcher
   closed, then its local copy deleted.  Stopped for another reason (the session not
   trusted, the node stopping) the local copy is kept; served again, it is verified against
@@ -84,6 +86,7 @@ from examples.katta_like.wire import (
 )
 from framework import (
     LinkTls,
+    StoreUnavailable,
     Worker,
     choose_endpoint,
     errors,
@@ -92,10 +95,14 @@ from framework import (
     records,
     tls_server_stream,
 )
+from framework.retry import Backoff
 from framework.runtime import Task
 from framework.zk import Session
 
 log = get_logger("examples.katta_like.node")
+
+#: Errors that say the shard store could not be reached, not that the shard is bad.
+_STORE_DOWN = (StoreUnavailable, ConnectionError, TimeoutError)
 
 
 def default_store() -> Path:
@@ -108,6 +115,8 @@ class SearchNode(Worker):
     app_name = APP_NAME
     concurrency = 1
     status_interval = 0.5
+    #: Delays between attempts to copy a shard while its store cannot be reached.
+    store_backoff = Backoff(0.5, 15.0)
 
     def __init__(self, *args: Any, tls: LinkTls | None = FROM_ENV, **kwargs: Any) -> None:
         """``tls``: the query links' TLS (default ``$KATTA_TLS*``; ``None``: plain TCP); a
@@ -198,19 +207,7 @@ class SearchNode(Worker):
         local = self.data_dir / index / shard_dir_name(number)
         self._active.add(key)
         try:  # from here on, if it ends unassigned (or corrupt), the local copy goes
-            try:
-                reused = await trio.to_thread.run_sync(reuse_local, store, index, number,
-                                                       self.data_dir)
-                if not reused:
-                    await trio.to_thread.run_sync(fetch_shard, store, index, number,
-                                                  self.data_dir)
-                searcher = await trio.to_thread.run_sync(ShardSearcher, local)
-            except (CorruptShard, OSError, ValueError) as exc:
-                log.error("shard.corrupt", node=self.name, index=index, shard=number,
-                          error=str(exc))
-                shutil.rmtree(local, ignore_errors=True)
-                raise errors.PermanentFailure(f"corrupt shard {index}/{number}: {exc}"
-                                              ) from None
+            reused, searcher = await self._open_shard(store, index, number, local)
             if reused:
                 log.info("shard.reopened", node=self.name, index=index, shard=number)
             self.served[key] = searcher
@@ -234,6 +231,40 @@ class SearchNode(Worker):
                 shutil.rmtree(local, ignore_errors=True)
             elif local.exists():
                 log.info("shard.copy_kept", node=self.name, index=index, shard=number)
+
+    async def _open_shard(self, store: ShardStore, index: str, number: int, local: Path
+                          ) -> tuple[bool, ShardSearcher]:
+        """The shard's local copy, verified and opened: ``(reused, searcher)``.
+
+        A store that cannot be reached (:class:`StoreUnavailable`, a connection error or
+        timeout) is not the shard's fault: the attempt is logged (``shard.store_unavailable``,
+        with the delay) and made again after :attr:`store_backoff`'s delay, for as long
+        as the shard stays assigned (unassigned, the wait is cancelled), without a refusal;
+        a local copy kept from an earlier serving is left as it is meanwhile.  A shard that
+        does not match its manifest, is not in the store, or does not open is
+        :class:`PermanentFailure` (refused, never served here)."""
+        failures = 0
+        while True:
+            try:
+                reused = await trio.to_thread.run_sync(reuse_local, store, index, number,
+                                                       self.data_dir)
+                if not reused:
+                    await trio.to_thread.run_sync(fetch_shard, store, index, number,
+                                                  self.data_dir)
+                return reused, await trio.to_thread.run_sync(ShardSearcher, local)
+            except _STORE_DOWN as exc:
+                failures += 1
+                delay = self.store_backoff.delay(failures)
+                log.warning("shard.store_unavailable", node=self.name, index=index,
+                            shard=number, attempt=failures, retry_in=round(delay, 3),
+                            error=str(exc))
+                await trio.sleep(delay)
+            except (CorruptShard, OSError, ValueError) as exc:
+                log.error("shard.corrupt", node=self.name, index=index, shard=number,
+                          error=str(exc))
+                shutil.rmtree(local, ignore_errors=True)
+                raise errors.PermanentFailure(f"corrupt shard {index}/{number}: {exc}"
+                                              ) from None
 
     async def on_assignments(self, shards: frozenset[str]) -> None:
         """Delete the local copies of shards no longer assigned (kept through a pause or a
