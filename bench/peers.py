@@ -7,8 +7,11 @@ on an idle system (submit -> its result can be read).  The peers' code is in
 :mod:`bench.peer_tasks`; every process (redis-server, workers, the submitting driver) is
 started with :func:`framework.testing.spawn` and killed with kill -9 at the end.
 
-Redis is Debian's ``redis-server`` on a free loopback port, persistence off (no RDB
-snapshots, no append-only file), its output in ``<log_dir>/redis-server.log``.  The Python
+Redis is Debian's ``redis-server`` on a free loopback port, its output in
+``<log_dir>/redis-server-<persistence>.log``, with one of :data:`PERSISTENCE`: ``none`` (no
+RDB snapshots, no append-only file), ``everysec`` (an append-only file fsynced once a
+second: a crash loses up to a second of acknowledged work) or ``always`` (fsynced before
+each reply: durable like a ZooKeeper write).  The Python
 packages are the ``bench`` extra (``pip install -e '.[bench]'``; ``make bench`` installs it
 and redis-server).
 """
@@ -83,14 +86,30 @@ def _lines(child: Child) -> Lines:
     return child.lines
 
 
+#: Redis persistence settings the peers run with: ``none``, ``everysec``, ``always`` (the
+#: value of ``appendfsync``; ``none`` turns the append-only file off).
+PERSISTENCE = ("none", "everysec", "always")
+
+
 @asynccontextmanager
-async def redis_server(log_dir: Path) -> AsyncIterator[str]:
-    """A fresh redis-server on a free 127.0.0.1 port, persistence off, for the block; its
-    URL.  Killed (kill -9: nothing to save) when the block ends."""
+async def redis_server(log_dir: Path, persistence: str = "none") -> AsyncIterator[str]:
+    """A fresh redis-server on a free 127.0.0.1 port for the block, with ``persistence``
+    (one of :data:`PERSISTENCE`; its append-only file in a fresh directory under
+    ``log_dir``); its URL.  Killed (kill -9) when the block ends."""
+    if persistence not in PERSISTENCE:
+        raise ValueError(f"persistence must be one of {', '.join(PERSISTENCE)}, "
+                         f"not {persistence!r}")
     port = free_ports(1)[0]
     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--daemonize", "no"]
-    async with spawn(argv, name="redis-server", log_dir=log_dir, pipe_stdout=True) as server:
+            "--daemonize", "no"]
+    if persistence == "none":
+        argv += ["--appendonly", "no"]
+    else:
+        data = log_dir / f"redis-{persistence}-{port}"
+        data.mkdir(parents=True, exist_ok=True)
+        argv += ["--appendonly", "yes", "--appendfsync", persistence, "--dir", str(data)]
+    async with spawn(argv, name=f"redis-server-{persistence}", log_dir=log_dir,
+                     pipe_stdout=True) as server:
         with trio.fail_after(STARTUP_TIMEOUT):
             await _lines(server).until(lambda line: "Ready to accept connections" in line)
         async with trio.open_nursery() as nursery:
@@ -125,17 +144,29 @@ async def run_peer(peer: str, url: str, tasks: int, rounds: int, log_dir: Path) 
     return PeerRun(tasks / elapsed[0], statistics.median(latencies))
 
 
-def print_peer_results(title: str, rows: list[tuple[str, Result]]) -> None:
-    """A table of (peer, row): the peer's value (``Result.kazoo``, the comparison column)
-    next to ours and ours/peer."""
+@attrs.frozen
+class PeerRow:
+    """One row against a peer: ``peer`` (``dramatiq``, ``celery``, ``rq``, ``ceiling``,
+    ``cpu``), the Redis ``persistence`` it ran with (``None``: not a Redis peer) and the
+    row (the peer's value in ``Result.kazoo``)."""
+
+    peer: str
+    persistence: str | None
+    result: Result
+
+
+def print_peer_results(title: str, rows: list[PeerRow]) -> None:
+    """A table of rows: the peer's value (``Result.kazoo``, the comparison column) next to
+    ours and ours/peer."""
     table = Table(title=title)
-    for column in ("workload", "unit", "peer", "value", "ours", "ours/peer", "note"):
+    for column in ("workload", "unit", "peer", "redis", "value", "ours", "ours/peer", "note"):
         table.add_column(column, justify="left" if column in ("workload", "note") else "right")
-    for peer, r in rows:
+    for row in rows:
+        peer, r = row.peer, row.result
         ratio = r.ratio
         verdict = "" if ratio is None else (
             " (better)" if (ratio >= 1) == r.higher_is_better else " (worse)")
-        table.add_row(r.workload, r.unit, peer,
+        table.add_row(r.workload, r.unit, peer, row.persistence or "-",
                       *("-" if v is None else f"{v:,.1f}" for v in (r.kazoo, r.ours)),
                       "-" if ratio is None else f"{ratio:.2f}x{verdict}", r.note)
     Console(width=160).print(table)

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
-from bench.common import Result, print_results, sized, zookeeper  # noqa: E402
+from bench.common import Result, print_results, sized  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Rendezvous  # noqa: E402
 from framework.testing import Child, Lines, spawn  # noqa: E402
@@ -262,11 +262,33 @@ def server_traffic(hosts: str) -> tuple[int, int]:
 
 @attrs.frozen
 class Run:
-    """One throughput run: tasks/s, and requests and write transactions per task."""
+    """One throughput run: tasks/s, and requests and write transactions per task; CPU
+    milliseconds per task (``/proc``) of the workers (all of them), the master and the
+    ZooKeeper server, where known."""
 
     rate: float
     requests: float
     writes: float
+    worker_cpu: float | None = None
+    master_cpu: float | None = None
+    server_cpu: float | None = None
+
+
+#: The ZooKeeper server's pid, when this run started it (its CPU is read from ``/proc``).
+SERVER_PID: int | None = None
+
+
+def cpu_ms_per_task(before: float | None, after: float | None, tasks: int) -> float | None:
+    """Milliseconds of CPU per task between two :func:`cpu_seconds` readings."""
+    if before is None or after is None:
+        return None
+    return 1000 * (after - before) / tasks
+
+
+def workers_cpu(procs: list[Child]) -> float | None:
+    """The CPU seconds the processes used so far, summed (``None`` if one is unknown)."""
+    readings = [cpu_seconds(proc.pid) for proc in procs]
+    return None if None in readings else sum(r for r in readings if r is not None)
 
 
 def cost(hosts: str, before: tuple[int, int], tasks: int) -> tuple[float, float]:
@@ -286,12 +308,18 @@ async def start_workers(stack: AsyncExitStack, hosts: str, chroot: str,
 async def ours_throughput(hosts: str, concurrency: int, tasks: int = TASKS) -> Run:
     chroot = f"/bench-rt-{time.time_ns()}"
     async with AsyncExitStack() as stack:
-        await start_workers(stack, hosts, chroot, concurrency)
+        workers = await start_workers(stack, hosts, chroot, concurrency)
         before = server_counters(hosts)
+        cpu_before = workers_cpu(workers), cpu_seconds(SERVER_PID)
         master = await framework_run(stack, hosts, chroot, "BenchMaster", "m",
                                      BENCH_TASKS=str(tasks))
-        elapsed = float((await output(master)).split("ELAPSED")[1].split()[0])
-        return Run(tasks / elapsed, *cost(hosts, before, tasks))
+        text = await output(master)
+        cpu_after = workers_cpu(workers), cpu_seconds(SERVER_PID)
+        elapsed, _, master_cpu = text.split("ELAPSED")[1].split()[:3]
+        return Run(tasks / float(elapsed), *cost(hosts, before, tasks),
+                   worker_cpu=cpu_ms_per_task(cpu_before[0], cpu_after[0], tasks),
+                   master_cpu=1000 * float(master_cpu) / tasks,
+                   server_cpu=cpu_ms_per_task(cpu_before[1], cpu_after[1], tasks))
 
 
 async def drained_rate(procs: list[Child], each: int = 0) -> float:
@@ -484,6 +512,35 @@ async def kazoo_ceiling(hosts: str) -> float:
         return await drained_rate(procs, CEILING_TASKS // WORKERS)
 
 
+async def trio_ceiling(hosts: str, slots: int = 4, tasks: int = CEILING_TASKS) -> Run:
+    """The bare-protocol ceiling (:mod:`bench.ceiling`): ``tasks`` items put beforehand (not
+    timed), drained by WORKERS processes of the framework's bare session with ``slots``
+    tasks in flight each; tasks/s, requests and writes per task, and the CPU per task of
+    the clients (``worker_cpu``) and of the server."""
+    async with kazoo_task_layout(hosts, "tceil") as (client, base), AsyncExitStack() as stack:
+        for offset in range(0, tasks, 500):
+            put = client.transaction()
+            for n in range(offset, min(offset + 500, tasks)):
+                task = json.dumps({"id": f"t{n}", "key": f"k{n}"}).encode()
+                put.create(f"{base}/items/i-", task, sequence=True)
+            await trio.to_thread.run_sync(put.commit)
+        procs = [await spawn_python(stack, f"ceiling-{i}", "-m", "bench.ceiling", hosts, base,
+                                    str(i), str(WORKERS), str(slots), read=True, write=True)
+                 for i in range(WORKERS)]
+        for proc in procs:  # every process connected and listed before any starts
+            await lines(proc).next()
+        before, server_before = server_counters(hosts), cpu_seconds(SERVER_PID)
+        for proc in procs:
+            assert proc.stdin is not None
+            await proc.stdin.send_all(b"go\n")
+        spans = [(await lines(proc).next()).split()[1:] for proc in procs]
+        server_after = cpu_seconds(SERVER_PID)
+        elapsed = max(float(b) for _, b, _ in spans) - min(float(a) for a, _, _ in spans)
+        return Run(tasks / elapsed, *cost(hosts, before, tasks),
+                   worker_cpu=1000 * sum(float(c) for _, _, c in spans) / tasks,
+                   server_cpu=cpu_ms_per_task(server_before, server_after, tasks))
+
+
 async def server_write_rate(hosts: str) -> float:
     """Creates/s the server commits from one client keeping 200 in flight (its write
     capacity on this machine, the physical limit a task's write transactions share)."""
@@ -671,31 +728,74 @@ async def measure(hosts: str) -> list[Result]:
     ]
 
 
-async def measure_peers(hosts: str, runs: int, tasks: int, rounds: int
-                        ) -> list[tuple[str, Result]]:
-    """(peer, row) for each peer: tasks/s and idle latency, ours (4 workers x 4 slots) next
-    to the peer's; ``runs`` runs interleaved (ours, then each peer in turn), medians."""
-    ours: dict[str, list[float]] = {"rate": [], "latency": []}
-    theirs: dict[str, list[peers.PeerRun]] = {peer: [] for peer in peers.PEERS}
-    async with peers.redis_server(LOGS) as url:
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+async def measure_peers(hosts: str, runs: int, tasks: int, rounds: int,
+                        persistence: tuple[str, ...] = peers.PERSISTENCE
+                        ) -> list[peers.PeerRow]:
+    """Rows for each peer and Redis ``persistence``: tasks/s and idle latency, ours (4
+    workers x 4 slots) next to the peer's; the bare-protocol ceiling at the same processes
+    and slots; CPU per task of ours (workers, master, server) next to the ceiling's
+    (client, server).  ``runs`` runs interleaved (ours, the ceiling, then each peer on
+    each Redis in turn; RQ only without persistence), medians."""
+    ours: list[Run] = []
+    latency: list[float] = []
+    ceiling: list[Run] = []
+    theirs: dict[tuple[str, str], list[peers.PeerRun]] = {
+        (peer, p): [] for p in persistence for peer in peers.PEERS
+        if peer != "rq" or p == "none"}
+    async with AsyncExitStack() as stack:
+        urls = {p: await stack.enter_async_context(peers.redis_server(LOGS, p))
+                for p in persistence}
         for _ in range(runs):
-            ours["rate"].append((await ours_throughput(hosts, 4, tasks)).rate)
-            ours["latency"].append((await ours_latency(hosts, rounds))[0])
-            for peer in peers.PEERS:
-                theirs[peer].append(await peers.run_peer(peer, url, tasks, rounds, LOGS))
-    how = f"median of {runs} interleaved run{'s' * (runs > 1)}; ratio = ours/peer"
+            ours.append(await ours_throughput(hosts, 4, tasks))
+            latency.append((await ours_latency(hosts, rounds))[0])
+            ceiling.append(await trio_ceiling(hosts, 4, max(tasks, CEILING_TASKS)))
+            for peer, p in theirs:
+                theirs[peer, p].append(await peers.run_peer(peer, urls[p], tasks, rounds, LOGS))
+    how = f"median of {runs} interleaved run{'s' * (runs > 1)}"
+    rate = statistics.median(r.rate for r in ours)
     rows = []
-    for peer, got in theirs.items():
+    for (peer, p), got in theirs.items():
         label = peers.SETUPS[peer].label
         rows += [
-            (peer, Result(f"{tasks:,} tasks (ours: 4 workers x 4 slots)", "tasks/s",
-                          statistics.median(r.rate for r in got),
-                          statistics.median(ours["rate"]), note=f"{label}; {how}")),
-            (peer, Result("  one task on an idle system: submit -> result visible", "ms",
-                          1000 * statistics.median(r.latency for r in got),
-                          1000 * statistics.median(ours["latency"]), higher_is_better=False,
-                          note=f"each run the median of {rounds}; {how}")),
+            peers.PeerRow(peer, p, Result(
+                f"{tasks:,} tasks (ours: 4 workers x 4 slots)", "tasks/s",
+                statistics.median(r.rate for r in got), rate,
+                note=f"{label}; redis persistence {p}; {how}; ratio = ours/peer")),
+            peers.PeerRow(peer, p, Result(
+                "  one task on an idle system: submit -> result visible", "ms",
+                1000 * statistics.median(r.latency for r in got),
+                1000 * statistics.median(latency), higher_is_better=False,
+                note=f"each run the median of {rounds}; redis persistence {p}; {how}")),
         ]
+    bare = "bare trio session: get, claim multi, ack multi per task"
+    rows += [
+        peers.PeerRow("ceiling", None, Result(
+            "the same requests per task with no framework (the ceiling)", "tasks/s",
+            statistics.median(r.rate for r in ceiling), rate,
+            note=f"{bare}; {WORKERS} processes x 4 in flight; {how}; ratio = ours/ceiling")),
+        peers.PeerRow("cpu", None, Result(
+            "  worker CPU per task (ceiling: its client's)", "ms",
+            _median([r.worker_cpu for r in ceiling]), _median([r.worker_cpu for r in ours]),
+            higher_is_better=False, note=f"/proc, all {WORKERS} processes; {how}")),
+        peers.PeerRow("cpu", None, Result(
+            "  ZooKeeper server CPU per task", "ms",
+            _median([r.server_cpu for r in ceiling]), _median([r.server_cpu for r in ours]),
+            higher_is_better=False, note=f"/proc of the server this bench started; {how}")),
+        peers.PeerRow("cpu", None, Result(
+            "  master CPU per task", "ms", None, _median([r.master_cpu for r in ours]),
+            higher_is_better=False, note=f"submit_many 500 a call, then wait_idle; {how}")),
+        peers.PeerRow("cpu", None, Result(
+            "  ZooKeeper requests / write transactions per task", "requests",
+            _median([r.requests for r in ceiling]), _median([r.requests for r in ours]),
+            higher_is_better=False,
+            note=f"mntr; writes: ceiling {_median([r.writes for r in ceiling]):.2f}, "
+                 f"ours {_median([r.writes for r in ours]):.2f}")),
+    ]
     return rows
 
 
@@ -714,6 +814,16 @@ def parse_args() -> argparse.Namespace:
     only.add_argument("--submit-many", type=int, metavar="RUNS", default=0,
                       help=f"only submit_many of {LARGE_BACKLOG:,} vs kazoo's put_all, "
                            "alternated RUNS times (each run and the ranges)")
+    parser.add_argument("--runs", type=int, default=PEER_RUNS,
+                        help=f"interleaved runs of the rows against the peers (default "
+                             f"{PEER_RUNS})")
+    parser.add_argument("--persistence", default=",".join(peers.PERSISTENCE),
+                        help="the Redis persistence settings the peers run with, comma "
+                             "separated (default: all of none, everysec, always)")
+    parser.add_argument("--zk-jit", choices=("c1", "full"), default=None,
+                        help="the ZooKeeper JVM's JIT (FRAMEWORK_ZK_JIT): c1 (the "
+                             "launcher's default, a fast start) or full (C1 and C2, what a "
+                             "deployment runs)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: every size shrunk to seconds of work (peers: one "
                              "run of 200 tasks and 10 latency rounds)")
@@ -721,12 +831,18 @@ def parse_args() -> argparse.Namespace:
 
 
 async def measure_all(hosts: str, args: argparse.Namespace
-                      ) -> tuple[list[Result], list[tuple[str, Result]]]:
+                      ) -> tuple[list[Result], list[peers.PeerRow]]:
     ours = [] if args.peers else await measure(hosts)
     if args.no_peers:
         return ours, []
-    runs, tasks, rounds = (1, 200, 10) if args.quick else (PEER_RUNS, TASKS, LATENCY_ROUNDS)
-    return ours, await measure_peers(hosts, runs, tasks, rounds)
+    persistence = tuple(p for p in args.persistence.split(",") if p)
+    unknown = set(persistence) - set(peers.PERSISTENCE)
+    if unknown:
+        raise SystemExit(f"--persistence: unknown {', '.join(sorted(unknown))} (choose from "
+                         f"{', '.join(peers.PERSISTENCE)})")
+    if args.quick:
+        return ours, await measure_peers(hosts, 1, 200, 10, ("none",))
+    return ours, await measure_peers(hosts, args.runs, TASKS, LATENCY_ROUNDS, persistence)
 
 
 def main() -> None:
@@ -745,13 +861,17 @@ def main() -> None:
     configure_logging(level="warning")
     for old in LOGS.glob("*.log"):  # the children's logs of this run only
         old.unlink()
-    with zookeeper() as hosts:
+    global SERVER_PID
+    if args.zk_jit:
+        os.environ["FRAMEWORK_ZK_JIT"] = args.zk_jit
+    with fresh_server() as (hosts, SERVER_PID):
         results, peer_rows = trio.run(measure_all, hosts, args)
-    if args.json:  # one object per row: workload, unit, peer, kazoo, ours, ratio
-        rows = [("kazoo", r) for r in results] + peer_rows
-        print(json.dumps([{"workload": r.workload, "unit": r.unit, "peer": peer,
-                           "kazoo": r.kazoo, "ours": r.ours, "ratio": r.ratio}
-                          for peer, r in rows], indent=2))
+    if args.json:  # one object per row: workload, unit, peer, persistence, kazoo, ours, ratio
+        rows = [peers.PeerRow("kazoo", None, r) for r in results] + peer_rows
+        print(json.dumps([{"workload": row.result.workload, "unit": row.result.unit,
+                           "peer": row.peer, "persistence": row.persistence,
+                           "kazoo": row.result.kazoo, "ours": row.result.ours,
+                           "ratio": row.result.ratio} for row in rows], indent=2))
         return
     if results:
         print_results("master/worker runtime vs kazoo recipes (real processes)", results)

@@ -91,6 +91,17 @@ def find_classpath() -> str:
     )
 
 
+def jit_flags() -> list[str]:
+    """The JVM's JIT flags from ``FRAMEWORK_ZK_JIT``: ``c1`` (the default: C1 only, a fast
+    start) or ``full`` (the JVM's own tiered C1 + C2, a deployment's choice)."""
+    jit = os.environ.get("FRAMEWORK_ZK_JIT", "c1")
+    if jit == "full":
+        return []
+    if jit != "c1":
+        raise ConfigurationError(f"FRAMEWORK_ZK_JIT must be c1 or full, not {jit!r}")
+    return ["-XX:TieredStopAtLevel=1"]
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports that are free on 127.0.0.1 right now."""
     sockets = []
@@ -181,6 +192,9 @@ class ZooKeeperEnsemble:
     ``extended_types`` (on by default) enables TTL nodes (``extendedTypesEnabled=true``);
     the server then reaps expired TTL nodes (and empty containers) every
     ``container_check_ms`` milliseconds (ZooKeeper's own default is a minute).
+    The JVM runs its C1 compiler only (``-XX:TieredStopAtLevel=1``: about a second less to
+    start, what tests want); ``FRAMEWORK_ZK_JIT=full`` in the environment gives it the full
+    tiered JIT (C1 and C2), as a deployed server runs - benchmarks measure with it.
     """
 
     def __init__(
@@ -346,7 +360,7 @@ class ZooKeeperEnsemble:
             self.java,
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
+            *jit_flags(),
             "-Xshare:auto",
             "-Dzookeeper.admin.enableServer=false",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
