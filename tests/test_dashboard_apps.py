@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from framework import Session, records, web
-from framework.dashboard import Model, listen
+from framework.dashboard import Model, listen, prom
 from framework.dashboard.asgi import dashboard_app
 from framework.dashboard.feed import Feed
 from framework.dashboard.model import AppModel
@@ -237,4 +237,6 @@ async def test_an_app_s_results_are_counted_whoever_wrote_them(zk_hosts: str,
             await session.create(f"{done.workers}/w9", b'{"done": 1}', ephemeral=True)
             await _until(model, lambda: view.results == 6)
             assert view.to_json()["results"] == 6
+            exported = prom.render(prom.registry_for(model))
+            assert b'framework_app_results{app="finished-earlier"} 6.0' in exported
             nursery.cancel_scope.cancel()

@@ -62,6 +62,9 @@ class ModelCollector(Collector):
             "framework_app_tasks_in_flight": ("Tasks being handled (running/ markers)",
                                               lambda a: len(a.running)),
             "framework_app_dead_letters": ("Dead letters waiting", lambda a: len(a.dead)),
+            "framework_app_results": ("Result records of the app (succeeded, failed for good "
+                                      "or revoked; 0 until first counted)",
+                                      lambda a: a.results or 0),
             "framework_app_members": ("Live members of workers/ (every kind)",
                                       lambda a: len(a.workers)),
             "framework_app_masters": ("Masters in the election (leader and standbys)",
