@@ -2,8 +2,8 @@
 
 Run: ``.venv/bin/python bench/scale.py [--workers 200] [--per-process 10] [--queued 1000000]
 [--master-large 1000000] [--drain-large 40000]`` (``--json``: the measurements as one JSON
-object).  Each part starts its own standalone ZooKeeper; nothing is asserted, everything is
-printed.
+object; ``--quick``: every part at a toy size, about 15 s, a smoke run).  Each part starts
+its own standalone ZooKeeper; nothing is asserted, everything is printed.
 
 1. **Many workers.**  ``--workers`` Worker objects (one session each, one slot each) in
    processes of ``--per-process``, all of one app, all idle.  Measured from the server's
