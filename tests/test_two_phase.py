@@ -11,7 +11,7 @@ import trio
 
 from framework import Session
 from framework.errors import ConfigurationError
-from framework.primitives.two_phase import Outcome, TwoPhaseCoordinator, TwoPhaseSite
+from framework.primitives.two_phase import TwoPhaseCoordinator, TwoPhaseOutcome, TwoPhaseSite
 from framework.testing import TcpProxy, python_argv, spawn
 from framework.zk import wait_exists
 
@@ -20,10 +20,10 @@ ROOT = Path(__file__).parent.parent
 
 
 async def _run(zk_hosts: str, chroot: str, votes: dict[str, object], *, timeout: float = 20
-               ) -> tuple[Outcome, dict[str, Outcome]]:
+               ) -> tuple[TwoPhaseOutcome, dict[str, TwoPhaseOutcome]]:
     """A coordinator and one in-process site per entry of ``votes`` (each its own session)."""
-    outcomes: dict[str, Outcome] = {}
-    result: list[Outcome] = []
+    outcomes: dict[str, TwoPhaseOutcome] = {}
+    result: list[TwoPhaseOutcome] = []
 
     async def site(name: str, vote: object) -> None:
         async with Session(zk_hosts, chroot=chroot) as s:
@@ -52,8 +52,8 @@ async def test_all_commit(zk_hosts: str, chroot: str, session: Session) -> None:
         return True
 
     outcome, sites = await _run(zk_hosts, chroot, {"a": yes, "b": lambda p: True, "c": yes})
-    assert outcome is Outcome.COMMITTED
-    assert set(sites.values()) == {Outcome.COMMITTED} and len(sites) == 3
+    assert outcome is TwoPhaseOutcome.COMMITTED
+    assert set(sites.values()) == {TwoPhaseOutcome.COMMITTED} and len(sites) == 3
     assert seen == [b"pay", b"pay"]
     assert "every site voted commit" in await _reason(session)
 
@@ -63,7 +63,7 @@ async def test_one_abort_vote_aborts_everyone(zk_hosts: str, chroot: str,
     outcome, sites = await _run(
         zk_hosts, chroot, {"a": lambda p: True, "b": lambda p: False, "c": lambda p: True}
     )
-    assert outcome is Outcome.ABORTED and set(sites.values()) == {Outcome.ABORTED}
+    assert outcome is TwoPhaseOutcome.ABORTED and set(sites.values()) == {TwoPhaseOutcome.ABORTED}
     assert "site b voted abort" in await _reason(session)
 
 
@@ -72,7 +72,7 @@ async def test_a_failing_voter_votes_abort(zk_hosts: str, chroot: str) -> None:
         raise RuntimeError("disk full")
 
     outcome, sites = await _run(zk_hosts, chroot, {"a": lambda p: True, "b": broken})
-    assert outcome is Outcome.ABORTED and set(sites.values()) == {Outcome.ABORTED}
+    assert outcome is TwoPhaseOutcome.ABORTED and set(sites.values()) == {TwoPhaseOutcome.ABORTED}
 
 
 async def test_coordinator_timeout_aborts_and_late_sites_learn_it(
@@ -85,15 +85,15 @@ async def test_coordinator_timeout_aborts_and_late_sites_learn_it(
             async def site_a() -> None:
                 async with Session(zk_hosts, chroot=chroot) as s:
                     assert await TwoPhaseSite(s, "/tx", "a").participate(
-                        "t1", lambda p: True) is Outcome.ABORTED
+                        "t1", lambda p: True) is TwoPhaseOutcome.ABORTED
 
             nursery.start_soon(site_a)
-            assert await coordinator.run("t1", b"", timeout=0.5) is Outcome.ABORTED
+            assert await coordinator.run("t1", b"", timeout=0.5) is TwoPhaseOutcome.ABORTED
         assert "timeout" in await _reason(session)
         # a site that turns up afterwards learns the outcome without voting
         late = TwoPhaseSite(session, "/tx", "never")
-        assert await late.participate("t1", lambda p: True) is Outcome.ABORTED
-        assert await coordinator.decision("t1") is Outcome.ABORTED
+        assert await late.participate("t1", lambda p: True) is TwoPhaseOutcome.ABORTED
+        assert await coordinator.decision("t1") is TwoPhaseOutcome.ABORTED
         with pytest.raises(ConfigurationError, match="already exists"):
             await coordinator.run("t1", b"", timeout=1)
         with pytest.raises(ConfigurationError, match="not part of"):
@@ -117,7 +117,7 @@ async def test_site_killed_before_voting_aborts(zk_hosts: str, chroot: str,
         ]
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                outcome: list[Outcome] = []
+                outcome: list[TwoPhaseOutcome] = []
 
                 async def coordinate() -> None:
                     outcome.append(await coordinator.run("t1", b"work", timeout=60))
@@ -130,7 +130,7 @@ async def test_site_killed_before_voting_aborts(zk_hosts: str, chroot: str,
                 assert await proc.wait() == 0
                 assert proc.lines is not None
                 assert await proc.lines.rest() == ["abort"]
-    assert outcome == [Outcome.ABORTED]
+    assert outcome == [TwoPhaseOutcome.ABORTED]
     assert "site s3 crashed before voting" in await _reason(session)
     assert (await session.get("/tx/t1/site-s3"))[0] == b"joined"
 
@@ -142,7 +142,7 @@ async def test_site_gone_after_voting_commit_still_commits(
     turn the outcome into an abort."""
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            result: list[Outcome] = []
+            result: list[TwoPhaseOutcome] = []
 
             async def coordinate() -> None:
                 result.append(await TwoPhaseCoordinator(session, "/tx", ["gone", "b"]).run(
@@ -164,8 +164,8 @@ async def test_site_gone_after_voting_commit_still_commits(
             assert await session.exists("/tx/t1/alive-gone") is None
             async with Session(zk_hosts, chroot=chroot) as s:
                 assert await TwoPhaseSite(s, "/tx", "b").participate(
-                    "t1", lambda p: True) is Outcome.COMMITTED
-    assert result == [Outcome.COMMITTED]
+                    "t1", lambda p: True) is TwoPhaseOutcome.COMMITTED
+    assert result == [TwoPhaseOutcome.COMMITTED]
 
 
 async def test_connection_cut_while_the_vote_is_in_flight(
@@ -208,7 +208,7 @@ async def test_connection_cut_while_the_vote_is_in_flight(
     monkeypatch.setattr(session_module.Transaction, "commit", commit)
     monkeypatch.setattr(Connection, "_enqueue", enqueue)
     monkeypatch.setattr(Connection, "_dispatch", dispatch)
-    site_outcome: list[Outcome] = []
+    site_outcome: list[TwoPhaseOutcome] = []
     async with Session(proxy.address, chroot=chroot, session_timeout=4.0) as flaky:
 
         async def site() -> None:
@@ -220,7 +220,7 @@ async def test_connection_cut_while_the_vote_is_in_flight(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(site)
                 outcome = await TwoPhaseCoordinator(session, "/tx", ["a"]).run("t1", b"", 15)
-    assert outcome is Outcome.COMMITTED and site_outcome == [Outcome.COMMITTED]
+    assert outcome is TwoPhaseOutcome.COMMITTED and site_outcome == [TwoPhaseOutcome.COMMITTED]
     assert (await session.get("/tx/t1/site-a"))[0] == b"commit"
 
 

@@ -51,18 +51,23 @@ class SiteState(enum.Enum):
     ABORT = b"abort"  # voted abort
 
 
-class Outcome(enum.Enum):
-    """The decision of one transaction."""
+class TwoPhaseOutcome(enum.Enum):
+    """The decision of one transaction (named apart from the runtime's task
+    :class:`~framework.runtime.tasks.Outcome`)."""
 
     COMMITTED = "commit"
     ABORTED = "abort"
+
+
+#: The earlier name of :class:`TwoPhaseOutcome` (``framework.primitives`` still exports it).
+Outcome = TwoPhaseOutcome
 
 
 @attrs.frozen
 class Decision:
     """The ``decision`` node's record: the outcome, why, and who decided it."""
 
-    outcome: Outcome
+    outcome: TwoPhaseOutcome
     reason: str
     by: str
 
@@ -86,7 +91,7 @@ class _Verdict:
     """What the rule concludes: an outcome, why, and whether it rests on a crash (which
     must be confirmed before it is proposed)."""
 
-    outcome: Outcome
+    outcome: TwoPhaseOutcome
     reason: str
     crash: bool = False
 
@@ -95,12 +100,13 @@ def _verdict(view: _View) -> _Verdict | None:
     """The rule every participant applies (see module doc)."""
     for site, vote in view.votes.items():
         if vote is SiteState.ABORT:
-            return _Verdict(Outcome.ABORTED, f"site {site} voted abort")
+            return _Verdict(TwoPhaseOutcome.ABORTED, f"site {site} voted abort")
     for site, vote in view.votes.items():
         if vote is SiteState.JOINED and site not in view.alive:
-            return _Verdict(Outcome.ABORTED, f"site {site} crashed before voting", crash=True)
+            return _Verdict(TwoPhaseOutcome.ABORTED, f"site {site} crashed before voting",
+                            crash=True)
     if all(v is SiteState.COMMIT for v in view.votes.values()):
-        return _Verdict(Outcome.COMMITTED, "every site voted commit")
+        return _Verdict(TwoPhaseOutcome.COMMITTED, "every site voted commit")
     return None
 
 
@@ -143,7 +149,7 @@ class _Transaction:
                     return False
         return True
 
-    async def decide(self, outcome: Outcome, reason: str) -> None:
+    async def decide(self, outcome: TwoPhaseOutcome, reason: str) -> None:
         """Propose ``outcome``; the first proposal wins."""
         try:
             record = records.encode(Decision(outcome, reason, self.who))
@@ -153,7 +159,7 @@ class _Transaction:
         except errors.NodeExistsError:
             pass
 
-    async def outcome(self, deadline: float = float("inf")) -> Outcome:
+    async def outcome(self, deadline: float = float("inf")) -> TwoPhaseOutcome:
         """Watch until there is a decision (proposing one as soon as the rule gives one, or
         ABORT at ``deadline``); return it."""
         while True:
@@ -174,7 +180,7 @@ class _Transaction:
                 await fired.wait()
             if trio.current_time() >= deadline:
                 try:
-                    await self.decide(Outcome.ABORTED, "timeout")
+                    await self.decide(TwoPhaseOutcome.ABORTED, "timeout")
                 except (errors.ConnectionLossError, errors.SessionExpiredError):
                     await self.session.wait_connected()  # re-read: the decision may be there
 
@@ -202,7 +208,7 @@ class TwoPhaseCoordinator:
         self.path = path
         self.sites = [validate_name("site name", s) for s in sites]
 
-    async def run(self, txid: str, payload: bytes, timeout: float) -> Outcome:
+    async def run(self, txid: str, payload: bytes, timeout: float) -> TwoPhaseOutcome:
         """Create transaction ``txid`` and wait for its outcome; abort after ``timeout``.
         A ``txid`` that exists already raises :class:`ConfigurationError`."""
         root = f"{self.path}/{validate_name('txid', txid)}"
@@ -224,7 +230,7 @@ class TwoPhaseCoordinator:
         log.info("two_phase.started", tx=root, sites=self.sites)
         return await _Transaction(self.session, root, "coordinator").outcome(deadline)
 
-    async def decision(self, txid: str) -> Outcome | None:
+    async def decision(self, txid: str) -> TwoPhaseOutcome | None:
         """The outcome of ``txid`` if decided (``None`` otherwise)."""
         try:
             data, _stat = await self.session.get(f"{self.path}/{txid}/decision")
@@ -254,7 +260,7 @@ class TwoPhaseSite:
 
     async def participate(
         self, txid: str, vote_fn: VoteFn, *, timeout: float | None = None
-    ) -> Outcome:
+    ) -> TwoPhaseOutcome:
         """Wait for transaction ``txid``, vote with ``vote_fn(payload)`` (true: commit; an
         exception votes abort) and return the outcome.  After ``timeout`` (if given) the site
         proposes ABORT itself, which wins unless a decision was already made.
