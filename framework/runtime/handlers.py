@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from framework.runtime.task_types import TaskType
     from framework.runtime.worker import Worker
 
-log = get_logger("framework.runtime.worker")
+log = get_logger(__name__)
 
 #: Where a plain-def ``handle`` can run (``Worker.handler_pool``).
 HANDLER_POOLS = ("thread", "process")

@@ -43,7 +43,7 @@ from framework.runtime.result_index import (
 )
 from framework.zk import Session, Stat, Transaction, gather
 
-log = get_logger("framework.runtime.retention")
+log = get_logger(__name__)
 
 #: Seconds a writer's clock may be off the server's: a record modified more than this past
 #: its slot's end was rewritten later (its entry moves); an empty slot or day is deleted

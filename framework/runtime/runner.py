@@ -21,7 +21,7 @@ from framework.runtime.master import Master
 from framework.runtime.worker import Worker
 from framework.zk import Session
 
-log = get_logger("framework.runtime")
+log = get_logger(__name__)
 
 Component = Master | Worker
 

@@ -37,7 +37,7 @@ from framework.runtime.cancel import wait_cancelled
 from framework.zk import Session, cleanup_scope
 from framework.zk.scopes import single_body_error
 
-log = get_logger("framework.runtime.worker")
+log = get_logger(__name__)
 
 
 class Part(Protocol):

@@ -34,7 +34,7 @@ from framework.zk.scopes import single_body_error
 if TYPE_CHECKING:
     from framework.runtime.worker import Worker
 
-log = get_logger("framework.runtime.worker")
+log = get_logger(__name__)
 
 
 class ShardServer:

@@ -58,7 +58,7 @@ from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch
 if TYPE_CHECKING:
     from framework.runtime.worker import Worker
 
-log = get_logger("framework.runtime.worker")
+log = get_logger(__name__)
 
 #: Longest error message kept in a failure record (a record must fit in one znode).
 MAX_ERROR_CHARS = 4000

@@ -23,7 +23,7 @@ from framework.primitives.queue.items import Claim, Finisher
 from framework.primitives.queue.state import QueueState
 from framework.zk import Transaction, cleanup_scope
 
-log = get_logger("framework.primitives.queue")
+log = get_logger(__name__)
 
 
 

@@ -25,7 +25,7 @@ from framework.primitives.queue.state import QueueState
 from framework.primitives.queue.view import Entry, QueueView
 from framework.zk import Transaction, cleanup_scope, gather
 
-log = get_logger("framework.primitives.queue")
+log = get_logger(__name__)
 
 #: Items ``accept`` refused are remembered (and passed over); past this many, those no
 #: longer listed are forgotten.

@@ -31,7 +31,7 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.zk import Session
 
-log = get_logger("framework.primitives.queue")
+log = get_logger(__name__)
 
 @attrs.frozen
 class ClaimToken:

@@ -43,7 +43,7 @@ from framework.zk import (
     new_guid,
 )
 
-log = get_logger("framework.primitives.queue")
+log = get_logger(__name__)
 
 #: Items per multi-op in ``put_many``, and its byte budget: each item's data and
 #: ``_OP_BYTES`` for its operation (path, ACL, headers: about 150 bytes in practice).  A
