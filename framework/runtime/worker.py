@@ -24,6 +24,7 @@ from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.retry import Backoff
 from framework.runtime.app import App
+from framework.runtime.duties import Duties
 from framework.runtime.handlers import HANDLER_POOLS, check_handler
 from framework.runtime.service import Part, Service
 from framework.runtime.shard_server import ShardServer
@@ -73,6 +74,9 @@ class Worker(Service):
     #: where payloads too large for a znode are read from (a directory or a
     #: :class:`~framework.runtime.payloads.PayloadStore`; ``None``: FRAMEWORK_PAYLOAD_STORE)
     payload_store: Any = None
+    #: may be elected to move delayed tasks, fire ``schedules`` and apply retention while no
+    #: master leads (worker-only deployments: :mod:`framework.runtime.duties`)
+    duties: bool = True
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
                  address: str = "") -> None:
@@ -118,7 +122,7 @@ class Worker(Service):
     def parts(self) -> list[Part]:
         self.tasks = TaskConsumer(self)  # counts per run
         self.shard_server = ShardServer(self)
-        return [self.tasks, self.shard_server]
+        return [self.tasks, self.shard_server, Duties(self)]
 
     @asynccontextmanager
     async def ready(self, shard: str, info: Any = None) -> AsyncIterator[bool]:
