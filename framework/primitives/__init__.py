@@ -6,6 +6,7 @@ SUSPENDED and LOST.
 """
 
 from framework.primitives.barrier import Barrier
+from framework.primitives.cache import CachedNode, CacheEvent, NodeCache, TreeCache, TreeView
 from framework.primitives.config import ConfigStore, Versioned
 from framework.primitives.counter import Counter
 from framework.primitives.discovery import Registration, ServiceDiscovery, ServiceInstance
@@ -23,6 +24,8 @@ from framework.primitives.two_phase import Outcome, TwoPhaseCoordinator, TwoPhas
 
 __all__ = [
     "Barrier",
+    "CacheEvent",
+    "CachedNode",
     "ConfigStore",
     "Counter",
     "DoubleBarrier",
@@ -33,6 +36,7 @@ __all__ = [
     "Lock",
     "LockHolding",
     "Membership",
+    "NodeCache",
     "MultiLock",
     "MultiLockHolding",
     "Outcome",
@@ -47,6 +51,8 @@ __all__ = [
     "ServiceInstance",
     "Term",
     "TwoPhaseCoordinator",
+    "TreeCache",
+    "TreeView",
     "TwoPhaseSite",
     "Versioned",
     "WorkQueue",

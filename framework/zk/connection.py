@@ -86,10 +86,12 @@ from framework.logs import get_logger
 from framework.zk.liveness import Liveness
 from framework.zk.states import SessionState
 from framework.zk.wire import (
+    ADD_WATCH_RECURSIVE,
     AUTH_XID,
     PING_XID,
     SET_WATCHES_XID,
     WATCH_XID,
+    AddWatch,
     PacketReader,
     connect_packet,
     parse_connect,
@@ -202,6 +204,10 @@ class Connection:
         self._data_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._exist_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._child_watchers: dict[str, dict[WatchCallback, None]] = {}
+        # persistent watches (addWatch): on a node, on a node and all below it; they stay
+        # after they fire, are set again on a new connection, and are told of it (NONE)
+        self._persistent_watchers: dict[str, dict[WatchCallback, None]] = {}
+        self._recursive_watchers: dict[str, dict[WatchCallback, None]] = {}
         self._scope: trio.CancelScope | None = None  # the current connection's tasks
         self._attempt: trio.CancelScope | None = None  # the current connection attempt
         self._drop_reason = ""
@@ -570,20 +576,46 @@ class Connection:
         if watcher is None or self._closing:
             return
         kind = type(record)
-        if kind is GetChildren or kind is GetChildren2:
+        if kind is AddWatch:
+            table = (self._recursive_watchers if record.mode == ADD_WATCH_RECURSIVE
+                     else self._persistent_watchers)
+        elif kind is GetChildren or kind is GetChildren2:
             table = self._child_watchers
         else:
             table = self._exist_watchers if missing else self._data_watchers
         table.setdefault(record.path, {})[watcher] = None
 
+    def forget_persistent(self, path: str, callback: WatchCallback, *,
+                          recursive: bool) -> bool:
+        """Stop calling ``callback`` for the persistent watch on ``path`` (a server path);
+        True if no callback is left there (the caller may then remove the server's)."""
+        table = self._recursive_watchers if recursive else self._persistent_watchers
+        callbacks = table.get(path)
+        if callbacks is None:
+            return False
+        callbacks.pop(callback, None)
+        if callbacks:
+            return False
+        del table[path]
+        return True
+
     def _set_watches_again(self) -> None:
-        """Queue the SetWatches packets of every registered watch (a reconnection)."""
-        if not (self._data_watchers or self._exist_watchers or self._child_watchers):
+        """Queue the SetWatches packets of every registered watch (a reconnection), then
+        tell the persistent watchers (``NONE``, ``CONNECTED``): they are set again, but
+        the server does not replay what they missed, so they read again."""
+        persistent, recursive = self._persistent_watchers, self._recursive_watchers
+        if not (self._data_watchers or self._exist_watchers or self._child_watchers
+                or persistent or recursive):
             return
         self._outbox.extend((packet, None) for packet in set_watches_packets(
             self.last_zxid, list(self._data_watchers), list(self._exist_watchers),
-            list(self._child_watchers)))
+            list(self._child_watchers), list(persistent), list(recursive)))
         self._writer_lot.unpark()
+        told = [callback for table in (persistent, recursive)
+                for callbacks in table.values() for callback in callbacks]
+        event = WatchedEvent(EventType.NONE, KeeperState.CONNECTED, None)
+        for callback in dict.fromkeys(told):
+            _fire(callback, event)
 
     def _watch_event(self, packet: bytes, offset: int) -> None:
         kind, path = parse_watch(packet, offset)
@@ -593,11 +625,24 @@ class Connection:
             fired.extend(self._exist_watchers.pop(path, ()))
         if kind in (_DELETED, _CHILD):
             fired.extend(self._child_watchers.pop(path, ()))
+        if self._persistent_watchers:
+            fired.extend(self._persistent_watchers.get(path, ()))
+        if self._recursive_watchers and kind != _CHILD:
+            fired.extend(self._recursive_of(path))
         if kind not in EVENT_TYPE_MAP or self._closing:
             return
         event = WatchedEvent(EVENT_TYPE_MAP[kind], KeeperState.CONNECTED, self._unchroot(path))
         for callback in dict.fromkeys(fired):  # one call, however many ways it watched
             _fire(callback, event)
+
+    def _recursive_of(self, path: str) -> list[WatchCallback]:
+        """The recursive watchers of ``path``: on it and on each of its ancestors."""
+        table = self._recursive_watchers
+        found = list(table.get(path, ()))
+        while path != "/":
+            path = path.rsplit("/", 1)[0] or "/"
+            found.extend(table.get(path, ()))
+        return found
 
     def _unchroot(self, path: str) -> str:
         chroot = self.chroot
@@ -654,10 +699,12 @@ class Connection:
         """Forget every watch, firing each callback once with a ``NONE`` event in ``state``
         (``EXPIRED_SESSION``, ``CLOSED``, ``AUTH_FAILED``; ``CONNECTED`` when the server
         would not set them again)."""
-        tables = (self._data_watchers, self._exist_watchers, self._child_watchers)
+        tables = (self._data_watchers, self._exist_watchers, self._child_watchers,
+                  self._persistent_watchers, self._recursive_watchers)
         fired = [callback for table in tables
                  for callbacks in table.values() for callback in callbacks]
         self._data_watchers, self._exist_watchers, self._child_watchers = {}, {}, {}
+        self._persistent_watchers, self._recursive_watchers = {}, {}
         event = WatchedEvent(EventType.NONE, state, None)
         for callback in dict.fromkeys(fired):
             _fire(callback, event)

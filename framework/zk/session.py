@@ -31,6 +31,7 @@ import time
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
+import outcome
 import trio
 from kazoo import exceptions as kz
 from kazoo.hosts import collect_hosts
@@ -61,7 +62,15 @@ from framework.zk.scopes import single_body_error
 from framework.zk.states import SessionState, StateChange
 from framework.zk.translate import describe, translate
 from framework.zk.trust import Trust, TrustKeeper
-from framework.zk.wire import CreateTTL
+from framework.zk.wire import (
+    ADD_WATCH_PERSISTENT,
+    ADD_WATCH_RECURSIVE,
+    REMOVE_PERSISTENT,
+    REMOVE_RECURSIVE,
+    AddWatch,
+    CreateTTL,
+    RemoveWatches,
+)
 
 Stat = ZnodeStat
 WatchCallback = Callable[..., None]
@@ -670,6 +679,88 @@ class Session:
         """Make the server we are connected to catch up with the leader for ``path``."""
         validate_path(path)
         await self._read(Sync(self._full(path)))
+
+    async def add_watch(self, path: str, callback: WatchCallback, *,
+                        recursive: bool = False) -> None:
+        """Watch ``path`` until :meth:`remove_watch` (ZooKeeper 3.6's persistent watches):
+        ``callback(event)`` runs for every change - created, deleted, data changed (and
+        children changed, unless ``recursive``) - of ``path``, and with ``recursive`` of
+        every node below it too; the node need not exist.  Events come in the order of the
+        changes, interleaved in order with replies read through :meth:`send_read`.
+
+        SUSPENDED: the watch is set again on the next connection, and ``callback`` gets a
+        ``NONE`` event in state ``CONNECTED``: what changed meanwhile was not told, read
+        again.  LOST (or close): a ``NONE`` event in state ``EXPIRED_SESSION`` (``CLOSED``)
+        and the watch is gone.  Raises :class:`UnsupportedByServerError` on a server
+        older than 3.6."""
+        validate_path(path)
+        mode = ADD_WATCH_RECURSIVE if recursive else ADD_WATCH_PERSISTENT
+        try:
+            await self._read(AddWatch(self._full(path), mode, _watcher(callback)))
+        except errors.ZooKeeperError as exc:
+            if isinstance(exc.__cause__, kz.UnimplementedError):
+                raise errors.UnsupportedByServerError(
+                    "this ZooKeeper server has no persistent watches (addWatch, ZooKeeper "
+                    "3.6 and newer)") from None
+            raise
+
+    async def remove_watch(self, path: str, callback: WatchCallback, *,
+                           recursive: bool = False) -> None:
+        """Stop calling ``callback`` for :meth:`add_watch`'s watch on ``path``; the server's
+        watch is removed with the last callback where the server can remove a persistent
+        watch alone (3.9); an older server keeps it until the next connection (which does
+        not set it again) or the session's end, and its events are ignored."""
+        validate_path(path)
+        connection = self._connection
+        if connection is None or not connection.forget_persistent(
+                self._full(path), callback, recursive=recursive):
+            return
+        if not self.connected:
+            return
+        kind = REMOVE_RECURSIVE if recursive else REMOVE_PERSISTENT
+        try:
+            await self._call(RemoveWatches(self._full(path), kind))
+        except (errors.ConnectionLossError, errors.NotConnectedError,
+                errors.SessionExpiredError, errors.ZooKeeperError):
+            pass  # gone with the connection, or the server has none left
+
+    def send_read(self, kind: str, path: str, on_reply: Callable[[outcome.Outcome], Any],
+                  *, watch: WatchCallback | None = None) -> None:
+        """Send one read now - ``kind`` is ``"get"`` (``(data, stat)``), ``"exists"`` (the
+        stat or ``None``; a watch then also fires on creation) or ``"children"`` (names) -
+        and call ``on_reply(outcome)`` with its result (errors translated) in the
+        order replies and watch events arrive: the reply of a read sent after an event
+        describes the tree after that event, so a view updated only in these callbacks and
+        in watch callbacks is never rolled back by a stale reply (trio's scheduler does not
+        keep that order between tasks; callbacks run in the session's loop, and must not
+        block).  Raises :class:`ConnectionLossError` at once when not connected (nothing
+        sent).  Not counted against ``max_in_flight``."""
+        validate_path(path)
+        record: Any
+        if kind == "get":
+            record = GetData(self._full(path), _watcher(watch))
+        elif kind == "exists":
+            record = Exists(self._full(path), _watcher(watch))
+        elif kind == "children":
+            record = GetChildren(self._full(path), _watcher(watch))
+        else:
+            raise ValueError(f"kind must be 'get', 'exists' or 'children', got {kind!r}")
+        connection = self._connection
+        if self._closed or connection is None:
+            raise errors.NotConnectedError("session is closed")
+        if not self.connected:
+            raise errors.ConnectionLossError("not connected to ZooKeeper")
+        context = describe(type(record).__name__, path)
+
+        def reply(result: outcome.Outcome) -> None:
+            if isinstance(result, outcome.Error):
+                result = outcome.Error(self._explain(translate(result.error, context)))
+            on_reply(result)
+
+        try:
+            connection.send(record, reply)
+        except kz.KazooException as exc:
+            raise translate(exc, context) from exc
 
     def delete_later(self, path: str, *, data: bytes | None = None,
                      session_id: int | None = None) -> None:

@@ -10,6 +10,7 @@ and decode every operation; this module only frames them.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from kazoo.protocol.serialization import Connect, Create2, ReplyHeader, Watch, write_string
@@ -41,38 +42,94 @@ def request_packet(xid: int, record: Any) -> bytes:
 class SetWatches:
     """The request that sets a session's watches again on a new connection: the server
     re-registers each and fires at once those whose node changed after ``relative_zxid``
-    (kazoo has no record for it; this one follows ZooKeeper's ``SetWatches``)."""
-
-    type = 101
+    (kazoo has no record for it; this one follows ZooKeeper's ``SetWatches``).  With
+    persistent watches among them it is ZooKeeper 3.6's ``SetWatches2``, which carries
+    those two lists as well (persistent watches are re-registered, never fired: what
+    happened while disconnected is for their owner to read again)."""
 
     def __init__(self, relative_zxid: int, data: list[str], exist: list[str],
-                 child: list[str]) -> None:
+                 child: list[str], persistent: list[str] | None = None,
+                 recursive: list[str] | None = None) -> None:
         self.relative_zxid, self.data, self.exist, self.child = relative_zxid, data, exist, child
+        self.persistent, self.recursive = persistent, recursive
+        self.type = 101 if persistent is None and recursive is None else 105
 
     def serialize(self) -> bytes:
         parts = [_ZXID.pack(self.relative_zxid)]
-        for paths in (self.data, self.exist, self.child):
+        lists = [self.data, self.exist, self.child]
+        if self.type == 105:
+            lists += [self.persistent or [], self.recursive or []]
+        for paths in lists:
             parts.append(_LENGTH.pack(len(paths)))
             parts.extend(bytes(write_string(path)) for path in paths)
         return b"".join(parts)
 
 
 def set_watches_packets(relative_zxid: int, data: list[str], exist: list[str],
-                        child: list[str]) -> list[bytes]:
-    """The SetWatches packets for these paths, each under :data:`SET_WATCHES_BYTES`."""
+                        child: list[str], persistent: Sequence[str] = (),
+                        recursive: Sequence[str] = ()) -> list[bytes]:
+    """The SetWatches packets for these paths, each under :data:`SET_WATCHES_BYTES`
+    (``SetWatches2`` packets when there are persistent watches)."""
+    two = bool(persistent or recursive)
     packets: list[bytes] = []
-    batch: tuple[list[str], list[str], list[str]] = ([], [], [])
+    batch: tuple[list[str], ...] = ([], [], [], [], [])
     size = 0
-    for kind, paths in enumerate((data, exist, child)):
+
+    def flush() -> None:
+        extra = (batch[3], batch[4]) if two else ()
+        packets.append(request_packet(SET_WATCHES_XID, SetWatches(
+            relative_zxid, batch[0], batch[1], batch[2], *extra)))
+
+    for kind, paths in enumerate((data, exist, child, persistent, recursive)):
         for path in paths:
             if size and size + len(path) > SET_WATCHES_BYTES:
-                packets.append(request_packet(SET_WATCHES_XID, SetWatches(relative_zxid, *batch)))
-                batch, size = ([], [], []), 0
+                flush()
+                batch, size = ([], [], [], [], []), 0
             batch[kind].append(path)
             size += len(path) + 4
     if size:
-        packets.append(request_packet(SET_WATCHES_XID, SetWatches(relative_zxid, *batch)))
+        flush()
     return packets
+
+
+#: addWatch modes (ZooKeeper 3.6): the node itself, or the node and every node below it
+ADD_WATCH_PERSISTENT, ADD_WATCH_RECURSIVE = 0, 1
+#: removeWatches watcher types of the two persistent kinds
+REMOVE_PERSISTENT, REMOVE_RECURSIVE = 4, 5
+
+
+class AddWatch:
+    """ZooKeeper 3.6's ``addWatch``: a watch that stays after it fires, on ``path`` alone
+    (``ADD_WATCH_PERSISTENT``: created, deleted, data and children changed) or on ``path``
+    and every node below it (``ADD_WATCH_RECURSIVE``: created, deleted, data changed).
+    kazoo has no record for it; ``watcher`` is the callback the connection registers once
+    the server has answered."""
+
+    type = 106
+
+    def __init__(self, path: str, mode: int, watcher: Any) -> None:
+        self.path, self.mode, self.watcher = path, mode, watcher
+
+    def serialize(self) -> bytes:
+        return bytes(write_string(self.path)) + _LENGTH.pack(self.mode)
+
+    def deserialize(self, _packet: bytes, _offset: int) -> bool:
+        return True
+
+
+class RemoveWatches:
+    """``removeWatches`` of one kind of this session's watches on ``path``."""
+
+    type = 18
+
+    def __init__(self, path: str, watcher_type: int) -> None:
+        self.path, self.watcher_type = path, watcher_type
+
+    def serialize(self) -> bytes:
+        return bytes(write_string(self.path)) + _LENGTH.pack(self.watcher_type)
+
+    def deserialize(self, _packet: bytes, _offset: int) -> bool:
+        return True
 
 
 class MalformedPacket(ValueError):
