@@ -116,16 +116,20 @@ class AppFeed:
             await trio.sleep(THROTTLE)
 
     async def _workers(self) -> None:
+        first = True
         async for members in Group(self.session, self.app.workers).watch():
+            before = (self.view.totals.done, self.view.totals.failed)
             self.view.set_workers({name: json_doc(data) for name, data in members.items()})
-            self._count_results.set()  # a member's counts changed: a task may have ended
+            if not first and (self.view.totals.done, self.view.totals.failed) != before:
+                self._count_results.set()  # tasks ended since: count the results again
+            first = False  # what the members had done before is in the first count
             self._changed()
             await trio.sleep(THROTTLE)
 
     async def _results(self) -> None:
         """The app's result records, counted at start and again (at most every
-        :data:`RESULTS_THROTTLE` s) after its members report a change: the app's own count,
-        whatever processes this dashboard saw."""
+        :data:`RESULTS_THROTTLE` s) after its members' published counts grew (tasks
+        ended): the app's own count, whatever processes this dashboard saw."""
         while True:
             self._count_results = trio.Event()
             self.view.results = await result_count(self.session, self.app)
