@@ -4,7 +4,8 @@ Run: ``.venv/bin/python bench/primitives.py`` (starts its own ZooKeeper unless
 FRAMEWORK_ZK_HOSTS is set; ``--quick``: every part at a toy size, a smoke run).  Parts:
 election and membership (``primitives_election``), queue,
 locks and double barrier (``primitives_queue_lock``), semaphore and counter
-(``primitives_semaphore_counter``, also against the bare protocol).
+(``primitives_semaphore_counter``, also against the bare protocol), tree caches
+(``primitives_cache``: ours vs kazoo's ``TreeCache``, and the bare reads).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import primitives_election, primitives_queue_lock, primitives_semaphore_counter
+from bench import (
+    primitives_cache,
+    primitives_election,
+    primitives_queue_lock,
+    primitives_semaphore_counter,
+)
 from bench.common import print_results, quick, zookeeper
 from framework import configure_logging
 
@@ -34,6 +40,8 @@ def main() -> None:
         semaphore_counter = trio.run(primitives_semaphore_counter.run, hosts)
         print_results("semaphore and counter: ours vs kazoo recipes and the bare protocol",
                       semaphore_counter)
+        caches = trio.run(primitives_cache.run, hosts)
+        print_results("tree cache: ours vs kazoo's TreeCache and the bare protocol", caches)
 
 
 if __name__ == "__main__":
