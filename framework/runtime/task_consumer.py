@@ -45,6 +45,7 @@ import trio
 from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
+from framework.retry import RetryPolicy
 from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
 from framework.runtime.handlers import HandlerPool
@@ -526,8 +527,9 @@ class TaskConsumer:
             error = f"{type(exc).__name__}: {exc}"
         if len(error) > MAX_ERROR_CHARS:
             error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
-        max_attempts = rules.max_attempts if rules else self.worker.max_attempts
-        final = task.attempts >= max_attempts or isinstance(exc, errors.PermanentFailure)
+        retry = rules.retry if rules else RetryPolicy(self.worker.max_attempts,
+                                                      self.worker.backoff)
+        final = retry.gives_up(task.attempts, exc)
         metrics.task_finished(self.worker.app.name, False, time.time() - started, final=final,
                               owner=self)
         trace = "".join(traceback.format_exception(exc))
@@ -555,7 +557,7 @@ class TaskConsumer:
                 pass
         if not final:
             # hold the claim for a while so the retry is delayed (exponential backoff)
-            await (rules.backoff if rules else self.worker.backoff).sleep(task.attempts)
+            await retry.sleep(task.attempts)
         return final
 
     async def _drain_deadline(self, slots: trio.CancelScope) -> None:

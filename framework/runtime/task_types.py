@@ -37,7 +37,7 @@ import trio
 
 from framework import errors, records
 from framework.logs import get_logger
-from framework.retry import Backoff
+from framework.retry import Backoff, RetryPolicy
 from framework.runtime.app import App, check_name
 from framework.runtime.tasks import DEFAULT_TASK
 from framework.zk import Session
@@ -323,13 +323,24 @@ class RateLimiter:
 @attrs.define
 class TaskRules:
     """How a worker runs one task type: the type, and its options with the worker class's
-    filled in (``backoff``: its retry delays; ``limiter``: its rate limit, if any)."""
+    filled in (``retry``: its :class:`~framework.retry.RetryPolicy`, attempts, delays and
+    permanent errors; ``limiter``: its rate limit, if any)."""
 
     kind: TaskType
-    max_attempts: int
+    retry: RetryPolicy
     time_limit: float | None
-    backoff: Backoff
     limiter: RateLimiter | None
+
+    @property
+    def max_attempts(self) -> int:
+        """Deliveries in all, the failed last one included (``retry.max_attempts``)."""
+        assert self.retry.max_attempts is not None
+        return self.retry.max_attempts
+
+    @property
+    def backoff(self) -> Backoff:
+        """The delays before a retry (``retry.backoff``)."""
+        return self.retry.backoff
 
 
 def rules_of(kind: TaskType, worker: Any) -> TaskRules:
@@ -337,9 +348,9 @@ def rules_of(kind: TaskType, worker: Any) -> TaskRules:
     options = kind.options
     return TaskRules(
         kind,
-        options.max_attempts or worker.max_attempts,
+        RetryPolicy(options.max_attempts or worker.max_attempts,
+                    Backoff(options.backoff_base or worker.backoff_base,
+                            options.backoff_max or worker.backoff_max)),
         options.time_limit or worker.time_limit,
-        Backoff(options.backoff_base or worker.backoff_base,
-                options.backoff_max or worker.backoff_max),
         RateLimiter(options.rate_limit) if options.rate_limit else None,
     )

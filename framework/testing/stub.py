@@ -53,6 +53,7 @@ import attrs
 import trio
 
 from framework import errors
+from framework.retry import RetryPolicy
 from framework.runtime.delayed import due_time
 from framework.runtime.handlers import HandlerPool
 from framework.runtime.master import Master
@@ -224,19 +225,19 @@ class StubApp:
                                 started_at=started, key=task.key)
             result.encode()  # not JSON, or too large for a znode: fails for good
         except Exception as exc:
-            return self._failed(queued, task, exc, started, rules.max_attempts)
+            return self._failed(queued, task, exc, started, rules.retry)
         self.results[task.key] = result
         return None
 
     def _failed(self, queued: _Queued, task: Task, exc: Exception, started: float,
-                max_attempts: int) -> TaskResult | None:
+                retry: RetryPolicy) -> TaskResult | None:
         if isinstance(exc, trio.TooSlowError):
             error = "time limit exceeded"
         elif isinstance(exc, errors.PermanentFailure):
             error = str(exc)
         else:
             error = f"{type(exc).__name__}: {exc}"
-        final = task.attempts >= max_attempts or isinstance(exc, errors.PermanentFailure)
+        final = retry.gives_up(task.attempts, exc)
         record = TaskResult(task.id, False, self.worker.name, task.attempts, None, error,
                             started_at=started, key=task.key,
                             traceback="".join(traceback.format_exception(exc)))

@@ -43,6 +43,7 @@ from framework.primitives.queue.lease import LeaseBreaker, Renewal
 from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.producer import Producer
 from framework.primitives.queue.view import QueueView, bucket_order, is_bucket, parse_item
+from framework.retry import RetryPolicy
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
 __all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueItem", "WorkQueue"]
@@ -155,6 +156,8 @@ class WorkQueue(Producer, Consumer):
         self.bucket_size = bucket_size
         self.max_item_bytes = max_item_bytes
         self.max_attempts = max_attempts
+        # the give-up rule (attempts used up, or a permanent error), the same as a task's
+        self._retry = RetryPolicy(max_attempts)
         self.dead_letter = dead_letter or f"{path}/dead"
         self.items_root = f"{path}/items"
         self.claims_root = f"{path}/claims"

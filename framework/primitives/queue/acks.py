@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from framework import errors
-from framework.errors import ClaimLost, PermanentFailure
+from framework.errors import ClaimLost
 from framework.logs import get_logger
 from framework.primitives.queue.items import BATCH as _BATCH
 from framework.primitives.queue.items import Claim, Finisher
@@ -257,10 +257,7 @@ class Acker(QueueState):
             started
             and isinstance(exc, Exception)
             and not isinstance(exc, ClaimLost)
-            and (
-                isinstance(exc, PermanentFailure)
-                or (self.max_attempts is not None and claim.version >= self.max_attempts)
-            )
+            and self._retry.gives_up(claim.version, exc)
         )
         why = Ending.UNCONFIRMED
         with cleanup_scope(self.session) as scope:

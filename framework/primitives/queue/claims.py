@@ -209,7 +209,7 @@ class Claimer(QueueState):
                 self._foreign.add(entry.key)  # never claimed: no delivery counted
                 self._misses += 1
                 continue
-            if self.max_attempts is not None and stat.version >= self.max_attempts:
+            if self._retry.gives_up(stat.version):
                 await self._bury_unclaimed(entry, data, stat.version)
                 continue
             extras = self._extras_for(QueueItem(entry.key, data, entry.priority,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
 
+from framework.retry import RetryPolicy
 from framework.zk import Session
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class QueueState:
     bucket_size: int
     max_item_bytes: int
     max_attempts: int | None
+    _retry: RetryPolicy
     lease: float | None
     fence: tuple[str, int] | None
     claim_with: Callable[[QueueItem], ClaimExtras | None] | None
