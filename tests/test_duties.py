@@ -208,3 +208,39 @@ async def test_a_paused_holder_is_replaced_and_does_nothing_when_it_resumes(
             worker.request_stop()
             nursery.cancel_scope.cancel()
     _check(worker, fired, delayed)
+
+
+class Keeper(Worker):
+    """A worker-only app that keeps one dead letter at most."""
+
+    dead_retention_count = 1
+    retention_interval = 0.2
+    max_attempts = 1
+
+    @task
+    async def doomed(self, job: Task) -> None:
+        raise errors.PermanentFailure("no")
+
+
+async def test_the_holder_applies_the_worker_classs_retention(zk_hosts: str,
+                                                              chroot: str) -> None:
+    app = "duty-retention"
+    worker = Keeper(app, name="k1")
+    with trio.fail_after(30):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, session)
+            await _state(session, app, "k1", "held")
+            client = Client(session, app)
+            for n in range(3):
+                await client.submit("doomed", key=f"d{n}")
+                await client.result(f"d{n}", wait=True)
+            while True:  # three dead letters, trimmed to the newest one
+                changed = trio.Event()
+                dead = await session.children(f"/apps/{app}/dead",
+                                              watch=session.waker(changed))
+                if len(dead) <= 1:
+                    break
+                await changed.wait()
+            worker.request_stop()
+    assert len(dead) == 1
