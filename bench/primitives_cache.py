@@ -20,7 +20,6 @@ kazoo's cache runs in its own threads; its listener sets a ``threading.Event``.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -39,28 +38,12 @@ sys.path.insert(0, str(ROOT))
 from bench.common import Result, print_results, sized, zookeeper  # noqa: E402
 from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import TreeCache  # noqa: E402
+from framework.zkserver import watched_paths  # noqa: E402
 
 NODES = sized(10_000, 300)
 DIRS = sized(100, 10)
 CHANGES = sized(2_000, 100)
 IN_FLIGHT = 256
-
-
-def watched_paths(hosts: str, session_id: int) -> int:
-    """The paths the server watches for ``session_id`` (4lw ``wchc``)."""
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"wchc")
-        answer = b""
-        while chunk := sock.recv(1 << 16):
-            answer += chunk
-    count, current = 0, None
-    for line in answer.decode().splitlines():
-        if line.startswith("0x"):
-            current = int(line.strip(), 16)
-        elif line.strip() and current == session_id:
-            count += 1
-    return count
 
 
 async def _pipelined(session: Session, jobs: list, limit: int = IN_FLIGHT) -> None:

@@ -8,7 +8,6 @@ with the server's tree, read by another session."""
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 import trio
@@ -16,6 +15,7 @@ import trio
 from framework import Session
 from framework.primitives import NodeCache, TreeCache, TreeView
 from framework.testing import TcpProxy, expire_session
+from framework.zkserver import watched_paths
 
 
 async def server_tree(session: Session, root: str) -> dict[str, bytes]:
@@ -181,24 +181,6 @@ async def test_events_come_in_order_and_the_server_holds_one_watch(
                     async with TreeCache(watcher, "/big", persistent=persistent).running() as view:
                         await converged(view, writer, "/big")
                         assert len(view.paths()) == 201
-                        assert watches_of(zk_hosts, watcher.session_id) == held
+                        assert watched_paths(zk_hosts, watcher.session_id or 0) == held
 
-
-def watches_of(hosts: str, session_id: int | None) -> int:
-    """On how many paths the server holds watches for ``session_id`` (4lw ``wchc``; a
-    persistent recursive watch is one path, a node with a data and a child watch too)."""
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(b"wchc")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    count = 0
-    current = None
-    for line in answer.decode().splitlines():
-        if line.startswith("0x"):
-            current = int(line.strip(), 16)
-        elif line.strip() and current == session_id:
-            count += 1
-    return count
 

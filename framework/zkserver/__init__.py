@@ -8,6 +8,7 @@ from framework.zkserver.launcher import (
     find_classpath,
     four_letter,
     free_ports,
+    watched_paths,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "find_classpath",
     "four_letter",
     "free_ports",
+    "watched_paths",
 ]

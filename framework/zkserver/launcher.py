@@ -129,6 +129,20 @@ def four_letter(port: int, command: str, *, host: str = "127.0.0.1", timeout: fl
     return b"".join(chunks).decode(errors="replace")
 
 
+def watched_paths(hosts: str, session_id: int, *, timeout: float = 10.0) -> int:
+    """On how many paths the first server of ``hosts`` holds watches for ``session_id``
+    (4lw ``wchc``; a persistent recursive watch is one path, a node with a data and a
+    child watch too)."""
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    count, current = 0, None
+    for line in four_letter(int(port), "wchc", host=host, timeout=timeout).splitlines():
+        if line.startswith("0x"):
+            current = int(line.strip(), 16)
+        elif line.strip() and current == session_id:
+            count += 1
+    return count
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     """Ask the kernel to kill the server when its parent dies (no orphan servers after a
     crash).  Linux ties this to the *thread* that forked, so it is only used when the server
