@@ -83,3 +83,26 @@ async def test_registered_again_after_a_session_loss(zk_hosts: str, chroot: str,
                 await s.wait_connected()
                 await wait_created(session, f"/services/broker/{instance.id}")
                 assert await ServiceDiscovery(session).instances("broker") == [instance]
+
+
+def test_endpoint_brackets_an_ipv6_literal() -> None:
+    assert ServiceInstance("s", "::1", 9092).endpoint == "[::1]:9092"
+    assert ServiceInstance("s", "10.0.0.1", 9092).endpoint == "10.0.0.1:9092"
+    assert ServiceInstance("s", "db.example").endpoint == "db.example"
+
+
+async def test_instance_by_id_with_a_watch(session: Session) -> None:
+    """An id found elsewhere (an owner record) is looked up with a watch: it fires when the
+    instance is registered and again when it goes."""
+    discovery = ServiceDiscovery(session)
+    server = ServiceInstance("broker", "10.0.0.7", 9092, id="s1")
+    registered = trio.Event()
+    assert await discovery.instance("broker", "s1", watch=session.waker(registered)) is None
+    with trio.fail_after(20):
+        async with discovery.register(server):
+            await registered.wait()
+            gone = trio.Event()
+            assert await discovery.instance("broker", "s1", watch=session.waker(gone)) == server
+            assert not gone.is_set()
+        await gone.wait()
+    assert await discovery.instance("broker", "s1", watch=session.waker(trio.Event())) is None

@@ -13,7 +13,10 @@ a process that dies (kill -9) or is paused past the session timeout is no longer
 once the server expires its session.
 
 Finding: :meth:`ServiceDiscovery.instances` reads a service's instances once (a list and a
-read per instance, pipelined); :meth:`ServiceDiscovery.watch` yields the service's
+read per instance, pipelined); :meth:`ServiceDiscovery.instance` reads one instance by id,
+optionally arming a watch on its node (set when it is registered, changed or goes: a client
+that found a server's id elsewhere, such as an owner record, waits on it for the instance
+and drops a cached address when it fires); :meth:`ServiceDiscovery.watch` yields the service's
 instances now and again after every change of membership (one child watch on the service's
 node; only new instances are read).  An instance's payload is fixed while it is registered
 (register again to change it).  Nodes that do not hold an instance record (written by
@@ -31,7 +34,7 @@ import functools
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import attrs
 
@@ -69,8 +72,12 @@ class ServiceInstance:
 
     @property
     def endpoint(self) -> str:
-        """``address:port`` (``address`` alone without a port)."""
-        return self.address if self.port is None else f"{self.address}:{self.port}"
+        """``address:port`` (``[address]:port`` for an IPv6 literal; ``address`` alone
+        without a port)."""
+        if self.port is None:
+            return self.address
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
 
     def encode(self) -> bytes:
         """The instance's record (:mod:`framework.records`: JSON through cattrs)."""
@@ -158,15 +165,41 @@ class ServiceDiscovery:
                 continue  # a read: made again in the new session
             return sorted(found.values(), key=lambda i: i.id)
 
-    async def instance(self, name: str, instance_id: str) -> ServiceInstance | None:
-        """One instance, or ``None`` when it is not registered."""
-        validate_component("instance id", instance_id)
+    async def instance(self, name: str, instance_id: str, *,
+                       watch: Callable[..., Any] | None = None
+                       ) -> ServiceInstance | None:
+        """One instance, or ``None`` when it is not registered (or its node does not hold an
+        instance record).  ``watch`` (a session watcher, e.g. ``session.waker(event)``) is
+        armed on the instance's node, also when it is missing: it is called once when the
+        instance is registered, changed or unregistered.  With a watch, a connection loss or
+        expiry is raised (:class:`~framework.errors.ConnectionLossError`,
+        :class:`~framework.errors.SessionExpiredError`): the caller waits for the connection
+        and asks again, as it does for its other watched reads; without one the read is
+        made again in a new session."""
+        path = f"{self._service(name)}/{validate_component('instance id', instance_id)}"
+        if watch is not None:
+            return await self._watched(path, watch)
         while True:
             try:
                 found = await self._read(self._service(name), [instance_id])
             except errors.SessionExpiredError:
                 continue
             return found.get(instance_id)
+
+    async def _watched(self, path: str, watch: Callable[..., Any]
+                       ) -> ServiceInstance | None:
+        while True:
+            try:
+                data, _stat = await self.session.get(path, watch=watch)
+            except errors.NoNodeError:
+                if await self.session.exists(path, watch=watch) is None:
+                    return None
+                continue  # registered between the two reads: read it
+            try:
+                return ServiceInstance.decode(data)
+            except ValueError as exc:
+                log.warning("discovery.bad_instance", path=path, error=str(exc))
+                return None
 
     async def watch(self, name: str) -> AsyncIterator[tuple[ServiceInstance, ...]]:
         """Yield the instances of ``name`` (by id) now and after every change of its
