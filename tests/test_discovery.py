@@ -106,3 +106,22 @@ async def test_instance_by_id_with_a_watch(session: Session) -> None:
             assert not gone.is_set()
         await gone.wait()
     assert await discovery.instance("broker", "s1", watch=session.waker(trio.Event())) is None
+
+
+async def test_watch_reads_an_instance_registered_again_under_its_id(session: Session) -> None:
+    """A server restarted with its name on another port: its node is deleted and created
+    again under the same id (here in one multi, so no listing ever misses the id); the
+    watch yields the new endpoint, not the one it read first."""
+    discovery = ServiceDiscovery(session)
+    first = ServiceInstance("katta", "10.0.0.1", 7001, id="n1")
+    again = ServiceInstance("katta", "10.0.0.1", 7002, id="n1")
+    with trio.fail_after(20):
+        async with discovery.register(first) as registration:
+            watch = discovery.watch("katta")
+            assert await watch.__anext__() == (first,)
+            txn = session.transaction()
+            txn.delete(registration.path)
+            txn.create(registration.path, again.encode(), ephemeral=True)
+            await txn.commit()
+            assert await watch.__anext__() == (again,)
+            await watch.aclose()

@@ -18,7 +18,8 @@ optionally arming a watch on its node (set when it is registered, changed or goe
 that found a server's id elsewhere, such as an owner record, waits on it for the instance
 and drops a cached address when it fires); :meth:`ServiceDiscovery.watch` yields the service's
 instances now and again after every change of membership (one child watch on the service's
-node; only new instances are read).  An instance's payload is fixed while it is registered
+node, and a data watch on each instance read; only new instances, and ones registered again
+under the same id, are read).  An instance's payload is fixed while it is registered
 (register again to change it).  Nodes that do not hold an instance record (written by
 something else) are skipped with a warning.
 
@@ -203,22 +204,42 @@ class ServiceDiscovery:
 
     async def watch(self, name: str) -> AsyncIterator[tuple[ServiceInstance, ...]]:
         """Yield the instances of ``name`` (by id) now and after every change of its
-        membership.  Never ends on its own: cancel it or ``break``."""
+        membership.  Never ends on its own: cancel it or ``break``.
+
+        An instance registered again under the same id (a server restarted with its name,
+        perhaps on another port) is read again: each instance is read with a data watch,
+        and one that fired is dropped from what is known at the next change.  A read cut
+        by a connection loss or an expiry is made again once connected."""
         path = self._service(name)
         known: dict[str, ServiceInstance] = {}
+        stale: set[str] = set()
+
+        def watcher(instance_id: str) -> Callable[..., None]:
+            return lambda *_args: stale.add(instance_id)
+
         async for snapshot in watch_children(self.session, path):
             current = set(snapshot.children)
-            for gone in set(known) - current:
+            for gone in (set(known) - current) | (stale & set(known)):
                 del known[gone]
-            known.update(await self._read(path, sorted(current - set(known))))
+            stale.clear()
+            while True:
+                try:
+                    fresh = await self._read(path, sorted(current - set(known)), watcher)
+                    break
+                except (errors.ConnectionLossError, errors.SessionExpiredError):
+                    await self.session.wait_connected()
+            known.update(fresh)
             yield tuple(known[i] for i in sorted(known))
 
-    async def _read(self, path: str, ids: list[str]) -> dict[str, ServiceInstance]:
+    async def _read(self, path: str, ids: list[str],
+                    watcher: Callable[[str], Callable[..., None]] | None = None
+                    ) -> dict[str, ServiceInstance]:
         out: dict[str, ServiceInstance] = {}
 
         async def one(instance_id: str) -> None:
+            watch = None if watcher is None else watcher(instance_id)
             try:
-                data, _stat = await self.session.get(f"{path}/{instance_id}")
+                data, _stat = await self.session.get(f"{path}/{instance_id}", watch=watch)
             except errors.NoNodeError:
                 return
             try:
