@@ -216,6 +216,7 @@ class Keeper(Worker):
     dead_retention_count = 1
     retention_interval = 0.2
     max_attempts = 1
+    status_interval = 0.05
 
     @task
     async def doomed(self, job: Task) -> None:

@@ -3,6 +3,17 @@
 from framework.runtime.app import App
 from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.blocking import BlockingClient, ClientClosedError
+from framework.runtime.canvas import (
+    Canvas,
+    CanvasRecord,
+    Signature,
+    apply_canvas,
+    canvas_result,
+    chain,
+    chord,
+    group,
+    sig,
+)
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
 from framework.runtime.payloads import LocalDirectoryStore, PayloadMissing, PayloadStore
@@ -37,6 +48,8 @@ __all__ = [
     "AppStatus",
     "AppSummary",
     "BlockingClient",
+    "Canvas",
+    "CanvasRecord",
     "CatchUp",
     "Client",
     "ClientClosedError",
@@ -60,6 +73,7 @@ __all__ = [
     "Schedule",
     "ReplicatedPlacement",
     "Service",
+    "Signature",
     "Task",
     "TaskExists",
     "TaskOptions",
@@ -67,8 +81,13 @@ __all__ = [
     "Watches",
     "Worker",
     "gather_status",
+    "group",
     "list_apps",
     "load_class",
+    "apply_canvas",
+    "canvas_result",
+    "chain",
+    "chord",
     "commit_fenced",
     "confirmed_records",
     "cron",
@@ -79,5 +98,6 @@ __all__ = [
     "render_apps",
     "render_status",
     "run_component",
+    "sig",
     "task",
 ]

@@ -11,6 +11,9 @@ takes tasks (``duties = False`` on a worker class keeps its processes out).
 sequential-ephemeral contenders, each watching only its predecessor).  The one elected is the
 *duty holder*; the others stand by in line.
 
+**Canvases.** The holder also drives the app's ``chain``/``group``/``chord`` canvases
+(:class:`~framework.runtime.canvas.CanvasDriver`), whether or not a master leads.
+
 **A leading master takes over.** While the app's masters' election has a leader, the duty
 holder stands aside (``deferred``): the master's leader does the duties, as it always did.
 When the masters' election empties (the last master exited, or was killed and its session
@@ -51,6 +54,7 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives import Election, Term
 from framework.primitives.queue import WorkQueue
+from framework.runtime.canvas import CanvasDriver
 from framework.runtime.delayed import DelayedMover
 from framework.runtime.master import Master
 from framework.runtime.records import MasterIdentity
@@ -159,10 +163,13 @@ class Duties:
     # ------------------------------------------------------------ holding
 
     async def _hold(self, session: Session, term: Term) -> None:
-        """Do the duties while no master leads; stand aside while one does."""
+        """Do the duties while no master leads; stand aside while one does.  Drive the
+        app's canvases (:mod:`framework.runtime.canvas`) all along."""
         masters = Election(session, self.worker.app.masters)
         await session.ensure_path(self.worker.app.masters)
         async with trio.open_nursery() as nursery:
+            # canvases are driven by the holder whether or not a master leads
+            nursery.start_soon(CanvasDriver(session, self.worker.app, term).run)
             doing: trio.CancelScope | None = None
             async for leader in masters.watch_leaders():
                 if leader is None and doing is None:

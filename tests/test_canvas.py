@@ -1,0 +1,255 @@
+"""Canvas: chain, group and chord, with results passed on, driven by the elected duty holder.
+
+In process first (results passed on, a failing member failing the chord, refusals); then the
+driver's processes (``helpers/duty_worker.py``) killed -9 twice and the last one SIGSTOPped
+past its session while a chord and a chain are under way: the callback runs exactly once,
+with every member's result, and each step once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from framework import errors, records
+from framework.primitives import Election
+from framework.runtime import (
+    MasterIdentity,
+    Task,
+    Worker,
+    apply_canvas,
+    canvas_result,
+    chain,
+    chord,
+    group,
+    sig,
+    task,
+)
+from framework.runtime.canvas import CanvasRecord, canvas_root
+from framework.runtime.duties import duties_path
+from framework.testing import Child, python_argv, spawn
+from framework.zk import Session, wait_exists, wait_gone
+
+HELPERS = Path(__file__).parent / "helpers"
+
+
+class Calc(Worker):
+    """Counts each run of each task id."""
+
+    concurrency = 2
+    max_attempts = 2
+    backoff_base = 0.01
+    pause = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs: dict[str, int] = {}
+        #: square(n) waits for gates[n] when set (the test decides when members end)
+        self.gates: dict[int, trio.Event] | None = None
+
+    def _ran(self, job: Task) -> None:
+        self.runs[job.id] = self.runs.get(job.id, 0) + 1
+
+    @task
+    async def start(self, job: Task) -> int:
+        self._ran(job)
+        return int(job.payload)
+
+    @task
+    async def add(self, job: Task) -> int:
+        self._ran(job)
+        await trio.sleep(self.pause)  # work that takes a while, so faults land mid-way
+        return int(job.payload["previous"] + job.payload["payload"])
+
+    @task
+    async def square(self, job: Task) -> int:
+        self._ran(job)
+        if self.gates is not None:
+            await self.gates[int(job.payload)].wait()
+        return int(job.payload) ** 2
+
+    @task
+    async def total(self, job: Task) -> dict[str, Any]:
+        self._ran(job)
+        return {"sum": sum(job.payload["results"]), "label": job.payload["payload"]}
+
+    @task
+    async def boom(self, job: Task) -> None:
+        self._ran(job)
+        raise ValueError(f"boom {job.payload}")
+
+    @task
+    async def tick(self, job: Task) -> None:  # the helpers' schedule fires it
+        return None
+
+
+async def _serve(session: Session, worker: Worker) -> None:
+    await worker.run(session)
+
+
+async def test_chain_group_and_chord_pass_results_on(session: Session) -> None:
+    worker = Calc("calc", name="w1")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, session, worker)
+            await wait_exists(session, "/apps/calc/workers/w1")
+            linked = await apply_canvas(session, "calc", chain(
+                sig("start", 2), sig("add", 3), sig("add", 4), sig("start", 7, immutable=True)))
+            grouped = await apply_canvas(session, "calc", group(
+                [sig("square", n) for n in range(4)]))
+            chorded = await apply_canvas(session, "calc", chord(
+                [sig("square", n) for n in range(5)], sig("total", "squares")),
+                canvas_id="sq")
+            again = await apply_canvas(session, "calc", chord(
+                [sig("square", 9)], sig("total", "other")), canvas_id="sq")
+            done = [await canvas_result(session, "calc", cid, wait=True)
+                    for cid in (linked, grouped, chorded)]
+            worker.request_stop()
+    assert again == "sq"
+    chained, grouped_record, chorded_record = done
+    assert chained is not None and chained.state == "succeeded" and chained.result == 7
+    assert worker.runs[f"{linked}-2"] == 1  # 2 + 3 + 4 = 9 was step 2's result
+    assert grouped_record is not None and grouped_record.result == [0, 1, 4, 9]
+    assert chorded_record is not None and chorded_record.state == "succeeded"
+    assert chorded_record.result == {"sum": 30, "label": "squares"}
+    assert sorted(chorded_record.joined) == ["0", "1", "2", "3", "4"]
+    assert all(count == 1 for count in worker.runs.values()), worker.runs
+
+
+async def test_a_member_failing_for_good_fails_the_chord_with_its_error(
+        session: Session) -> None:
+    worker = Calc("calc-fail", name="w1")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, session, worker)
+            await wait_exists(session, "/apps/calc-fail/workers/w1")
+            cid = await apply_canvas(session, "calc-fail", chord(
+                [sig("square", 1), sig("boom", "x"), sig("square", 2)], sig("total")))
+            linked = await apply_canvas(session, "calc-fail", chain(
+                sig("start", 1), sig("boom", "y", immutable=True), sig("add", 1)))
+            record = await canvas_result(session, "calc-fail", cid, wait=True)
+            chained = await canvas_result(session, "calc-fail", linked, wait=True)
+            worker.request_stop()
+    assert record is not None and record.state == "failed"
+    assert record.error == "step 1 (boom): ValueError: boom x"
+    assert chained is not None and chained.state == "failed"
+    assert chained.error == "step 1 (boom): ValueError: boom y"
+    assert f"{cid}-callback" not in worker.runs and f"{linked}-2" not in worker.runs
+    assert worker.runs[f"{cid}-1"] == 2  # its type's attempts, then for good
+
+
+async def test_canvas_mistakes_are_one_line_errors(session: Session) -> None:
+    worker = Calc("calc-bad", name="w1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve, session, worker)
+        await wait_exists(session, "/apps/calc-bad/workers/w1")
+        with pytest.raises(errors.ConfigurationError, match="no task type 'nope'"):
+            await apply_canvas(session, "calc-bad", chain(sig("start", 1), sig("nope")))
+        worker.request_stop()
+    with pytest.raises(errors.ConfigurationError, match="one or more sig"):
+        chain()
+    with pytest.raises(errors.ConfigurationError, match="no nesting"):
+        chain(sig("start"), group(sig("start")))  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigurationError, match="JSON"):
+        sig("start", object())
+    assert await canvas_result(session, "calc-bad", "missing") is None
+
+
+# ---------------------------------------------------------------- faults
+
+
+async def _spawn(*args: object, name: str,
+                 task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async with spawn(python_argv(HELPERS / "duty_worker.py", *args), name=name) as child:
+        task_status.started(child)
+        await child.wait()
+
+
+async def _holder(session: Session, app: str) -> tuple[str, str]:
+    """The duty holder's name and election node (waiting for one)."""
+    while True:
+        changed = trio.Event()
+        try:
+            await session.children(duties_path(_App(app)), watch=session.waker(changed))
+        except errors.NoNodeError:  # no worker has started yet
+            await wait_exists(session, duties_path(_App(app)))
+            continue
+        contenders = await Election(session, duties_path(_App(app))).contenders()
+        if contenders:
+            first = contenders[0]
+            return records.decode(first.identifier, MasterIdentity).name, first.node
+        await changed.wait()
+
+
+class _App:
+    def __init__(self, name: str) -> None:
+        self.base = f"/apps/{name}"
+
+
+async def _progress(session: Session, app: str, cid: str, beyond: int) -> CanvasRecord:
+    """Wait until the chord has counted more than ``beyond`` members (or ended)."""
+    path = f"{canvas_root(_App(app))}/{cid}"  # type: ignore[arg-type]
+    while True:
+        changed = trio.Event()
+        data, _ = await session.get(path, watch=session.waker(changed))
+        record = records.decode(data, CanvasRecord)
+        if len(record.joined) > beyond or record.done:
+            return record
+        await changed.wait()
+
+
+async def test_the_callback_runs_once_when_drivers_are_killed_and_paused(
+        zk_hosts: str, chroot: str) -> None:
+    """Four driver processes.  The chord's members end when the test lets them: the driver
+    is killed -9 after the first member is counted, again after the fourth, and the third
+    driver is SIGSTOPped past its session after the eighth (the fourth takes over), then
+    resumed; the rest end meanwhile.  The chain runs beside it, through the same faults."""
+    app, members = "canvas-faults", 12
+    worker = Calc(app, name="rec")
+    worker.duties = False  # the helpers drive
+    worker.concurrency = members + 1
+    worker.pause = 0.05
+    worker.gates = {n: trio.Event() for n in range(members)}
+    with trio.fail_after(90):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, session, worker)
+            await wait_exists(session, f"/apps/{app}/workers/rec")
+            children: dict[str, Child] = {}
+            for name in ("d1", "d2", "d3", "d4"):
+                children[name] = await nursery.start(
+                    lambda n=name, **kw: _spawn(zk_hosts, chroot, app, n, 30.0, name=n, **kw))
+            await _holder(session, app)
+            cid = await apply_canvas(session, app, chord(
+                [sig("square", n) for n in range(members)], sig("total", "faults")))
+            linked = await apply_canvas(session, app, chain(
+                sig("start", 0), *[sig("add", 1) for _ in range(6)]))
+            released = 0
+            for fault, counted in (("kill", 1), ("kill", 4), ("pause", 8)):
+                while released < counted:
+                    worker.gates[released].set()
+                    released += 1
+                record = await _progress(session, app, cid, counted - 1)
+                assert not record.done and not record.callback_queued
+                holder, node = await _holder(session, app)
+                if fault == "kill":
+                    children.pop(holder).kill()
+                else:
+                    children[holder].pause()
+                await wait_gone(session, node)  # its session expired
+            for gate in worker.gates.values():
+                gate.set()
+            await _progress(session, app, cid, members - 1)  # counted by the fourth driver
+            children[holder].resume()  # the paused driver: its late writes are refused
+            final = await canvas_result(session, app, cid, wait=True)
+            chained = await canvas_result(session, app, linked, wait=True)
+            worker.request_stop()
+            nursery.cancel_scope.cancel()
+    assert final is not None and final.state == "succeeded", final
+    assert final.result == {"sum": sum(n * n for n in range(members)), "label": "faults"}
+    assert worker.runs[f"{cid}-callback"] == 1
+    assert chained is not None and chained.result == 6
+    assert all(count == 1 for count in worker.runs.values()), worker.runs
