@@ -243,11 +243,11 @@ async def test_a_late_announcement_does_not_bring_back_a_removed_index(
     node.session = session
     deployed = paths.deployed("gone", 1)
     await session.ensure_path(deployed)  # the master placed the shard
-    async with node.ready("gone.00001", {"address": "x"}) as listed:
+    async with node.ready("gone.00001", {"docs": 1}) as listed:
         assert listed and await session.exists(f"{deployed}/n0") is not None
     assert await session.exists(f"{deployed}/n0") is None  # withdrawn when the block ends
     await session.delete(deployed)  # the master removed the shard
-    async with node.ready("gone.00001", {"address": "x"}) as listed:
+    async with node.ready("gone.00001", {"docs": 1}) as listed:
         assert listed is False
     assert await session.exists(deployed) is None
 

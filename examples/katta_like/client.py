@@ -2,9 +2,11 @@
 
 Guarantees:
 
-* The deployment (which node serves which shard, at which address: the nodes'
-  ``deployed/`` records), the index records and the aliases are read through watches and
-  cached: a query costs no ZooKeeper round trip.
+* The deployment (which node serves which shard: the nodes' ``deployed/`` records; at
+  which address: the nodes' own :class:`~framework.primitives.ServiceDiscovery` instances,
+  ``/services/<app>/<node>``), the index records and the aliases are read through watches
+  and cached: a query costs no ZooKeeper round trip.  A replica is routed to only while its
+  node has both a deployment record and a registration.
 * **SUSPENDED** or **LOST** (the client's own session): the cache is kept as it was and
   queries go on; the nodes' answers decide (a node that stopped serving answers the shard
   in ``refused``, a dead one does not answer) and the next replica is asked.  Connected
@@ -52,6 +54,7 @@ from examples.katta_like.layout import (
     KattaPaths,
     bad_record,
     decode_logged,
+    discovery,
     read_record,
     shard_name,
 )
@@ -144,6 +147,8 @@ class _IndexView:
     version: int = 0  # the index record's czxid: another one is another index
     corrupt: str = ""  # why the record (there is one) cannot be read
     replicas: dict[int, dict[str, str]] = attrs.Factory(dict)  # shard -> node -> address
+    #: shard -> the nodes with a deployment record (routed to once registered)
+    serving: dict[int, set[str]] = attrs.Factory(dict)
     ready: trio.Event = attrs.Factory(trio.Event)
     loaded: set[int] = attrs.Factory(set)
     changed: trio.Event = attrs.Factory(trio.Event)  # set (and replaced) at each change
@@ -151,6 +156,14 @@ class _IndexView:
     def changes(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
+
+    def route(self, nodes: dict[str, str], shards: Any = None) -> None:
+        """``replicas`` again from ``serving`` and the registered nodes' addresses (of
+        ``shards``, default every shard)."""
+        for shard in self.serving if shards is None else shards:
+            self.replicas[shard] = {n: nodes[n] for n in sorted(self.serving[shard])
+                                    if n in nodes}
+        self.changes()
 
 
 class SearchClient:
@@ -181,6 +194,9 @@ class SearchClient:
         self._nursery = nursery
         self._links = links
         self._views: dict[str, _IndexView] = {}
+        #: registered node -> ``host:port`` (its discovery instance), and whether read once
+        self._nodes: dict[str, str] = {}
+        self._nodes_read = trio.Event()
         self._aliases: dict[str, str | None] = {}
         self._alias_ready: dict[str, trio.Event] = {}
         self._rng = random.Random()
@@ -199,8 +215,10 @@ class SearchClient:
         async with trio.open_nursery() as nursery:
             links = NodeLinks(nursery)
             try:
-                yield cls(session, nursery, links, app=app, shard_timeout=shard_timeout,
-                          scoring=scoring)
+                client = cls(session, nursery, links, app=app, shard_timeout=shard_timeout,
+                             scoring=scoring)
+                nursery.start_soon(client._watch_nodes)
+                yield client
             finally:
                 links.close()
                 nursery.cancel_scope.cancel()
@@ -222,12 +240,23 @@ class SearchClient:
             self._aliases[name] = alias.index if alias is not None else None
             self._alias_ready[name].set()
 
+    async def _watch_nodes(self) -> None:
+        """Follow the nodes' registrations (one discovery watch for the client)."""
+        async for instances in discovery(self.session).watch(self.paths.service):
+            nodes = {i.id: i.endpoint for i in instances}
+            if nodes != self._nodes:
+                self._nodes = nodes
+                for view in self._views.values():
+                    view.route(nodes)
+            self._nodes_read.set()
+
     async def _view(self, index: str) -> _IndexView:
         view = self._views.get(index)
         if view is None:
             view = self._views[index] = _IndexView()
             self._nursery.start_soon(self._watch_index, index, view)
         await view.ready.wait()
+        await self._nodes_read.wait()
         return view
 
     async def view(self, index: str) -> _IndexView:
@@ -265,18 +294,17 @@ class SearchClient:
     async def _watch_shard(self, index: str, shard: int, view: _IndexView) -> None:
         base = self.paths.deployed(index, shard)
         async for snap in watch_children(self.session, base):
-            replicas: dict[str, str] = {}
+            serving: set[str] = set()
             for node in snap.children:
                 try:
                     data, _ = await self.session.get(f"{base}/{node}")
                 except errors.NoNodeError:
                     continue
-                info = decode_logged(data, DeploymentInfo, f"{base}/{node}")
-                if info is not None:
-                    replicas[node] = info.address
-            view.replicas[shard] = replicas
+                if decode_logged(data, DeploymentInfo, f"{base}/{node}") is not None:
+                    serving.add(node)
+            view.serving[shard] = serving
             view.loaded.add(shard)
-            view.changes()
+            view.route(self._nodes, [shard])
             if view.record is not None and len(view.loaded) >= view.record.shards:
                 view.ready.set()
 

@@ -36,6 +36,7 @@ from examples.katta_like.layout import (
     KattaPaths,
     bad_record,
     decode_logged,
+    discovery,
     read_record,
     serving_of,
     shard_name,
@@ -247,7 +248,8 @@ async def _aliases(session: Session, paths: KattaPaths) -> dict[str, str]:
 
 @attrs.frozen
 class NodeView:
-    """A search node in ``katta status``."""
+    """A search node in ``katta status``; ``address``: its discovery instance's (``None``:
+    not registered)."""
 
     address: str | None
     state: MemberState
@@ -294,10 +296,11 @@ async def gather_status(session: Session, app: str = APP_NAME) -> ClusterStatus:
     the_app = App(app)
     paths = KattaPaths(the_app)
     nodes: dict[str, NodeView] = {}
+    registered = {i.id: i.endpoint for i in await discovery(session).instances(paths.service)}
     for name in await _children(session, the_app.workers):
         member = await _read(session, f"{the_app.workers}/{name}", MemberStatus)
         if member is not None:
-            nodes[name] = NodeView(member.address, member.state, serving_of(member))
+            nodes[name] = NodeView(registered.get(name), member.state, serving_of(member))
     indexes: dict[str, IndexView] = {}
     under: list[str] = []
     for name in await _children(session, paths.indexes):

@@ -14,8 +14,16 @@ runtime's push mode, see docs/architecture.md)::
                                           verified and open: DeploymentInfo
     refused/<index>.<shard>/<node>        the node found the shard corrupt (persistent)
 
-Ideal state (plan, assignments) is written by the master; observed state (deployed/) by the
-nodes; clients route by deployed/ only.
+and, outside the application root, where each node is reached: every node registers itself
+with the framework's :class:`~framework.primitives.ServiceDiscovery` (before it announces
+any shard, ephemeral, registered again after a session loss)::
+
+    /services/<app>/<node>                a ServiceInstance: the address and port the node
+                                          advertises, with a NodePayload (TLS, host name)
+
+Ideal state (plan, assignments) is written by the master; observed state (deployed/, and
+the nodes' own registrations) by the nodes; clients route by deployed/ and the
+registrations only.
 
 Every record is an attrs class encoded by :mod:`framework.records` (compact JSON).
 :func:`read_record` decodes one read from a znode and raises
@@ -35,8 +43,11 @@ import attrs
 
 from examples.katta_like.corpus import CorpusSpec
 from framework import get_logger, records
+from framework.addresses import parse_address
 from framework.errors import ConfigurationError
+from framework.primitives import ServiceDiscovery, ServiceInstance
 from framework.runtime import App, MemberStatus
+from framework.zk import Session
 
 log = get_logger("examples.katta_like.layout")
 
@@ -86,6 +97,11 @@ class KattaPaths:
 
     def alias(self, name: str) -> str:
         return f"{self.aliases}/{name}"
+
+    @property
+    def service(self) -> str:
+        """The discovery service the nodes register as (the application's name)."""
+        return self.app.name
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -175,11 +191,34 @@ class ShardSpec:
 
 @attrs.frozen
 class DeploymentInfo:
-    """A node's ``deployed/<index>.<shard>/<node>`` record: where it answers queries, and
-    how many documents its copy holds (the runtime adds an ``incarnation``, ignored here)."""
+    """A node's ``deployed/<index>.<shard>/<node>`` record: how many documents its copy
+    holds (the runtime adds an ``incarnation``, ignored here).  Where the node answers is
+    its discovery instance (:func:`node_instance`), not this record."""
 
-    address: str
     docs: int = 0
+
+
+@attrs.frozen
+class NodePayload:
+    """The payload of a node's discovery instance (``/services/<app>/<node>``)."""
+
+    #: whether its query links are TLS (clients need ``$KATTA_TLS_CA`` then)
+    tls: bool = False
+    host: str = ""
+
+
+def discovery(session: Session) -> ServiceDiscovery:
+    """The nodes' registry (``/services``, the recipe's default base)."""
+    return ServiceDiscovery(session)
+
+
+def node_instance(paths: KattaPaths, node: str, advertised: str, *, tls: bool,
+                  host: str = "") -> ServiceInstance:
+    """The discovery instance of ``node`` reached at ``advertised`` (``host:port``)."""
+    address, port = parse_address(advertised, what="advertised address")
+    assert address is not None and port is not None, advertised
+    return ServiceInstance(paths.service, address, port, id=node,
+                           payload=records.unstructure(NodePayload(tls, host)))
 
 
 @attrs.frozen

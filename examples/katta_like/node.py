@@ -8,9 +8,9 @@ Settings come from the environment: ``KATTA_STORE`` (the shard store, default
 :class:`ConfigurationError` when the node starts), ``KATTA_LISTEN`` (where the query
 listener binds: ``HOST``, ``HOST:PORT`` or ``0.0.0.0``; default the address of the interface
 that routes to ZooKeeper - loopback only when ZooKeeper is on loopback - and any free port),
-``--address`` / ``KATTA_ADVERTISE`` (what the node publishes in its records; default where
-it listens: the rule of :mod:`framework.addresses`; an address it cannot bind stops it at
-start, in one line) and ``KATTA_TLS_*`` (TLS on the query links, see
+``--address`` / ``KATTA_ADVERTISE`` (what the node publishes; default where it listens: the
+rule of :mod:`framework.addresses`; an address it cannot bind stops it at start, in one
+line) and ``KATTA_TLS_*`` (TLS on the query links, see
 :mod:`examples.katta_like.wire`).
 
 Guarantees:
@@ -23,13 +23,18 @@ Guarantees:
   cancellation runs, an answer for a shard is given only if the session that announced it
   is still trusted (:meth:`Session.ensure_trusted`).  Connected again (the same session or
   a new one), it follows its assignments again.
-* A shard is announced (the runtime's ephemeral ``deployed/<index>.<shard>/<me>``, a
-  :class:`DeploymentInfo`, through :meth:`Worker.ready`) only after it was copied to local
-  disk, verified against its manifest and opened.  A corrupt shard, or a shard spec that
-  is not a :class:`ShardSpec`, is refused (:class:`PermanentFailure`: the runtime's
-  ``refused/``) and never served.  A shard store that cannot be reached is not a corrupt
-  shard: the copy is tried again with a capped backoff (:attr:`SearchNode.store_backoff`,
-  ``shard.store_unavailable`` events) until the store answers or the shard is unassigned.
+* Where it answers is published once, by the framework's
+  :class:`~framework.primitives.ServiceDiscovery`: the instance ``/services/<app>/<me>``
+  (advertised address and port, :class:`NodePayload`), ephemeral, registered again after a
+  session loss; a node restarted under its name registers once its previous session is
+  gone.  A shard is announced (the runtime's ephemeral ``deployed/<index>.<shard>/<me>``, a
+  :class:`DeploymentInfo`, through :meth:`Worker.ready`) only after the node was registered
+  and the shard was copied to local disk, verified against its manifest and opened.  A
+  corrupt shard, or a shard spec that is not a :class:`ShardSpec`, is refused
+  (:class:`PermanentFailure`: the runtime's ``refused/``) and never served.  A shard store
+  that cannot be reached is not a corrupt shard: the copy is tried again with a capped
+  backoff (:attr:`SearchNode.store_backoff`, ``shard.store_unavailable`` events) until the
+  store answers or the shard is unassigned.
 * Unassigned (or its index removed), a shard's record is withdrawn first, then its searcher
   closed, then its local copy deleted.  Stopped for another reason (the session not
   trusted, the node stopping) the local copy is kept; served again, it is verified against
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,6 +64,8 @@ from examples.katta_like.layout import (
     KattaPaths,
     NodeHealth,
     ShardSpec,
+    discovery,
+    node_instance,
     parse_replica,
     read_record,
 )
@@ -133,6 +141,7 @@ class SearchNode(Worker):
         self.served: dict[tuple[str, int], ShardSearcher] = {}
         self._active: set[tuple[str, int]] = set()  # shards in serve_shard now
         self._owned_in: dict[tuple[str, int], int | None] = {}  # listed: session id
+        self._registered = trio.Event()  # our discovery instance was created once
         self.queries = 0
 
     # ------------------------------------------------------------ index build (pull mode)
@@ -166,8 +175,8 @@ class SearchNode(Worker):
 
     @asynccontextmanager
     async def lifetime(self, session: Session) -> AsyncIterator[None]:
-        """The node's disk and its query listener, for as long as the node runs (its
-        address goes into its group status and its deployment records)."""
+        """The node's disk, its query listener and its discovery instance, for as long as
+        the node runs (its address also goes into its group status)."""
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.data_dir, os.W_OK | os.X_OK):
@@ -180,12 +189,22 @@ class SearchNode(Worker):
                                    what="KATTA_LISTEN")
         listeners, self.address = await open_listeners(endpoint, what="KATTA_LISTEN")
         host, port = listeners[0].socket.getsockname()[:2]
+        instance = node_instance(self.paths, self.name, self.address,
+                                 tls=self.tls is not None, host=socket.gethostname())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self.serve_connection, listeners)
+            # in the background: a name still registered by a previous incarnation's session
+            # delays our shards' announcements, not the runtime's join (which refuses it)
+            nursery.start_soon(self._stay_registered, session, instance)
             log.info("node.listening", node=self.name, address=self.address,
                      listen=f"{host}:{port}", tls=self.tls is not None)
             yield
             nursery.cancel_scope.cancel()
+
+    async def _stay_registered(self, session: Session, instance: Any) -> None:
+        async with discovery(session).register(instance):
+            self._registered.set()
+            await trio.sleep_forever()
 
     # ------------------------------------------------------------ serving (push mode)
 
@@ -211,7 +230,8 @@ class SearchNode(Worker):
             if reused:
                 log.info("shard.reopened", node=self.name, index=index, shard=number)
             self.served[key] = searcher
-            info = DeploymentInfo(self.address, searcher.searcher.num_docs)
+            info = DeploymentInfo(searcher.searcher.num_docs)
+            await self._registered.wait()  # clients find where we are before we are listed
             async with self.ready(shard, records.unstructure(info)) as listed:
                 if not listed:
                     log.info("shard.index_gone", node=self.name, index=index, shard=number)
