@@ -57,6 +57,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except SyntaxError as exc:  # the user's module does not compile: where, in one line
         raise FrameworkError(_syntax_error(args.component, exc)) from None
     component = cls(args.app, name=args.name, address=args.address or "")
+    if args.listen is not None:
+        _set_listen(component, args.component, args.listen)
     if args.concurrency is not None:
         if isinstance(component, Master):
             raise FrameworkError(f"--concurrency is for workers; {args.component} is a Master")
@@ -88,6 +90,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if summary["dead_letters"] and getattr(component, "fail_on_dead_letters", False):
             return 1
     return 0
+
+
+def _set_listen(component: object, name: str, listen: str) -> None:
+    """``--listen HOST[:PORT]`` for a component that serves others (a broker server, a
+    Katta node: an attribute ``listen``, which its own environment variable sets too)."""
+    from framework.addresses import parse_address
+
+    if not hasattr(component, "listen"):
+        raise FrameworkError(f"--listen is for a component that serves other processes (a "
+                             f"broker server, a Katta node); {name} listens on nothing")
+    parse_address(listen, what="--listen")  # one line for a malformed address
+    component.listen = listen  # type: ignore[attr-defined]
 
 
 def _syntax_error(component: str, exc: SyntaxError) -> str:
@@ -557,7 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_arguments(run, connect_timeout=False)
     run.add_argument("--app", help="application name (default: the class's app_name)")
     run.add_argument("--name", help="this process's name (default: HOST-PID)")
-    run.add_argument("--address", help="address to publish (master) or report (worker)")
+    run.add_argument("--address", help="address to publish (master) or report (worker); a "
+                                       "server's advertised address (see docs/deploy.md)")
+    run.add_argument("--listen", metavar="HOST[:PORT]", default=None,
+                     help="where a serving component (broker server, Katta node) listens: an "
+                          "address of this host or 0.0.0.0 (default: the address that routes "
+                          "to ZooKeeper; see docs/deploy.md)")
     run.add_argument("--session-timeout", type=float, default=10.0,
                      help="seconds (default 10)")
     run.add_argument("--metrics-port", type=port_number, default=None,

@@ -107,6 +107,26 @@ def test_a_server_refuses_an_address_it_cannot_bind(zk_hosts: str, chroot: str, 
     assert f"cannot listen on 192.0.2.77:0 ({setting})" in lines[0]
 
 
+@pytest.mark.parametrize(("component", "listen", "said"), [
+    ("examples.katta_like.node:SearchNode", "192.0.2.77", "cannot listen on 192.0.2.77:0"),
+    ("examples.katta_like.node:SearchNode", "host:99999", "--listen: port"),
+    ("framework.runtime:Worker", "0.0.0.0", "--listen is for a component that serves"),
+])
+def test_framework_run_listen_flag(zk_hosts: str, chroot: str, tmp_path: Path,
+                                   component: str, listen: str, said: str) -> None:
+    """``framework run ... --listen``: a serving component binds there (or refuses in one
+    line, exit 2); a malformed address or a component that serves nothing is one line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "framework", "run", component, "--listen", listen,
+         "--zk", zk_hosts, "--chroot", chroot, "--name", "s1", "--app", "listen"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "KATTA_DATA": str(tmp_path),
+             "FRAMEWORK_LOG_LEVEL": "error"},
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert said in lines[0]
+
+
 def test_bad_tls_settings_are_one_line(certs: Certs) -> None:
     with pytest.raises(ConfigurationError, match="BROKER_TLS_CA: '/nonexistent' is not"):
         LinkTls.from_env("BROKER", {"BROKER_TLS_CA": "/nonexistent"})
