@@ -446,3 +446,31 @@ async def test_an_index_added_again_under_its_name_is_built_again(
                 result = await client.search(query, index="again")
     assert not result.partial and result.count == want.count
     assert (tmp_path / "two").exists()  # built into the second store
+
+
+async def test_replicas_are_routed_by_deployment_and_registration(
+        session: Session, tmp_path: Path) -> None:
+    """The client routes a shard to a node only while the node has both a deployment record
+    (it serves the shard) and a discovery instance (where it answers, from the node itself);
+    a registration without a deployment, or the reverse, routes nothing."""
+    from examples.katta_like.layout import DeploymentInfo, KattaPaths, discovery, node_instance
+    from framework.runtime import App
+
+    paths = KattaPaths(App("katta"))
+    spec = record("ix", tmp_path, shards=1, replication=1)
+    await session.create(paths.index("ix"), records.encode(spec), makepath=True)
+    await session.ensure_path(paths.deployed("ix", 0))
+    await session.create(f"{paths.deployed('ix', 0)}/n9",
+                         records.encode(DeploymentInfo(docs=5)), ephemeral=True)
+    n9 = node_instance(paths, "n9", "10.9.9.9:7009", tls=False)
+    n8 = node_instance(paths, "n8", "10.9.9.8:7008", tls=False)
+    with trio.fail_after(TIMEOUT):
+        async with SearchClient.open(session) as client, \
+                discovery(session).register(n8):
+            assert await client.deployment("ix") == {0: {}}  # n9 serves, not registered
+            async with discovery(session).register(n9):
+                await client.wait_routable("ix")
+                assert await client.deployment("ix") == {0: {"n9": "10.9.9.9:7009"}}
+            view = await client.view("ix")
+            while view.replicas[0]:  # unregistered: no longer routed to
+                await view.changed.wait()
