@@ -66,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         from framework import metrics
 
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_listen)
     trio.run(lambda: run_component(component, hosts, session_timeout=args.session_timeout,
                                    chroot=chroot))
     done = getattr(component, "already_done", None)
@@ -581,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds (default 10)")
     run.add_argument("--metrics-port", type=port_number, default=None,
                      help="serve this process's Prometheus metrics at :PORT/metrics")
+    run.add_argument("--metrics-listen", metavar="HOST", default=None,
+                     help="where the metrics endpoint listens (default "
+                          "$FRAMEWORK_METRICS_LISTEN, else 0.0.0.0)")
     run.add_argument("--concurrency", type=positive_int, default=None, metavar="N",
                      help="a worker's tasks at once in this process (default: the class's "
                           "concurrency)")
@@ -691,7 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
     dash = command("dashboard", _cmd_dashboard,
                    "serve a live web dashboard of every application")
     add_connection_arguments(dash)
-    dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    dash.add_argument("--host", default=os.environ.get("FRAMEWORK_DASHBOARD_HOST", "127.0.0.1"),
+                      help="address to listen on (default $FRAMEWORK_DASHBOARD_HOST, else "
+                           "127.0.0.1)")
     dash.add_argument("--port", type=port_number, default=8321, help="HTTP port (default 8321)")
     dash.add_argument("--allow-actions", action="store_true",
                       help="enable the requeue and discard buttons (read-only otherwise)")

@@ -127,6 +127,19 @@ def test_framework_run_listen_flag(zk_hosts: str, chroot: str, tmp_path: Path,
     assert said in lines[0]
 
 
+def test_metrics_listen_flag_refuses_an_address_it_cannot_bind(zk_hosts: str, chroot: str
+                                                              ) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "framework", "run", "framework.runtime:Worker", "--app", "m",
+         "--metrics-port", "0", "--metrics-listen", "192.0.2.77", "--zk", zk_hosts,
+         "--chroot", chroot],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "FRAMEWORK_LOG_LEVEL": "error"},
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "cannot serve metrics on 192.0.2.77:0" in lines[0]
+
+
 def test_bad_tls_settings_are_one_line(certs: Certs) -> None:
     with pytest.raises(ConfigurationError, match="BROKER_TLS_CA: '/nonexistent' is not"):
         LinkTls.from_env("BROKER", {"BROKER_TLS_CA": "/nonexistent"})
