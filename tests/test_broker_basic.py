@@ -8,17 +8,21 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from examples.message_broker import protocol
-from examples.message_broker.client import Producer, Subscriber, UnknownTopicError
+from examples.message_broker.client import Producer, Router, Subscriber, UnknownTopicError
 from examples.message_broker.cluster import LocalCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
 from examples.message_broker.layout import (
     BrokerPaths,
     NodeRecord,
     PrimaryRecord,
+    ServerPayload,
     decode,
     decode_replicas,
+    discovery,
+    server_instance,
 )
 from examples.message_broker.protocol import ErrorCode, ErrorReply, Produce
 from examples.message_broker.server import BrokerServer
@@ -224,7 +228,7 @@ async def test_a_route_to_a_server_not_serving_the_topic_is_retried(
             s1 = await cluster.start_server("s1", session)
             await create_topics(session, ["late"])  # no controller yet: nobody serves it
             await session.create(PATHS.primary("late"),
-                                 records.encode(PrimaryRecord("s1", s1.address)), ephemeral=True)
+                                 records.encode(PrimaryRecord("s1")), ephemeral=True)
             conn = await protocol.connect(s1.address)
             await conn.send(Produce(1, "late", "p", 0, [b"x"]))
             assert await conn.read() == ErrorReply(1, ErrorCode.UNKNOWN_TOPIC,
@@ -245,6 +249,48 @@ async def test_a_route_to_a_server_not_serving_the_topic_is_retried(
                 await cluster.start_server("s2", session)
                 await cluster.start_controller("c1")  # places the topic: s1 or s2 serves it
             assert producer.retries > 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_servers_are_found_through_service_discovery(
+    session: Session, zk_hosts: str, chroot: str, tmp_path: Path
+) -> None:
+    """A server registers its advertised address as a discovery instance (no address in
+    its ``nodes/`` or ``primary`` records); a client routes a topic by the ``primary``
+    znode's server name and that server's instance, waits while the server is not
+    registered, and drops the cached route when the instance goes."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            cluster = LocalCluster(zk_hosts, chroot, tmp_path, nursery)
+            s1 = await cluster.start_server("s1", session)
+            [instance] = await discovery(session).instances(PATHS.service)
+            assert (instance.id, instance.endpoint) == ("s1", s1.address)
+            assert records.structure(instance.payload, ServerPayload).tls is False
+            raw, _ = await session.get(f"{PATHS.nodes}/s1")
+            assert b"address" not in raw
+            await create_topics(session, ["ghosted"])  # no controller: nobody serves it
+            await session.create(PATHS.primary("ghosted"), records.encode(PrimaryRecord("s9")),
+                                 ephemeral=True)
+            router = Router(session, PATHS)
+            found: list[tuple[str, int]] = []
+            routed = trio.Event()
+
+            async def route() -> None:
+                found.append(await router.primary("ghosted"))
+                routed.set()
+
+            ghost = server_instance(PATHS, "s9", "10.9.9.9:4242", tls=False)
+            async with trio.open_nursery() as waiting:
+                waiting.start_soon(route)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not found  # s9 is named as primary but not registered: no route
+                async with discovery(session).register(ghost):
+                    await routed.wait()  # woken by the registration
+                    stat = await session.exists(PATHS.primary("ghosted"))
+                    assert stat is not None and found == [("10.9.9.9:4242", stat.czxid)]
+                    cached = router._routes["ghosted"]
+                    assert await router.primary("ghosted") == found[0]  # cached
+            await cached.fired.wait()  # unregistered: the cached route is dropped
             nursery.cancel_scope.cancel()
 
 

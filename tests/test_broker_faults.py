@@ -20,6 +20,7 @@ from examples.message_broker.layout import (
     PrimaryRecord,
     decode,
     decode_replicas,
+    find_server,
 )
 from examples.message_broker.protocol import ErrorCode, ErrorReply
 from framework import Session
@@ -76,7 +77,8 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
             await create_topics(session, ["a"])
             await wait_placed(session, ["a"])
             await wait_full_isr(session, ["a"], {"s1", "s2"})
-            address = (await primary_of(session, "a")).address
+            address = await find_server(session, PATHS, (await primary_of(session, "a")).server)
+            assert address is not None
             body = msgpack.packb({"op": "produce", "id": 1}, use_bin_type=True)
             # wrong protocol version
             frames = await raw(address, struct.pack(">BI", 9, len(body)) + body)
@@ -244,7 +246,9 @@ async def test_a_new_copy_of_a_backup_counts_in_sync_only_once_it_caught_up(
             stat = await session.exists(PATHS.primary("g"))
             assert stat is not None
             # the backup's new incarnation: same name, a fresh copy, from offset 0
-            conn = await protocol.connect(primary.address)
+            address = await find_server(session, PATHS, primary.server)
+            assert address is not None
+            conn = await protocol.connect(address)
             await conn.send(protocol.Fetch(1, "g", stat.czxid, 0, backup, "new-incarnation"))
             reply = await conn.read()
             assert isinstance(reply, protocol.Fetched)

@@ -14,7 +14,7 @@ from examples.message_broker import protocol
 from examples.message_broker.client import Producer, Subscriber
 from examples.message_broker.cluster import ProcessCluster
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, PrimaryRecord, decode
+from examples.message_broker.layout import BrokerPaths, PrimaryRecord, decode, find_server
 from examples.message_broker.protocol import ErrorReply, Produce
 from framework import Session
 from framework.zk import wait_exists, watch_data
@@ -43,7 +43,8 @@ async def test_a_resumed_zombie_primary_acknowledges_nothing(
             await wait_full_isr(session, ["z"], {"s1", "s2", "s3"})
             data, stat = await session.get(PATHS.primary("z"))
             record = decode(data, PrimaryRecord)
-            zombie, address = record.server, record.address
+            zombie, address = record.server, await find_server(session, PATHS, record.server)
+            assert address is not None
             async with Producer(session, ack_timeout=3.0) as producer:
                 for i in range(50):
                     await producer.send("z", b"before-%d" % i)

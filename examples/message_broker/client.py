@@ -1,10 +1,11 @@
 """Clients: :class:`Producer` and :class:`Subscriber`.
 
 Both find a topic's primary through ZooKeeper (the ``primary`` znode: the fact, never the
-controller's plan) and talk to it over TCP; after a failover they wait on a watch for the
-next primary (no polling) and carry on.  A route is read once and cached until its watch
-fires (or the connection to ZooKeeper changes state): sending and receiving cost ZooKeeper
-nothing per message or per batch.
+controller's plan, then that server's :class:`~framework.primitives.ServiceDiscovery`
+instance for where it listens) and talk to it over TCP; after a failover they wait on a
+watch for the next primary (no polling) and carry on.  A route is read once and cached until
+one of its two watches fires (or the connection to ZooKeeper changes state): sending and
+receiving cost ZooKeeper nothing per message or per batch.
 
 ``Producer`` guarantees: ``await send(topic, payload)`` returns only once the message is
 acknowledged (on two servers, or one in a ``one_copy`` topic with no backup in sync); messages
@@ -68,6 +69,7 @@ from examples.message_broker.layout import (
     SubscriberIdentity,
     check_topic,
     decode,
+    find_server,
 )
 from examples.message_broker.protocol import (
     ErrorCode,
@@ -158,8 +160,9 @@ class _Route:
 
 
 class Router:
-    """Finds topics' primaries through ZooKeeper watches, and caches what it found until the
-    watch fires: one read per primary change, not one per request."""
+    """Finds topics' primaries through ZooKeeper watches (the ``primary`` znode names the
+    server, its discovery instance says where it listens), and caches what it found until a
+    watch fires: two reads per primary change, not one per request."""
 
     def __init__(self, session: Session, paths: BrokerPaths) -> None:
         self.session = session
@@ -200,7 +203,12 @@ class Router:
             if stat.czxid == not_epoch:
                 await wait_watch(session, fired, generation)
                 continue
-            address = decode(data, PrimaryRecord).address
+            try:
+                address = await find_server(session, paths, decode(data, PrimaryRecord).server,
+                                            watch=session.waker(fired))
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                await session.wait_connected()
+                continue
             if address:
                 self._routes[topic] = _Route(address, stat.czxid, fired, generation)
                 return address, stat.czxid

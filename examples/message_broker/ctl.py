@@ -47,6 +47,8 @@ from examples.message_broker.layout import (
     check_topic,
     decode,
     decode_replicas,
+    discovery,
+    find_server,
 )
 from framework import errors, records
 from framework.cli import (
@@ -66,7 +68,8 @@ from framework.zk import Session
 
 @attrs.frozen
 class PrimaryView:
-    """A topic's serving primary, with its epoch (the czxid of its ``primary`` znode)."""
+    """A topic's serving primary, with its epoch (the czxid of its ``primary`` znode) and
+    where it is registered (``""``: not registered)."""
 
     server: str
     address: str
@@ -110,6 +113,8 @@ class BrokerStatus:
     controller: str | None
     migration_prohibited: bool
     shutdown: bool
+    #: server -> ``host:port`` of its discovery instance (the servers registered now)
+    addresses: dict[str, str] = attrs.field(factory=dict)
 
 
 async def create_topics(session: Session, names: Sequence[str], *,
@@ -192,12 +197,15 @@ async def topic_info(session: Session, name: str, paths: BrokerPaths) -> TopicIn
         pass
     in_sync = decode(isr, Isr)
     serving = decode(primary, PrimaryRecord)
+    address = ""
+    if primary_stat is not None:
+        address = await find_server(session, paths, serving.server) or ""
     return TopicInfo(
         name, decode(data, TopicSettings).mode,
         placement=None if placed is None else PlacementView(decode_replicas(placement)),
         isr=None if isr_stat is None else IsrView(in_sync.in_sync, in_sync.term),
         primary=None if primary_stat is None else PrimaryView(
-            serving.server, serving.address, primary_stat.czxid),
+            serving.server, address, primary_stat.czxid),
         subscribers=subscribers)
 
 
@@ -230,10 +238,11 @@ async def gather_status(session: Session, paths: BrokerPaths | None = None) -> B
             topics[name] = await topic_info(session, name, paths)
         except errors.ConfigurationError:
             continue
+    addresses = {i.id: i.endpoint for i in await discovery(session).instances(paths.service)}
     return BrokerStatus(
         servers, topics, controller,
         migration_prohibited=await session.exists(paths.migration_prohibited) is not None,
-        shutdown=await session.exists(paths.shutdown) is not None)
+        shutdown=await session.exists(paths.shutdown) is not None, addresses=addresses)
 
 
 def render(status: BrokerStatus) -> str:
@@ -242,7 +251,7 @@ def render(status: BrokerStatus) -> str:
              f"{status.migration_prohibited}   shutdown: {status.shutdown}", "servers:"]
     for name, node in sorted(status.servers.items()):
         lags = [v for v in node.lag.values() if v is not None]
-        lines.append(f"  {name:<12} {node.address or '-':<22} {node.state.value:<9}"
+        lines.append(f"  {name:<12} {status.addresses.get(name) or '-':<22} {node.state.value:<9}"
                      f" primaries={len(node.primaries)}"
                      f" backups={len(node.backups)}"
                      f" max_backup_lag={max(lags) if lags else '-'}"

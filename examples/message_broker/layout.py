@@ -4,7 +4,8 @@ Everything lives under ``/apps/broker`` (the runtime's :class:`framework.runtime
 record class of each node's data is named on the right::
 
     masters/                      controller election (the runtime's)
-    nodes/<server>                ephemeral, one per live server          NodeRecord
+    nodes/<server>                ephemeral, one per live server: what    NodeRecord
+                                  it serves (no address: see below)
     shutdown                      exists => servers hand over and exit    ShutdownRequest
     migration_prohibited          exists => the controller makes no voluntary moves
     workers/<server>              ephemeral: the server as a runtime worker (its group)
@@ -13,10 +14,20 @@ record class of each node's data is named on the right::
     assignments/<server>/<topic>  the same, per server (``Worker.serve_shard`` per topic)
     topics/<topic>                settings                                TopicSettings
     topics/<topic>/isr            in-sync replicas, last leader, term     Isr
-    topics/<topic>/primary        ephemeral: the serving primary; its     PrimaryRecord
-                                  czxid is the epoch of this primary term
+    topics/<topic>/primary        ephemeral: the serving primary (its     PrimaryRecord
+                                  name); its czxid is the epoch of this primary term
     topics/<topic>/subscribers/<name>   a subscriber's committed offset   Position
     subscriber_locks/<name>/lock-*      the live instance of a subscriber SubscriberIdentity
+
+Where a server is reached is not in these records: every server registers itself with the
+framework's :class:`~framework.primitives.ServiceDiscovery` (ephemeral, in the same session
+as its ``nodes/`` and ``primary`` nodes)::
+
+    /services/<app name>/<server> a ServiceInstance: advertised address and port, with a
+                                  ServerPayload (TLS or not, host name) as its payload
+
+Clients and backups read a topic's ``primary`` (who serves, with the epoch) and then that
+server's instance (where), with a watch on both (:func:`find_server`).
 
 Records are attrs classes written as compact JSON by :mod:`framework.records` (``records.
 encode``) and read with :func:`decode`: keys a newer writer added are ignored, keys an older
@@ -30,13 +41,15 @@ in-sync set changes, status updates and batched subscriber commits only.
 from __future__ import annotations
 
 import enum
-from typing import TypeVar
+from typing import Any, Callable, TypeVar
 
 import attrs
 
 from framework import records
+from framework.addresses import parse_address
+from framework.primitives import ServiceDiscovery, ServiceInstance
 from framework.runtime import App, Plan
-from framework.zk import validate_name
+from framework.zk import Session, validate_name
 
 APP_NAME = "broker"
 
@@ -116,7 +129,6 @@ class PrimaryRecord:
     epoch of its term."""
 
     server: str = ""
-    address: str = ""
 
 
 class ServerState(enum.Enum):
@@ -133,7 +145,6 @@ class NodeRecord:
     status`` read it."""
 
     name: str = ""
-    address: str = ""
     state: ServerState = ServerState.RUNNING
     #: whether the server saw ``migration_prohibited``
     migration_prohibited: bool = False
@@ -147,6 +158,15 @@ class NodeRecord:
     out_of_sync: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     #: topics with no primary it cannot take over: its log's end (``ctl force-leader``)
     stranded: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ServerPayload:
+    """The payload of a server's discovery instance (``/services/<app>/<server>``)."""
+
+    #: whether its links are TLS (clients need ``$BROKER_TLS_CA`` then)
+    tls: bool = False
+    host: str = ""
 
 
 @attrs.frozen
@@ -178,6 +198,8 @@ class BrokerPaths:
     app: App = attrs.field(factory=lambda: App(APP_NAME))
 
     base = property(lambda self: self.app.base)
+    #: the discovery service the servers register as (one per broker installation)
+    service = property(lambda self: self.app.name)
     nodes = property(lambda self: f"{self.app.base}/nodes")
     shutdown = property(lambda self: f"{self.app.base}/shutdown")
     migration_prohibited = property(lambda self: f"{self.app.base}/migration_prohibited")
@@ -216,3 +238,29 @@ class BrokerPaths:
 def check_topic(name: str) -> str:
     """A topic name, or a clear :class:`ConfigurationError`."""
     return validate_name("topic name", name)
+
+
+def discovery(session: Session) -> ServiceDiscovery:
+    """The servers' registry (``/services``, the recipe's default base)."""
+    return ServiceDiscovery(session)
+
+
+def server_instance(paths: BrokerPaths, server: str, advertised: str, *, tls: bool,
+                    host: str = "") -> ServiceInstance:
+    """The discovery instance of ``server`` reached at ``advertised`` (``host:port``)."""
+    address, port = parse_address(advertised, what="advertised address")
+    assert address is not None and port is not None, advertised
+    return ServiceInstance(paths.service, address, port, id=server,
+                           payload=records.unstructure(ServerPayload(tls, host)))
+
+
+async def find_server(session: Session, paths: BrokerPaths, server: str,
+                      watch: Callable[..., Any] | None = None) -> str | None:
+    """``host:port`` where ``server`` is registered, or ``None`` while it is not;
+    ``watch`` is armed on its instance (set when it registers or goes).  A connection loss
+    or expiry is raised, as for the caller's other watched reads."""
+    if watch is None:
+        instance = await discovery(session).instance(paths.service, server)
+    else:
+        instance = await discovery(session).instance(paths.service, server, watch=watch)
+    return None if instance is None else instance.endpoint

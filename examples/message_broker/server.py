@@ -7,7 +7,10 @@ interface that routes to ZooKeeper, loopback only when ZooKeeper is on loopback;
 (default: the address it listens on; the rule of :mod:`framework.addresses`); an address it
 cannot bind stops it at start in one line.  With ``$BROKER_TLS_*`` every link is TLS
 (:class:`framework.LinkTls`).  It joins ``nodes/`` with its
-:class:`~examples.message_broker.layout.NodeRecord`, and runs as a runtime
+:class:`~examples.message_broker.layout.NodeRecord`, registers the address it publishes with
+the framework's :class:`~framework.primitives.ServiceDiscovery` (``/services/<app>/<server>``:
+ephemeral in the same session, registered again after a session loss, before it serves any
+topic), and runs as a runtime
 :class:`~framework.runtime.Worker` in the replicated push mode: the runtime follows its
 assignments (``assignments/<server>/``, written by the controller) and runs
 :meth:`BrokerServer.serve_shard` for each assigned topic.  For each topic it runs this state
@@ -21,9 +24,9 @@ primary):
 * the primary znode is ours -> serve as primary
   (:class:`~examples.message_broker.primary.PrimaryTopic`) until the node is gone, the
   session can no longer be trusted, or a fetch from a newer epoch proves us deposed;
-* the primary znode is someone else's -> back it up: a new epoch starts a new copy of the
-  log from offset 0, then pull from the primary (``fetch`` with the epoch) until the znode
-  changes.
+* the primary znode is someone else's -> back it up once that server's discovery instance
+  says where it is (a watch on it meanwhile): a new epoch starts a new copy of the log from
+  offset 0, then pull from the primary (``fetch`` with the epoch) until the znode changes.
 
 Guarantees:
 
@@ -71,6 +74,9 @@ from examples.message_broker.layout import (
     ShutdownRequest,
     TopicSettings,
     decode,
+    discovery,
+    find_server,
+    server_instance,
 )
 from examples.message_broker.log import TopicLog
 from examples.message_broker.primary import PrimaryTopic, RequestError
@@ -238,7 +244,6 @@ class BrokerServer(Worker):
         """Our ``nodes/`` record: what the controller and ``ctl status`` read."""
         return NodeRecord(
             name=self.name,
-            address=self.address,
             state=ServerState.STOPPING if self.stopping else ServerState.RUNNING,
             migration_prohibited=self.migration_prohibited,
             load=len(self.primaries) + len(self.backups),
@@ -254,9 +259,10 @@ class BrokerServer(Worker):
 
     @asynccontextmanager
     async def lifetime(self, session: Session) -> AsyncIterator[None]:
-        """The listener and our ``nodes/`` member around the runtime's worker loop (our
-        ``workers/`` member, the assignments, a :meth:`serve_shard` per topic); a stop hands
-        the primaries over first (see the module doc)."""
+        """The listener, our ``nodes/`` member and our discovery instance around the
+        runtime's worker loop (our ``workers/`` member, the assignments, a
+        :meth:`serve_shard` per topic); a stop hands the primaries over first (see the
+        module doc)."""
         if self.lag_limit is None:
             self.lag_limit = session.read_timeout
         for path in (self.paths.nodes, self.paths.topics):
@@ -268,11 +274,16 @@ class BrokerServer(Worker):
         host, port = listeners[0].socket.getsockname()[:2]
         self.listen_address = f"{host}:{port}"
         group = Group(session, self.paths.nodes)
-        # a restarted server waits for its previous incarnation's session to expire (its
-        # ``workers/`` member, joined by the runtime after this, goes with the same session)
+        instance = server_instance(self.paths, self.name, self.address,
+                                   tls=self.tls is not None, host=socket.gethostname())
+        # a restarted server waits for its previous incarnation's session to expire: its
+        # discovery instance, ``nodes/`` member and ``workers/`` member (joined by the
+        # runtime after this) go with that session.  Registered first: a server listed in
+        # ``nodes/`` (and so placed by the controller) can be found
         try:
-            async with group.join(self.name, records.encode(self.node_record()),
-                                  wait_if_taken=True) as member:
+            async with discovery(session).register(instance), \
+                    group.join(self.name, records.encode(self.node_record()),
+                               wait_if_taken=True) as member:
                 log.info("broker.serving", server=self.name, address=self.address,
                          listen=self.listen_address, tls=self.tls is not None)
                 async with trio.open_nursery() as nursery:
@@ -454,6 +465,10 @@ class BrokerServer(Worker):
                 self.stranded.pop(topic, None)
                 data, stat = await session.get(paths.primary(topic), watch=wake)
                 primary = decode(data, PrimaryRecord)
+                address = None
+                if stat.ephemeralOwner != session.session_id:
+                    # where the primary is: its own registration (a watch on it too)
+                    address = await find_server(session, paths, primary.server, watch=wake)
             except (errors.ConnectionLossError, errors.SessionExpiredError,
                     errors.NotConnectedError):
                 await session.wait_connected()
@@ -472,8 +487,8 @@ class BrokerServer(Worker):
             if stat.ephemeralOwner == session.session_id:
                 await self._be_primary(session, topic, topic_log, stat.czxid, settings)
             else:
-                await self._be_backup(session, topic, topic_log, primary, stat.czxid,
-                                      fired, generation)
+                await self._be_backup(session, topic, topic_log, primary, address,
+                                      stat.czxid, fired, generation)
 
     def _may_take_over(self, topic: str, isr: Isr) -> bool:
         """Only a server named in ``isr`` whose log provably holds every acknowledged record
@@ -502,7 +517,7 @@ class BrokerServer(Worker):
         txn = session.transaction()
         txn.set(self.paths.isr(topic), records.encode(new), version=version)
         txn.create(self.paths.primary(topic),
-                   records.encode(PrimaryRecord(self.name, self.address)), ephemeral=True)
+                   records.encode(PrimaryRecord(self.name)), ephemeral=True)
         try:
             await txn.commit()
             log.info("broker.took_over", topic=topic, server=self.name, term=new.term,
@@ -570,10 +585,9 @@ class BrokerServer(Worker):
             await session.wait_connected()
 
     async def _be_backup(self, session: Session, topic: str, topic_log: TopicLog,
-                         primary: PrimaryRecord, epoch: int, fired: trio.Event,
-                         generation: int) -> None:
-        address = primary.address
-        if not address:
+                         primary: PrimaryRecord, address: str | None, epoch: int,
+                         fired: trio.Event, generation: int) -> None:
+        if not address:  # not registered (yet): its instance's watch wakes us
             await wait_watch(session, fired, generation)
             return
         if self.following.get(topic) != epoch:
