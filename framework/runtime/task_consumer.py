@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,16 +43,25 @@ import trio
 
 from framework import errors, metrics
 from framework.logs import get_logger
-from framework.primitives.queue import ClaimExtras, Finisher, QueueItem, WorkQueue
-from framework.retry import RetryPolicy
+from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
+from framework.runtime.delivery import (
+    MAX_ERROR_CHARS,
+    MAX_TRACEBACK_CHARS,
+    ClaimedTask,
+    ConsumerHost,
+    ConsumerSettings,
+    Delivery,
+    DeliveryContext,
+    error_text,
+)
 from framework.runtime.handlers import HandlerPool
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
-from framework.runtime.result_index import SlotKeeper, entry_path, write_record
+from framework.runtime.result_index import SlotKeeper
 from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
-from framework.runtime.tasks import DEFAULT_TASK, FAILURE_RING, Outcome, Task, TaskResult
+from framework.runtime.tasks import DEFAULT_TASK, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
 if TYPE_CHECKING:
@@ -61,14 +69,10 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-#: Longest error message kept in a failure record (a record must fit in one znode).
-MAX_ERROR_CHARS = 4000
+__all__ = ["MAX_ERROR_CHARS", "MAX_PASSED_TYPES", "MAX_TRACEBACK_CHARS", "TaskConsumer"]
 
 #: Most names of task types passed over (not this worker's) its status document lists.
 MAX_PASSED_TYPES = 32
-
-#: Longest traceback kept in a failure record (its end: the frames nearest the error).
-MAX_TRACEBACK_CHARS = 8000
 
 
 class _HandedBack(Exception):
@@ -83,13 +87,18 @@ class _GivenUp(_HandedBack, errors.PermanentFailure):
 class TaskConsumer:
     """The pull-mode part of ``worker`` (see the module doc): a :class:`Part` that drains.
 
-    ``tasks_done``, ``tasks_failed``, ``in_flight`` and ``stuck_threads`` (handler threads
-    abandoned at their time limit, still running) count this run's tasks."""
+    It reads the worker's settings once per run (:class:`ConsumerSettings`) and asks the
+    worker only what :class:`ConsumerHost` says while running; its handlers run in the
+    worker's :class:`HandlerPool`.  ``tasks_done``, ``tasks_failed``, ``in_flight`` and
+    ``stuck_threads`` (handler threads abandoned at their time limit, still running) count
+    this run's tasks."""
 
     drains = True
 
     def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+        self.worker = worker  # its handlers and payload store (HandlerPool, payloads)
+        self.host: ConsumerHost = worker
+        self.settings = ConsumerSettings.of(worker)
         self.tasks_done = 0
         self.tasks_failed = 0
         self._in_flight = 0
@@ -106,38 +115,39 @@ class TaskConsumer:
         return self._in_flight
 
     def layout(self) -> Sequence[str]:
-        app = self.worker.app
+        app = self.settings.app
         return (app.tasks, app.running, app.results, app.failures, app.dead, app.revoked)
 
     async def prepare(self, session: Session) -> None:
-        if self.worker.takes_tasks:
-            await ensure_result_buckets(session, self.worker.app)  # before the first probe
-            worker = self.worker
-            await Catalog(session, worker.app).register({
-                name: type_info(kind, max_attempts=worker.max_attempts,
-                                time_limit=worker.time_limit)
-                for name, kind in worker.task_types.items()
+        self.settings = settings = ConsumerSettings.of(self.worker)
+        if settings.task_types:
+            await ensure_result_buckets(session, settings.app)  # before the first probe
+            await Catalog(session, settings.app).register({
+                name: type_info(kind, max_attempts=settings.retry.max_attempts or 1,
+                                time_limit=settings.time_limit)
+                for name, kind in settings.task_types.items()
             })
 
     async def run(self, session: Session) -> None:
         """Run the slots until the worker drains (or only wait for that, if the worker
         takes no tasks)."""
-        worker = self.worker
-        if not worker.takes_tasks:
-            await worker.stop_requested.wait()
+        self.settings = settings = ConsumerSettings.of(self.worker)
+        if not settings.task_types:
+            await self.host.stop_requested.wait()
             return
-        self._slots = SlotKeeper(session, worker.app)
-        queue = WorkQueue(session, worker.app.tasks, max_attempts=worker.most_attempts,
-                          dead_letter=worker.app.dead, lease=worker.lease,
+        self._slots = SlotKeeper(session, settings.app)
+        queue = WorkQueue(session, settings.app.tasks, max_attempts=settings.most_attempts,
+                          dead_letter=settings.app.dead, lease=settings.lease,
                           claim_with=self._claim_extras, accept=self._takes,
-                          line=types_line(worker.task_types))
+                          line=types_line(settings.task_types))
+        context = DeliveryContext(session, queue, settings.app, self._slots, settings.name)
         async with self.handlers.open(), trio.open_nursery() as timer:
             # known before the first take
             await timer.start(self._follow_revoked, session, queue)
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
             async with trio.open_nursery() as slots:
-                for _ in range(worker.concurrency):
-                    slots.start_soon(self._slot, session, queue)
+                for _ in range(settings.concurrency):
+                    slots.start_soon(self._slot, session, queue, context)
                 # the timer lives outside the slots: a quick drain exits at once
                 timer.start_soon(self._drain_deadline, slots.cancel_scope)
             timer.cancel_scope.cancel()
@@ -153,20 +163,22 @@ class TaskConsumer:
         status`` names the types no running worker has from them; and its
         :class:`~framework.metrics.TaskStats` (retried, dead-lettered, the duration
         histogram) for the dashboard to sum."""
-        return {"types": sorted(self.worker.task_types), "passed_types": list(self._passed_types),
-                "load": self._in_flight / max(self.worker.concurrency, 1),
+        settings = self.settings
+        return {"types": sorted(settings.task_types), "passed_types": list(self._passed_types),
+                "load": self._in_flight / max(settings.concurrency, 1),
                 "in_flight": self._in_flight, "done": self.tasks_done,
                 "failed": self.tasks_failed, "stuck_threads": self.handlers.stuck_threads,
                 **metrics.task_stats(self).published()}
 
-    async def _slot(self, session: Session, queue: WorkQueue) -> None:
+    async def _slot(self, session: Session, queue: WorkQueue,
+                    context: DeliveryContext | None = None) -> None:
         trouble = 0  # consecutive failures of the slot itself (not of handlers)
-        while not self.worker.draining:
+        while not self.host.draining:
             if trouble:
                 # a persistent problem (e.g. the app's znodes deleted under us) must not
                 # turn into a busy loop: back off, exponentially, up to backoff_max
-                await self.worker.backoff.sleep(trouble)
-            marker: list[Marker] = []
+                await self.settings.retry.backoff.sleep(trouble)
+            delivery: Delivery | None = None
             try:
                 with trio.CancelScope() as slot:
                     # request_stop cancels only slots still waiting for an item
@@ -175,14 +187,17 @@ class TaskConsumer:
                         async with queue.take() as item:
                             self._waiting.discard(slot)
                             # an exception leaving this block hands the item back
-                            await self._handle_item(session, queue, item, marker)
+                            assert context is not None
+                            delivery = Delivery.claimed(context, item, self.host.rules_for)
+                            await self._handle_item(delivery)
                         await payloads.discard(item.data, self.worker)  # acknowledged
-                        await self._after_ack(session, marker)
+                        await self._after_ack(session, delivery.markers)
                         # the running/ marker outlives the ack or release, so an observer
                         # that sees no marker and an empty queue knows all is done
                     finally:
                         self._waiting.discard(slot)
-                        await self._clear_running(session, marker)
+                        if delivery is not None:
+                            await self._clear_running(session, delivery.markers)
                 if slot.cancelled_caught:  # only ever cancelled while waiting
                     return
                 trouble = 0
@@ -190,48 +205,49 @@ class TaskConsumer:
                 trouble = 0  # the handler failed: logged, backed off, item handed back
             except errors.FrameworkError as exc:
                 trouble += 1
-                log.warning("task.released", worker=self.worker.name, error=str(exc), retry=trouble)
+                log.warning("task.released", worker=self.settings.name, error=str(exc),
+                            retry=trouble)
             except Exception:
                 trouble += 1
-                log.exception("worker.slot_error", worker=self.worker.name, retry=trouble)
+                log.exception("worker.slot_error", worker=self.settings.name, retry=trouble)
 
-    async def _mark_running(self, session: Session, running: str, task: Task,
-                            item: QueueItem, marker: list[Marker]) -> None:
-        """Create this delivery's ``running/<task id>`` marker; on return ``marker`` holds
-        it.  The marker is also the task id's mutual exclusion: another live delivery of the
-        same id (a resubmission, an at-least-once put) waits here until that one's marker is
-        gone, without failing or using up a delivery.  A lost reply is recovered by the
-        delivery token in the marker's data (our own marker is adopted); the marker of an
-        earlier delivery of this same item is stale (that delivery lost its claim, its
-        handler is stuck) and is taken over."""
+    async def _mark_running(self, delivery: Delivery) -> None:
+        """Create this delivery's ``running/<task id>`` marker; on return
+        ``delivery.marker`` holds it.  The marker is also the task id's mutual exclusion:
+        another live delivery of the same id (a resubmission, an at-least-once put) waits
+        here until that one's marker is gone, without failing or using up a delivery.  A
+        lost reply is recovered by the delivery token in the marker's data (our own marker
+        is adopted); the marker of an earlier delivery of this same item is stale (that
+        delivery lost its claim, its handler is stuck) and is taken over."""
+        session, task, item, running = (delivery.context.session, delivery.task,
+                                        delivery.item, delivery.running)
         mine = self._new_marker(running, task, item)
         try:
             while True:
                 try:
                     await session.create(running, mine.encode(), ephemeral=True)
-                    marker.append(mine)
+                    delivery.marker = mine
                     return
                 except (errors.ConnectionLossError, errors.NodeExistsError):
                     pass  # ours, applied with its reply lost, or another delivery's
                 owner = await marker_owner(session, running)
                 if owner is None:
                     continue
-                delivery, owner_session, version = owner
-                if (delivery, owner_session) == (mine.delivery,
-                                                 await session.wait_connected()):
+                token, owner_session, version = owner
+                if (token, owner_session) == (mine.delivery, await session.wait_connected()):
                     mine.version = version
-                    marker.append(mine)
+                    delivery.marker = mine
                     return
-                if earlier_delivery_of(delivery, item):
+                if earlier_delivery_of(token, item):
                     log.warning("task.stale_marker_taken_over", task=task.id,
-                                worker=self.worker.name, other=delivery)
+                                worker=self.settings.name, other=token)
                     try:
                         await session.delete(running, version=version)
                     except (errors.BadVersionError, errors.NoNodeError):
                         pass
                     continue
-                log.info("task.same_id_running", task=task.id, worker=self.worker.name,
-                         other=delivery)
+                log.info("task.same_id_running", task=task.id, worker=self.settings.name,
+                         other=token)
                 await wait_gone(session, running)
         except BaseException:
             # interrupted while our create may have been applied: never leave an orphan
@@ -245,14 +261,13 @@ class TaskConsumer:
                     pass  # the session ended (so did its ephemeral marker), or not ours
             raise
 
-    async def _clear_running(self, session: Session, marker: list[Marker]) -> None:
-        """Delete our marker, and only ours: the node is read first and deleted at the
-        version read only if it carries our delivery token (a later delivery that took
-        over a stale marker of ours creates its own, also at version 0: a delete by
-        version alone would remove it).  Only failure paths get here: a successful task's
-        marker goes in its acknowledging transaction."""
-        if marker:
-            mine = marker[0]
+    async def _clear_running(self, session: Session, markers: Sequence[Marker]) -> None:
+        """Delete our marker (``markers``: a delivery's, at most one), and only ours: the
+        node is read first and deleted at the version read only if it carries our delivery
+        token (a later delivery that took over a stale marker of ours creates its own, also
+        at version 0: a delete by version alone would remove it).  Only failure paths get
+        here: a successful task's marker goes in its acknowledging transaction."""
+        for mine in markers:
             self._markers.pop(mine.path, None)
             if mine.finisher is not None and mine.finisher.applied:
                 return  # deleted with the acknowledgement
@@ -272,7 +287,7 @@ class TaskConsumer:
         try:
             doc = json.loads(item.data)  # a quarter of a record's decode
             name = doc.get("name", DEFAULT_TASK)
-            if name in self.worker.task_types or not isinstance(name, str) \
+            if name in self.settings.task_types or not isinstance(name, str) \
                     or doc.get("id") in self._revoked:  # taken to be acknowledged as revoked
                 return True
         except (ValueError, AttributeError, TypeError):
@@ -281,7 +296,7 @@ class TaskConsumer:
             self._passed_types[name] = None
             if len(self._passed_types) > MAX_PASSED_TYPES:
                 del self._passed_types[next(iter(self._passed_types))]
-            self.worker.status_changed()
+            self.host.status_changed()
         return False
 
     def _claim_extras(self, item: QueueItem) -> ClaimExtras | None:
@@ -290,10 +305,11 @@ class TaskConsumer:
         transaction: refused if one exists).  Refused (another delivery of the same id
         runs, an earlier one's marker is left, a record exists), the task is claimed
         alone and :meth:`_handle_item` takes the slow path (marker, then record read)."""
+        app = self.settings.app
         try:
             task = Task.decode(item.data, item.attempts)
-            running = f"{self.worker.app.running}/{task.id}"
-            record = self.worker.app.result_path(task.key)
+            running = f"{app.running}/{task.id}"
+            record = app.result_path(task.key)
             validate_path(running)
             validate_path(record)
         except Exception:
@@ -307,56 +323,75 @@ class TaskConsumer:
         def undo(txn: Any) -> None:
             txn.delete(running, version=0)
 
-        return ClaimExtras(build, undo, (task, mine))
+        return ClaimExtras(build, undo, ClaimedTask(task, mine))
 
     def _new_marker(self, running: str, task: Task, item: QueueItem) -> Marker:
-        return Marker(running, RunningRecord(f"{self.worker.name}/{item.name}/{item.attempts}",
-                                             self.worker.name, time.time(), task.attempts))
+        name = self.settings.name
+        return Marker(running, RunningRecord(f"{name}/{item.name}/{item.attempts}",
+                                             name, time.time(), task.attempts))
 
-    async def _handle_item(self, session: Session, queue: WorkQueue, item: QueueItem,
-                           marker: list[Marker]) -> None:
-        """Run one delivery.  ``item.attempts`` counts deliveries, this one included."""
-        previous_version: int | None = None  # the result record's version, if one exists
-        if item.extras is not None:
-            # claimed with its marker, and no result record existed then
-            task, mine = item.extras.payload
-            marker.append(mine)
-            running = mine.path
-        else:
-            task = Task.decode(item.data, item.attempts)
-            running = f"{self.worker.app.running}/{task.id}"
-        rules = self.worker.rules_for(task.name)
-        limit = task.time_limit or (rules.time_limit if rules else self.worker.time_limit)
-        stuck_after = limit + (rules.backoff if rules else self.worker.backoff).cap + 1.0 \
-            if limit else None
+    async def _handle_item(self, delivery: Delivery) -> None:
+        """Run one delivery: mark it running, skip a task whose key is done, end a revoked
+        one, refuse one that may not run, run the handler, then record and acknowledge."""
+        task, rules = delivery.task, delivery.rules
+        limit, stuck_after = self._limits(delivery)
         if stuck_after:
             # past its limit (and the retry backoff) a handler that did not stop is stuck:
             # stop renewing the claim's lease, so the task goes to another worker
-            queue.renew_for(item, stuck_after)
-        if item.extras is None:
-            await self._mark_running(session, running, task, item, marker)
-        self._markers[running] = marker[0]
-        record = self.worker.app.result_path(task.key)
-        if item.extras is None:
-            try:
-                data, stat = await session.get(record)
-                previous = TaskResult.decode(data)
-                if previous.ok:
-                    log.info("task.duplicate_skipped", task=task.id, key=task.key,
-                             done_by=previous.worker)
-                    return
-                previous_version = stat.version
-            except errors.NoNodeError:
-                pass
+            delivery.context.queue.renew_for(delivery.item, stuck_after)
+        if not delivery.fast:  # the claim's extras were refused: marker, then record
+            await self._mark_running(delivery)
+            assert delivery.marker is not None
+            self._markers[delivery.running] = delivery.marker
+            done = await delivery.existing_success()
+            if done is not None:
+                log.info("task.duplicate_skipped", task=task.id, key=task.key,
+                         done_by=done.worker)
+                return
+        else:
+            assert delivery.marker is not None
+            self._markers[delivery.running] = delivery.marker
         if rules is None and task.id in self._revoked:  # a type we lack, taken to end it
-            await self._finish(session, queue, item, task, marker, previous_version,
-                               self._revoked_result(task, time.time()), revoked=True)
+            delivery.finish(self._revoked_result(delivery, time.time()), revoked=True)
             return
         refusal = self._refusal(task, rules)
         if refusal is not None:
-            await self._failed(session, task, refusal, time.time(), rules)
+            await self._failed(delivery, refusal, time.time())
             raise _GivenUp() from refusal
         assert rules is not None
+        value, started, revoked = await self._run_handler(delivery, rules, limit, stuck_after)
+        if revoked:
+            delivery.finish(self._revoked_result(delivery, started), revoked=True)
+            return
+        result = TaskResult(task.id, True, self.settings.name, task.attempts, value,
+                            started_at=started, key=task.key)
+        try:
+            delivery.finish(result)
+        except errors.PermanentFailure as exc:
+            await self._failed(delivery, exc, started)
+            raise _GivenUp() from None
+        self.tasks_done += 1
+        metrics.task_finished(self.settings.app.name, True, time.time() - started, owner=self)
+        self.host.status_changed()  # publish the count (the last one came before finish)
+        log.info("task.done", task=task.id, worker=self.settings.name, attempt=task.attempts,
+                 seconds=round(time.time() - started, 3))
+
+    def _limits(self, delivery: Delivery) -> tuple[float | None, float | None]:
+        """The task's time limit, and after how long its handler counts as stuck (the
+        limit plus the longest retry backoff and a second; ``None`` without a limit)."""
+        rules = delivery.rules
+        limit = delivery.task.time_limit or (rules.time_limit if rules
+                                             else self.settings.time_limit)
+        backoff = delivery.retry(self.settings.retry).backoff
+        return limit, (limit + backoff.cap + 1.0 if limit else None)
+
+    async def _run_handler(self, delivery: Delivery, rules: TaskRules, limit: float | None,
+                           stuck_after: float | None) -> tuple[Any, float, bool]:
+        """Run the handler in the task's revocable scope; (its value, when it started,
+        whether the task was revoked instead).  Raises :class:`_GivenUp` or
+        :class:`_HandedBack` after recording a failure; an error before the handler
+        started (the payload store) is raised as is: the slot backs off."""
+        task = delivery.task
         # revocable from here on: a revoke seen now, during the waits before the handler
         # (its stored payload, its rate-limit token) or while it runs cancels this scope;
         # the task is then acknowledged as revoked and its handler never starts
@@ -372,18 +407,17 @@ class TaskConsumer:
                 if revocable.cancel_called:  # revoked during a wait that ran to its end
                     await trio.lowlevel.checkpoint()  # raises Cancelled, caught by revocable
                 if stuck_after:
-                    queue.renew_for(item, stuck_after)
+                    delivery.context.queue.renew_for(delivery.item, stuck_after)
                 in_handler = True
                 self._in_flight += 1
-                self.worker.status_changed()
-                metrics.task_started(self.worker.app.name)
+                self.host.status_changed()
+                metrics.task_started(self.settings.app.name)
                 started = time.time()
                 value = await self.handlers.call_within(task, rules.kind, limit)
         except Exception as exc:
             if not in_handler and not isinstance(exc, errors.PermanentFailure):
                 raise  # the payload store failed: the slot backs off, the item comes back
-            final = await self._failed(session, task, exc, started if in_handler else time.time(),
-                                       rules)
+            final = await self._failed(delivery, exc, started if in_handler else time.time())
             # leaving take() with an error hands the item back, or - its type's attempts
             # used up, or a permanent failure - buries it at once: the queue's own limit is
             # the largest of the worker's types, and a delivery past the type's own would
@@ -393,24 +427,9 @@ class TaskConsumer:
             self._revocable.pop(task.id, None)
             if in_handler:
                 self._in_flight -= 1
-                self.worker.status_changed()
-                metrics.task_ended(self.worker.app.name)
-        if revocable.cancelled_caught:
-            await self._finish(session, queue, item, task, marker, previous_version,
-                               self._revoked_result(task, started), revoked=True)
-            return
-        result = TaskResult(task.id, True, self.worker.name, task.attempts, value,
-                            started_at=started, key=task.key)
-        try:
-            await self._finish(session, queue, item, task, marker, previous_version, result)
-        except errors.PermanentFailure as exc:
-            await self._failed(session, task, exc, started, rules)
-            raise _GivenUp() from None
-        self.tasks_done += 1
-        metrics.task_finished(self.worker.app.name, True, time.time() - started, owner=self)
-        self.worker.status_changed()  # publish the count (the last one came before _finish)
-        log.info("task.done", task=task.id, worker=self.worker.name, attempt=task.attempts,
-                 seconds=round(time.time() - started, 3))
+                self.host.status_changed()
+                metrics.task_ended(self.settings.app.name)
+        return value, started, revocable.cancelled_caught
 
     async def _before_handler(self, task: Task, rules: TaskRules) -> Task:
         """The waits between a claim and its handler: the stored payload read back (off
@@ -422,58 +441,22 @@ class TaskConsumer:
             await rules.limiter.acquire()
         return task
 
-    def _revoked_result(self, task: Task, started: float) -> TaskResult:
-        log.info("task.revoked", task=task.id, worker=self.worker.name, attempt=task.attempts)
-        return TaskResult(task.id, False, self.worker.name, task.attempts, None, "revoked",
-                          started_at=started, key=task.key, outcome=Outcome.REVOKED)
+    def _revoked_result(self, delivery: Delivery, started: float) -> TaskResult:
+        task = delivery.task
+        log.info("task.revoked", task=task.id, worker=self.settings.name, attempt=task.attempts)
+        return delivery.revoked_result(started)
 
-    async def _finish(self, session: Session, queue: WorkQueue, item: QueueItem, task: Task,
-                      marker: list[Marker], previous_version: int | None,
-                      result: TaskResult, *, revoked: bool = False) -> None:
-        """Acknowledge ``item`` with ``result`` recorded (:class:`PermanentFailure`, before
-        anything is written, if the result cannot be stored); a ``revoked`` task's
-        ``revoked/`` node goes in the same multi."""
-        encoded = result.encode()
-        record = self.worker.app.result_path(task.key)
-        # the result is written in the transaction that acknowledges the item (and deletes
-        # our marker), combined with the other slots' acks, with its entry in the time
-        # index when it is created; if the server refuses the record's part (a record
-        # written meanwhile, a slot deleted), it is written alone before the ack
-        mine = marker[0]
-        slots = self._slots
-        assert slots is not None
-        slot = slots.current(time.time())
-
-        def build(txn: Any) -> None:
-            if previous_version is None:
-                txn.create(record, encoded)
-                txn.create(entry_path(self.worker.app, slot, task.key))
-            else:
-                txn.set(record, encoded, version=previous_version)
-            txn.delete(mine.path, version=mine.version)
-            if revoked:
-                txn.delete(f"{self.worker.app.revoked}/{task.id}")
-
-        async def fallback() -> None:
-            await slots.made(slot)  # a refused entry's slot may be missing: made first
-            await write_record(session, self.worker.app, task.key, encoded, slot)
-            if revoked:  # its revoked/ node goes once the item is acknowledged alone
-                mine.after_ack = f"{self.worker.app.revoked}/{task.id}"
-
-        finisher = Finisher(build, fallback)
-        queue.finish_with(item, finisher)
-        mine.finisher = finisher
-
-    async def _after_ack(self, session: Session, marker: list[Marker]) -> None:
+    async def _after_ack(self, session: Session, markers: Sequence[Marker]) -> None:
         """What an acknowledgement made alone (its finisher's fallback ran) still owes:
         a revoked task's ``revoked/`` node (kept until the item left the queue, so a
         redelivery before that is still acknowledged as revoked, never run)."""
-        if marker and marker[0].after_ack is not None:
-            with cleanup_scope(session):
-                try:
-                    await session.delete(marker[0].after_ack, missing_ok=True)
-                except errors.ZooKeeperError:
-                    pass  # left behind: a resubmission of the id would find it revoked
+        for mine in markers:
+            if mine.after_ack is not None:
+                with cleanup_scope(session):
+                    try:
+                        await session.delete(mine.after_ack, missing_ok=True)
+                    except errors.ZooKeeperError:
+                        pass  # left behind: a resubmission of the id would find it revoked
 
     async def _follow_revoked(self, session: Session, queue: WorkQueue,
                               task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -483,7 +466,7 @@ class TaskConsumer:
         again at the tasks it passed over: a revoked task of a type no worker has is taken
         by any worker, only to be acknowledged as revoked."""
         started = False
-        async for snap in watch_children(session, self.worker.app.revoked):
+        async for snap in watch_children(session, self.settings.app.revoked):
             new = frozenset(snap.children) - self._revoked
             self._revoked = frozenset(snap.children)
             for task_id in self._revoked & set(self._revocable):
@@ -500,10 +483,10 @@ class TaskConsumer:
         worker's types), or a task type this worker does not have (a safeguard: such a task
         is never claimed, see :meth:`_takes`)."""
         if rules is None:
-            known = ", ".join(sorted(self.worker.task_types)) or "none"
+            known = ", ".join(sorted(self.settings.task_types)) or "none"
             return errors.PermanentFailure(
-                f"worker {self.worker.name} has no task type {task.name!r} (its task types: "
-                f"{known})"
+                f"worker {self.settings.name} has no task type {task.name!r} (its task "
+                f"types: {known})"
             )
         if task.attempts > rules.max_attempts:
             return errors.PermanentFailure(
@@ -512,72 +495,47 @@ class TaskConsumer:
             )
         return None
 
-    async def _failed(self, session: Session, task: Task, exc: Exception,
-                      started: float, rules: TaskRules | None) -> bool:
-        """Record a failed delivery (the failures ring; the result record too when it is
-        final); hold the claim for the retry backoff when it is not.  Return whether it is
-        final: the type's ``max_attempts`` reached, or a permanent failure."""
-        ended = time.time()  # the record's time: not counting the traceback's formatting
-        self.tasks_failed += 1
-        if isinstance(exc, trio.TooSlowError):
-            error = "time limit exceeded"
-        elif isinstance(exc, errors.PermanentFailure):
-            error = str(exc)
-        else:
-            error = f"{type(exc).__name__}: {exc}"
-        if len(error) > MAX_ERROR_CHARS:
-            error = error[:MAX_ERROR_CHARS] + f"... ({len(error):,} characters)"
-        retry = rules.retry if rules else RetryPolicy(self.worker.max_attempts,
-                                                      self.worker.backoff)
-        final = retry.gives_up(task.attempts, exc)
-        metrics.task_finished(self.worker.app.name, False, time.time() - started, final=final,
-                              owner=self)
-        trace = "".join(traceback.format_exception(exc))
-        if len(trace) > MAX_TRACEBACK_CHARS:
-            trace = f"... ({len(trace):,} characters)\n" + trace[-MAX_TRACEBACK_CHARS:]
-        log.warning("task.failed", task=task.id, key=task.key, worker=self.worker.name, error=error,
-                    attempt=task.attempts, final=final, exc_info=exc)
-        result = TaskResult(task.id, False, self.worker.name, task.attempts, None, error,
-                            started_at=started, finished_at=ended, key=task.key,
-                            traceback=trace)
-        with cleanup_scope(session):
-            try:
-                node = await session.create(f"{self.worker.app.failures}/f-", result.encode(),
-                                            sequence=True)
-                old = int(node[-10:]) - FAILURE_RING
-                if old >= 0:
-                    await session.delete(f"{self.worker.app.failures}/f-{old:010d}",
-                                         missing_ok=True)
-                if final:
-                    assert self._slots is not None
-                    slot = self._slots.current(ended)
-                    await write_record(session, self.worker.app, task.key, result.encode(),
-                                       slot)
-            except errors.ZooKeeperError:
-                pass
+    async def _failed(self, delivery: Delivery, exc: Exception, started: float) -> bool:
+        """Record a failed delivery (:meth:`Delivery.fail`: the failures ring, the result
+        record too when it is final); hold the claim for the retry backoff when it is not.
+        Return whether it is final: the type's ``max_attempts`` reached, or a permanent
+        failure."""
+        task = delivery.task
+        retry = delivery.retry(self.settings.retry)
+
+        def counted(final: bool) -> None:
+            self.tasks_failed += 1
+            metrics.task_finished(self.settings.app.name, False, time.time() - started,
+                                  final=final, owner=self)
+            log.warning("task.failed", task=task.id, key=task.key, worker=self.settings.name,
+                        error=error_text(exc), attempt=task.attempts, final=final,
+                        exc_info=exc)
+
+        final = await delivery.fail(exc, started, retry, counted)
         if not final:
             # hold the claim for a while so the retry is delayed (exponential backoff)
             await retry.sleep(task.attempts)
         return final
 
     async def _drain_deadline(self, slots: trio.CancelScope) -> None:
-        await self.worker.stop_requested.wait()
-        await trio.sleep(self.worker.drain_timeout)
-        log.warning("worker.drain_timeout", worker=self.worker.name, in_flight=self._in_flight)
+        await self.host.stop_requested.wait()
+        await trio.sleep(self.settings.drain_timeout)
+        log.warning("worker.drain_timeout", worker=self.settings.name, in_flight=self._in_flight)
         slots.cancel()
 
     async def report_progress(self, task: Task, done: float, total: float | None = None,
                               message: str = "") -> None:
         """Publish progress of a running task (shown by ``framework status``)."""
-        assert self.worker.session is not None
-        marker = self._markers.get(f"{self.worker.app.running}/{task.id}")
+        session = self.worker.session
+        assert session is not None
+        marker = self._markers.get(f"{self.settings.app.running}/{task.id}")
         if marker is None:
             raise errors.ConfigurationError(
                 f"report_progress() for task {task.id!r}, which this worker is not running"
             )
         data = marker.progressed(done, total, message, time.time())
         try:
-            stat = await self.worker.session.set(marker.path, data, version=marker.version)
+            stat = await session.set(marker.path, data, version=marker.version)
         except (errors.BadVersionError, errors.NoNodeError):
             return  # the marker is no longer ours: this delivery lost its claim
         marker.version = stat.version
