@@ -66,6 +66,7 @@ chaos: zookeeper install
 lint: install
 	$(PY) -m ruff check framework tests bench examples
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m mypy
 
 # The runtime benchmark's peers (Dramatiq, Celery, RQ) need the `bench` extra and redis-server.
 bench: zookeeper redis-server install

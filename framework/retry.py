@@ -16,6 +16,7 @@ a session expiry (see :mod:`framework.zk.session`).
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import attrs
 import trio
@@ -56,10 +57,14 @@ class RetryPolicy:
     before attempt ``n + 1`` is ``backoff.delay(n)``; ``permanent``: error classes no retry
     can help (an attempt failing with one is the last)."""
 
-    max_attempts: int | None = attrs.field(
-        default=5, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    max_attempts: int | None = attrs.field(default=5)
     backoff: Backoff = Backoff(0.2, 10.0)
     permanent: tuple[type[BaseException], ...] = (PermanentFailure,)
+
+    @max_attempts.validator
+    def _at_least_one(self, _attribute: Any, value: int | None) -> None:
+        if value is not None and value < 1:
+            raise ValueError(f"max_attempts must be at least 1 (or None), not {value!r}")
 
     def is_permanent(self, exc: BaseException) -> bool:
         """Whether ``exc`` is an error no retry can help."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import AsyncIterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import attrs
 import trio
@@ -129,7 +129,7 @@ class ConfigStore(Generic[T]):
         if self.cls is None:
             return raw  # type: ignore[return-value]
         try:
-            return records.structure(raw, self.cls)
+            return cast(T, records.structure(raw, self.cls))
         except records.CorruptRecord as exc:
             raise errors.ConfigurationError(f"{self.path}: stored configuration: {exc}") from None
 

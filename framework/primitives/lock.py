@@ -235,7 +235,7 @@ class Lock(_LockRecipe):
 
     async def __aenter__(self) -> LockHolding:
         manager = self.acquire()
-        holding = await manager.__aenter__()
+        holding: LockHolding = await manager.__aenter__()
         self._held.setdefault(trio.lowlevel.current_task(), []).append(manager)
         return holding
 
@@ -245,7 +245,8 @@ class Lock(_LockRecipe):
         manager = stack.pop()
         if not stack:
             del self._held[task]
-        return await manager.__aexit__(*exc_info)
+        suppress: bool | None = await manager.__aexit__(*exc_info)
+        return suppress
 
 
 class RevocableLock(Lock):

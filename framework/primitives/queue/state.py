@@ -4,7 +4,7 @@ its ``__init__`` sets, declared once for :mod:`.producer`, :mod:`.claims`, :mod:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
@@ -12,12 +12,13 @@ from framework.retry import RetryPolicy
 from framework.zk import Session
 
 if TYPE_CHECKING:
-    from framework.primitives.queue.acks import _Ack
+    from framework.primitives.queue.acks import Ending, _Ack
     from framework.primitives.queue.claims import _Round, _Ticket
-    from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
+    from framework.primitives.queue.items import Claim, ClaimExtras, Finisher, QueueItem
     from framework.primitives.queue.lease import LeaseBreaker, Renewal
     from framework.primitives.queue.line import WaitingLine
-    from framework.primitives.queue.view import QueueView
+    from framework.primitives.queue.view import Entry, QueueView
+    from framework.zk import Transaction
 
 
 class QueueState:
@@ -59,3 +60,20 @@ class QueueState:
     _turn: tuple[trio.Event, list[bool]] | None
     _acks: list[_Ack]
     _committing: trio.Event | None
+
+    if TYPE_CHECKING:
+        # what one half calls of another (for the type checker; each is defined once, in
+        # the half named)
+
+        # consumer
+        def _get_view(self) -> QueueView: ...
+        def _renewing(self) -> dict[str, float]: ...
+        def _forget_renewal(self, key: str, renewal: Renewal | None) -> None: ...
+
+        # acks
+        async def _finish(self, claim: Claim, build: Callable[[], Transaction], *,
+                          sent: bool = False, refused: Any = None) -> Ending: ...
+
+        # claims
+        def _restore_transaction(self, claim: Claim) -> Transaction: ...
+        def _dead_path(self, entry: Entry, attempts: int) -> str: ...

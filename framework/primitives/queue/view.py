@@ -80,6 +80,7 @@ def update_listing(
     after an ack or a put costs a set difference and a filter, not a parse and a sort of
     the whole bucket."""
     current = set(names)
+    listed: list[Entry]
     if previous is None:
         added, listed = current, []
     else:
