@@ -3,7 +3,8 @@
 In process first (results passed on, a failing member failing the chord, refusals); then the
 driver's processes (``helpers/duty_worker.py``) killed -9 twice and the last one SIGSTOPped
 past its session while a chord and a chain are under way: the callback runs exactly once,
-with every member's result, and each step once.
+with every member's result, and each step once; and the worker process running a member
+killed -9: the member runs again elsewhere, the callback once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import trio
 from framework import errors, records
 from framework.primitives import Election
 from framework.runtime import (
+    App,
     MasterIdentity,
     Task,
     Worker,
@@ -30,6 +32,7 @@ from framework.runtime import (
 )
 from framework.runtime.canvas import CanvasRecord, canvas_root
 from framework.runtime.duties import duties_path
+from framework.runtime.tasks import read_result
 from framework.testing import Child, python_argv, spawn
 from framework.zk import Session, wait_exists, wait_gone
 
@@ -253,3 +256,60 @@ async def test_the_callback_runs_once_when_drivers_are_killed_and_paused(
     assert worker.runs[f"{cid}-callback"] == 1
     assert chained is not None and chained.result == 6
     assert all(count == 1 for count in worker.runs.values()), worker.runs
+
+
+class Collector(Worker):
+    """Drives the canvas (it holds the duties) and runs the chord's callback only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs: dict[str, int] = {}
+
+    @task
+    async def total(self, job: Task) -> int:
+        self.runs[job.id] = self.runs.get(job.id, 0) + 1
+        return sum(job.payload["results"])
+
+
+async def _spawn_squarer(*args: object, name: str,
+                         task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async with spawn(python_argv(HELPERS / "canvas_worker.py", *args), name=name) as child:
+        task_status.started(child)
+        await child.wait()
+
+
+async def test_a_member_whose_worker_is_killed_runs_again_and_the_callback_once(
+        zk_hosts: str, chroot: str) -> None:
+    app, members, hang = "canvas-member-kill", 6, 3
+    driver = Collector(app, name="driver")
+    with trio.fail_after(60):
+        async with Session(zk_hosts, chroot=chroot) as session, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, session, driver)
+            await wait_exists(session, f"/apps/{app}/workers/driver")
+            squarers: dict[str, Child] = {}
+            for name in ("s1", "s2"):
+                squarers[name] = await nursery.start(
+                    lambda n=name, **kw: _spawn_squarer(zk_hosts, chroot, app, n, hang,
+                                                        name=n, **kw))
+                await wait_exists(session, f"/apps/{app}/workers/{name}")
+            cid = await apply_canvas(session, app, chord(
+                [sig("slow_square", n) for n in range(members)], sig("total")))
+            marker = f"/apps/{app}/running/{cid}-{hang}"
+            await wait_exists(session, marker)
+            owner = (await session.exists(marker)).ephemeralOwner  # type: ignore[union-attr]
+            for name, child in squarers.items():
+                member = await session.exists(f"/apps/{app}/workers/{name}")
+                if member is not None and member.ephemeralOwner == owner:
+                    child.kill()  # kill -9 of the worker stuck in member 3
+                    break
+            else:
+                raise AssertionError("no squarer holds the stuck member")
+            final = await canvas_result(session, app, cid, wait=True)
+            again = await read_result(session, App(app).result_path(f"{cid}-{hang}"))
+            driver.request_stop()
+            nursery.cancel_scope.cancel()
+    assert final is not None and final.state == "succeeded", final
+    assert final.result == sum(n * n for n in range(members))
+    assert driver.runs == {f"{cid}-callback": 1}
+    assert again is not None and again.ok and again.attempts == 2  # run again elsewhere
