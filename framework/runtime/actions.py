@@ -21,15 +21,14 @@ import trio
 
 from framework import errors, records
 from framework.logs import get_logger
-from framework.primitives.queue import WorkQueue
-from framework.primitives.queue.view import parse_item
+from framework.primitives.queue import WorkQueue, parse_item
 from framework.runtime.app import App, ensure_result_buckets
 from framework.runtime.records import CancelRecord, JobDone, PastRun, decode_or_none
 from framework.runtime.result_index import mark_queued
 from framework.runtime.tasks import Task, TaskResult
 from framework.zk import Session, validate_name
 
-log = get_logger("framework.runtime.actions")
+log = get_logger(__name__)
 
 
 class ActionError(errors.FrameworkError):

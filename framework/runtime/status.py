@@ -31,7 +31,7 @@ from rich.table import Table
 
 from framework import errors, records
 from framework.primitives import Election
-from framework.primitives.queue.view import is_bucket
+from framework.primitives.queue import queue_counts
 from framework.runtime.app import App
 from framework.runtime.records import (
     CancelRecord,
@@ -255,23 +255,8 @@ async def _raw_docs(session: Session, parent: str, names: list[str],
 async def queue_depth(session: Session, app: App, watches: Watches | None = None) -> int:
     """Items in the app's task queue, claimed ones included (with ``watches``: every
     bucket's children watched, so a put or an ack sets ``watches.changed``)."""
-    items = f"{app.tasks}/items"
-    counts: list[int] = []
-
-    async def count(bucket: str) -> None:
-        path = f"{items}/{bucket}"
-        try:
-            if watches is not None:
-                counts.append(len(await session.children(path, watch=watches(path))))
-            else:
-                stat = await session.exists(path)
-                counts.append(stat.numChildren if stat else 0)
-        except errors.NoNodeError:
-            pass
-
-    buckets = [b for b in await _children(session, items, watches) if is_bucket(b)]
-    await gather(*[functools.partial(count, b) for b in buckets])
-    return sum(counts)
+    counts = await queue_counts(session, app.tasks, watch=watches, claims=False)
+    return counts.queued
 
 
 async def result_count(session: Session, app: App) -> int:

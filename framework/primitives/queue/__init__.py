@@ -38,6 +38,7 @@ from framework import errors
 from framework.errors import ConfigurationError
 from framework.primitives.queue.claims import FOREIGN_PRUNE
 from framework.primitives.queue.consumer import Consumer
+from framework.primitives.queue.counts import QueueCounts, queue_counts
 from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.lease import LeaseBreaker, Renewal
 from framework.primitives.queue.line import WaitingLine
@@ -46,7 +47,8 @@ from framework.primitives.queue.view import QueueView, bucket_order, is_bucket, 
 from framework.retry import RetryPolicy
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
-__all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueItem", "WorkQueue"]
+__all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueCounts", "QueueItem",
+           "WorkQueue", "is_bucket", "parse_item", "queue_counts"]
 
 #: Largest ``bucket_size``: a bucket's listing must stay under ZooKeeper's 1 MB reply limit
 #: (Java clients cannot read more) with names of up to ~45 bytes.
@@ -205,29 +207,18 @@ class WorkQueue(Producer, Consumer):
         With ``changed``, watches are left so that the event is set at the next put, ack,
         release to the dead letters or new bucket (this lists every non-empty bucket:
         meant for an observer waiting for the queue to drain, not for a hot path)."""
-        session = self.session
-        watch = session.waker(changed) if changed is not None else None
-        try:
-            names = await session.children(self.items_root, watch=watch)
-        except errors.NoNodeError:
-            if changed is not None and await session.exists(self.items_root, watch=watch):
-                changed.set()  # created meanwhile: look again
-            return 0
-        counts: list[int] = []
+        waker = self.session.waker(changed) if changed is not None else None
+        counts = await queue_counts(self.session, self.path, claims=False,
+                                    watch=(lambda _path: waker) if waker else None)
+        return counts.queued
 
-        async def count(bucket: str) -> None:
-            path = f"{self.items_root}/{bucket}"
-            try:
-                if watch is not None:
-                    counts.append(len(await session.children(path, watch=watch)))
-                    return
-                stat = await session.exists(path)
-                counts.append(stat.numChildren if stat else 0)
-            except errors.NoNodeError:
-                counts.append(0)
-
-        await gather(*[_bind(count, b) for b in names if is_bucket(b)])
-        return sum(counts)
+    async def counts(self, *, changed: trio.Event | None = None) -> QueueCounts:
+        """Items queued (claimed ones included), claimed, and the buckets holding them
+        (:func:`~framework.primitives.queue.counts.queue_counts`); with ``changed``, the
+        event is set at the next put, ack, claim, release or new bucket."""
+        waker = self.session.waker(changed) if changed is not None else None
+        return await queue_counts(self.session, self.path,
+                                  watch=(lambda _path: waker) if waker else None)
 
     async def item_names(self) -> list[str]:
         """The names (``<bucket>/<item>``) of every item in the queue now, claimed ones
