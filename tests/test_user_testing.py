@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from framework import errors
-from framework.runtime import Task, Worker, run_component, task
+from framework.runtime import Task, Worker, chain, chord, group, run_component, sig, task
 from framework.testing.inprocess import running
 from framework.testing.stub import StubApp, TaskFailed
 from framework.zkserver import ZooKeeperEnsemble
@@ -109,6 +109,17 @@ class Flaky(Worker):
     async def bad_result(self, job: Task) -> object:
         return object()
 
+    @task
+    async def plus(self, job: Task) -> int:
+        given = job.payload
+        if isinstance(given, dict):  # a chain's later step: the previous result with it
+            return int(given["previous"] + given["payload"])
+        return int(given)
+
+    @task
+    async def summed(self, job: Task) -> int:
+        return sum(job.payload["results"])
+
 
 async def test_retries_dead_letters_and_time_limits_follow_the_types_options() -> None:
     app = StubApp(Flaky)
@@ -152,6 +163,23 @@ async def test_fail_fast_raises_the_handlers_error() -> None:
     with pytest.raises(TaskFailed, match="refused failed: never works") as caught:
         await app.join(fail_fast=True)
     assert isinstance(caught.value.__cause__, errors.PermanentFailure)
+
+
+async def test_canvases_run_in_process_as_the_driver_runs_them() -> None:
+    app = StubApp(Flaky)
+    linked = await app.run_canvas(chain(sig("plus", 1), sig("plus", 2), sig("plus", 3)),
+                                  canvas_id="c1")
+    assert (linked.state, linked.result) == ("succeeded", 6)
+    assert app.result("c1-2").result == 6  # type: ignore[union-attr]
+    grouped = await app.run_canvas(group(sig("blocking", 1), sig("blocking", 2)))
+    assert grouped.result == [2, 4]
+    chorded = await app.run_canvas(chord([sig("blocking", n) for n in (1, 2, 3)],
+                                         sig("summed")))
+    assert chorded.result == 12
+    failed = await app.run_canvas(chord([sig("plus", 1), sig("refuse")], sig("summed")),
+                                  canvas_id="c4")
+    assert (failed.state, failed.error) == ("failed", "step 1 (refuse): never works")
+    assert app.result("c4-callback") is None
 
 
 # ---------------------------------------------------------------- with ZooKeeper

@@ -289,7 +289,7 @@ class CanvasDriver:
         result = await self._result(step_key(canvas_id, current))
         if not result.ok:
             await self._end(canvas_id, version, record, FAILED,
-                            error=_failure(current, record.steps[current], result))
+                            error=failure_text(current, record.steps[current], result))
         elif current == len(record.steps) - 1:
             await self._end(canvas_id, version, record, SUCCEEDED, result=result.result)
         else:
@@ -321,7 +321,7 @@ class CanvasDriver:
                 await self._end(canvas_id, version, record, SUCCEEDED, result=result.result)
             else:
                 await self._end(canvas_id, version, record, FAILED,
-                                error=_failure(None, record.callback, result))
+                                error=failure_text(None, record.callback, result))
 
     async def _join(self, canvas_id: str, record: CanvasRecord) -> None:
         """Count each member in as it ends (one multi per member, at the version read),
@@ -345,7 +345,7 @@ class CanvasDriver:
                     continue
                 if not result.ok:
                     await self._end(canvas_id, version, record, FAILED,
-                                    error=_failure(index, record.steps[index], result))
+                                    error=failure_text(index, record.steps[index], result))
                     break
                 joined = {**record.joined, str(index): result.result}
                 await self._set(canvas_id, version, attrs.evolve(record, joined=joined))
@@ -404,7 +404,8 @@ class CanvasDriver:
                 await trio.sleep_forever()  # deposed: the term's scope cancels us
 
 
-def _failure(index: int | None, step: Signature | None, result: TaskResult) -> str:
+def failure_text(index: int | None, step: Signature | None, result: TaskResult) -> str:
+    """A failed canvas's error: which step (``None``: the callback), its type, its error."""
     where = "callback" if index is None else f"step {index}"
     name = step.name if step is not None else "?"
     return f"{where} ({name}): {result.error}"

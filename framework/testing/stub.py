@@ -26,6 +26,8 @@ What it keeps of the real runtime (the same code where it can):
   ``max_attempts`` (a :class:`~framework.errors.PermanentFailure` at once), then a dead
   letter; a task whose key already has a successful result is not run again (idempotency
   keys); ``revoke`` of a queued task records it revoked;
+* canvases: :meth:`StubApp.run_canvas` runs a ``chain``, ``group`` or ``chord`` with the
+  driver's payloads, task ids and errors;
 * inside a handler, ``self.config`` (given or published by a stub master), ``self.submit``
   (follow-up tasks land in the stub) and ``self.report_progress`` (kept in
   :attr:`StubApp.progress`).
@@ -47,6 +49,7 @@ import heapq
 import itertools
 import time
 import traceback
+import uuid
 from typing import Any
 
 import attrs
@@ -54,6 +57,14 @@ import trio
 
 from framework import errors
 from framework.retry import RetryPolicy
+from framework.runtime.canvas import (
+    FAILED,
+    SUCCEEDED,
+    Canvas,
+    CanvasRecord,
+    failure_text,
+    step_key,
+)
 from framework.runtime.delayed import due_time
 from framework.runtime.handlers import HandlerPool
 from framework.runtime.master import Master
@@ -262,6 +273,56 @@ class StubApp:
         """The result record of task id (or idempotency key) ``key``, if it ended."""
         return self.results.get(key)
 
+    # ------------------------------------------------------------ canvases
+
+    async def run_canvas(self, canvas: Canvas, *, canvas_id: str | None = None) -> CanvasRecord:
+        """Run a ``chain``/``group``/``chord`` now, as the app's driver would (the same
+        payloads, task ids and errors; see :mod:`framework.runtime.canvas`), running
+        whatever else is queued meanwhile; returns its final record."""
+        cid = canvas_id or uuid.uuid4().hex
+        record = CanvasRecord(canvas.kind, canvas.steps, canvas.callback, created=time.time())
+        if canvas.kind == "chain":
+            payload = canvas.steps[0].payload
+            for index, step in enumerate(canvas.steps):
+                result = await self._run_step(cid, index, step.name, payload, step.priority)
+                record = attrs.evolve(record, queued=index + 1)
+                if not result.ok:
+                    return _ended(record, FAILED, error=failure_text(index, step, result))
+                if index + 1 < len(canvas.steps):
+                    after = canvas.steps[index + 1]
+                    payload = after.payload if after.immutable else {
+                        "previous": result.result, "payload": after.payload}
+            return _ended(record, SUCCEEDED, result=result.result)
+        for index, step in enumerate(canvas.steps):
+            await self.submit(step.name, step.payload, task_id=step_key(cid, index),
+                              idempotency_key=step_key(cid, index), priority=step.priority)
+        await self.join()
+        record = attrs.evolve(record, queued=len(canvas.steps))
+        results = []
+        for index, step in enumerate(canvas.steps):
+            result = self.results[step_key(cid, index)]
+            if not result.ok:
+                return _ended(record, FAILED, error=failure_text(index, step, result))
+            results.append(result.result)
+        record = attrs.evolve(record, joined={str(i): r for i, r in enumerate(results)})
+        callback = canvas.callback
+        if callback is None:
+            return _ended(record, SUCCEEDED, result=results)
+        payload = callback.payload if callback.immutable else {"results": results,
+                                                               "payload": callback.payload}
+        result = await self._run_step(cid, None, callback.name, payload, callback.priority)
+        record = attrs.evolve(record, callback_queued=True)
+        if not result.ok:
+            return _ended(record, FAILED, error=failure_text(None, callback, result))
+        return _ended(record, SUCCEEDED, result=result.result)
+
+    async def _run_step(self, cid: str, index: int | None, name: str, payload: Any,
+                        priority: int | None) -> TaskResult:
+        key = step_key(cid, index)
+        await self.submit(name, payload, task_id=key, idempotency_key=key, priority=priority)
+        await self.join()
+        return self.results[key]
+
     # ------------------------------------------------------------ a master
 
     async def run_master(self, master: type[Master] | Master) -> dict[str, int]:
@@ -275,6 +336,11 @@ class StubApp:
         await self.join()
         master.summary = {"results": len(self.results), "dead_letters": len(self.dead_letters)}
         return master.summary
+
+
+def _ended(record: CanvasRecord, state: str, *, result: Any = None,
+           error: str | None = None) -> CanvasRecord:
+    return attrs.evolve(record, state=state, result=result, error=error, ended=time.time())
 
 
 @attrs.define
