@@ -104,112 +104,143 @@ def plan_replicas(
       (by default the most loaded replica leaves, which after other drops may be the
       newest).
     """
-    excluded = excluded or {}
-    keep = keep or {}
-    replace = replace or {}
-    nodes = sorted(set(live))
-    alive = set(nodes)
-    choosable = [n for n in nodes if n not in retiring]
-    plan: Plan = {}
-    want: dict[str, int] = {}
-    for shard in sorted(set(shards)):
-        want[shard] = replication if isinstance(replication, int) else replication[shard]
-        bad = excluded.get(shard, set())
-        kept = keep.get(shard, frozenset())
-        plan[shard] = [n for n in dict.fromkeys(current.get(shard, ()))
-                       if (n in alive or n in kept) and n not in bad]
-    load = {n: 0 for n in nodes}
-    for replicas in plan.values():
-        for n in replicas:
-            if n in load:
-                load[n] += 1
+    planner = _ReplicaPlanner(
+        sorted(set(live)), serving, excluded or {}, keep or {}, replace or {}, retiring,
+        avoid, keep_targets)
+    planner.start(shards, current, replication)
+    planner.finish_moves(moves)
+    planner.fill()
+    planner.replace_now()
+    if moves:
+        planner.rebalance(max_moves)
+    return planner.plan
 
-    def least_loaded(candidates: list[str]) -> str:
-        return min(candidates, key=lambda n: (load[n], n))
 
-    def counted(replicas: list[str]) -> int:
-        return sum(1 for n in replicas if n not in retiring)
+class _ReplicaPlanner:
+    """The state of one :func:`plan_replicas` call (its options, the plan and each live
+    worker's load as it is built), and its steps in order: :meth:`start`,
+    :meth:`finish_moves`, :meth:`fill`, :meth:`replace_now`, :meth:`rebalance`."""
 
-    def droppable(shard: str, replicas: list[str]) -> list[str]:
-        kept = keep.get(shard, frozenset())
-        leaving = replace.get(shard, frozenset())
-        return [n for i, n in enumerate(replicas) if n not in kept and n not in retiring
-                and not (keep_targets and i == len(replicas) - 1 and n not in leaving)]
+    def __init__(self, nodes: list[str], serving: Mapping[str, set[str]],
+                 excluded: Mapping[str, set[str]], keep: Mapping[str, AbstractSet[str]],
+                 replace: Mapping[str, AbstractSet[str]], retiring: AbstractSet[str],
+                 avoid: AbstractSet[str], keep_targets: bool) -> None:
+        self.nodes, self.alive = nodes, set(nodes)
+        self.serving, self.excluded, self.keep, self.replace = serving, excluded, keep, replace
+        self.retiring, self.avoid, self.keep_targets = retiring, avoid, keep_targets
+        self.choosable = [n for n in nodes if n not in retiring]
+        self.plan: Plan = {}
+        self.want: dict[str, int] = {}
+        self.load = {n: 0 for n in nodes}
 
-    # 1. finish moves: R+1 replicas, every staying one ready -> drop the most loaded one
-    for shard, replicas in plan.items():
-        up = serving.get(shard, set())
-        leaving = replace.get(shard, frozenset())
-        while moves and counted(replicas) > want[shard]:
-            choices = droppable(shard, replicas)
-            if not choices:
-                break
-            victim = max(choices, key=lambda n: (n in leaving, load.get(n, 0), n))
-            if not all(n in up for n in replicas if n != victim) or (
-                    victim not in up and victim not in leaving):
-                break
-            replicas.remove(victim)
-            if victim in load:
-                load[victim] -= 1
-        while counted(replicas) > want[shard] + 1:  # never more than R+1 (R was lowered)
-            choices = droppable(shard, replicas)
-            if not choices:
-                break
-            victim = max(choices, key=lambda n: (n not in up, load.get(n, 0), n))
-            replicas.remove(victim)
-            if victim in load:
-                load[victim] -= 1
+    def start(self, shards: Iterable[str], current: Mapping[str, Sequence[str]],
+              replication: int | Mapping[str, int]) -> None:
+        """The current replicas that may stay (live or kept, not excluded), and the loads."""
+        for shard in sorted(set(shards)):
+            self.want[shard] = (replication if isinstance(replication, int)
+                                else replication[shard])
+            bad = self.excluded.get(shard, set())
+            kept = self.keep.get(shard, frozenset())
+            self.plan[shard] = [n for n in dict.fromkeys(current.get(shard, ()))
+                                if (n in self.alive or n in kept) and n not in bad]
+        for replicas in self.plan.values():
+            for n in replicas:
+                if n in self.load:
+                    self.load[n] += 1
 
-    # 2. fill: every shard gets min(R, eligible nodes) replicas, on the least loaded nodes
-    for shard, replicas in plan.items():
-        bad = excluded.get(shard, set())
-        while len(replicas) < want[shard]:
-            candidates = [n for n in choosable if n not in replicas and n not in bad]
-            if not candidates:
-                break
-            target = min(candidates, key=lambda n: (n in avoid, load[n], n))
-            replicas.append(target)
-            load[target] += 1
+    def _counted(self, replicas: list[str]) -> int:
+        return sum(1 for n in replicas if n not in self.retiring)
 
-    # 2b. replace: a shard with R replicas, one of them to be replaced, gets one more now
-    for shard, replicas in plan.items():
-        leaving = replace.get(shard, frozenset())
-        if counted(replicas) != want[shard] or not leaving & set(replicas):
-            continue
-        bad = excluded.get(shard, set())
-        candidates = [n for n in choosable if n not in replicas and n not in bad
-                      and n not in avoid]
-        if candidates:
-            target = least_loaded(candidates)
-            replicas.append(target)
-            load[target] += 1
+    def _droppable(self, shard: str, replicas: list[str]) -> list[str]:
+        kept = self.keep.get(shard, frozenset())
+        leaving = self.replace.get(shard, frozenset())
+        return [n for i, n in enumerate(replicas) if n not in kept and n not in self.retiring
+                and not (self.keep_targets and i == len(replicas) - 1 and n not in leaving)]
 
-    # 3. rebalance gradually: start at most max_moves moves from the heaviest to the lightest
-    moving = sum(1 for s, r in plan.items() if counted(r) > want[s])
-    targets = [n for n in choosable if n not in avoid]
-    while moves and moving < max_moves and targets:
-        light = min(targets, key=lambda n: (load[n], n))
-        choice = heavy = None
-        # the most loaded worker that has a replica it may give (one kept there, say a
-        # primary, stays): the next one down if it has none
-        for worker in sorted(choosable, key=lambda n: (-load[n], n)):
-            if load[worker] - load[light] <= 1:
-                break
-            for shard in sorted(plan):
-                replicas = plan[shard]
-                if (worker in replicas and light not in replicas
-                        and len(replicas) == want[shard]
-                        and light not in excluded.get(shard, set())
-                        and worker not in keep.get(shard, frozenset())
-                        and all(n in alive for n in replicas)):
-                    choice, heavy = shard, worker
+    def _drop(self, replicas: list[str], victim: str) -> None:
+        replicas.remove(victim)
+        if victim in self.load:
+            self.load[victim] -= 1
+
+    def _add(self, replicas: list[str], target: str) -> None:
+        replicas.append(target)
+        self.load[target] += 1
+
+    def finish_moves(self, moves: bool) -> None:
+        """1. A shard with R+1 replicas, every staying one ready: drop the most loaded one
+        (with ``moves``); never more than R+1 (R was lowered)."""
+        for shard, replicas in self.plan.items():
+            up = self.serving.get(shard, set())
+            leaving = self.replace.get(shard, frozenset())
+            while moves and self._counted(replicas) > self.want[shard]:
+                choices = self._droppable(shard, replicas)
+                if not choices:
                     break
-            if choice is not None:
-                break
-        if choice is None or heavy is None:
-            break
-        plan[choice].append(light)  # the old replica goes once this one serves (step 1)
-        load[light] += 1
-        load[heavy] -= 1  # counted as gone already, so one step starts one move per gap
-        moving += 1
-    return plan
+                victim = max(choices, key=lambda n: (n in leaving, self.load.get(n, 0), n))
+                if not all(n in up for n in replicas if n != victim) or (
+                        victim not in up and victim not in leaving):
+                    break
+                self._drop(replicas, victim)
+            while self._counted(replicas) > self.want[shard] + 1:
+                choices = self._droppable(shard, replicas)
+                if not choices:
+                    break
+                victim = max(choices, key=lambda n: (n not in up, self.load.get(n, 0), n))
+                self._drop(replicas, victim)
+
+    def fill(self) -> None:
+        """2. Every shard gets min(R, eligible workers) replicas, on the least loaded."""
+        for shard, replicas in self.plan.items():
+            bad = self.excluded.get(shard, set())
+            while len(replicas) < self.want[shard]:
+                candidates = [n for n in self.choosable if n not in replicas and n not in bad]
+                if not candidates:
+                    break
+                self._add(replicas, min(candidates,
+                                        key=lambda n: (n in self.avoid, self.load[n], n)))
+
+    def replace_now(self) -> None:
+        """2b. A shard with R replicas, one of them to be replaced, gets one more now."""
+        for shard, replicas in self.plan.items():
+            leaving = self.replace.get(shard, frozenset())
+            if self._counted(replicas) != self.want[shard] or not leaving & set(replicas):
+                continue
+            bad = self.excluded.get(shard, set())
+            candidates = [n for n in self.choosable if n not in replicas and n not in bad
+                          and n not in self.avoid]
+            if candidates:
+                self._add(replicas, min(candidates, key=lambda n: (self.load[n], n)))
+
+    def rebalance(self, max_moves: int) -> None:
+        """3. Start at most ``max_moves`` moves (counting those in flight) from the most
+        loaded worker to the least loaded while their loads differ by more than one."""
+        load = self.load
+        moving = sum(1 for s, r in self.plan.items() if self._counted(r) > self.want[s])
+        targets = [n for n in self.choosable if n not in self.avoid]
+        while moving < max_moves and targets:
+            light = min(targets, key=lambda n: (load[n], n))
+            found = self._movable(light)
+            if found is None:
+                return
+            choice, heavy = found
+            self.plan[choice].append(light)  # the old replica goes once this one serves
+            load[light] += 1
+            load[heavy] -= 1  # counted as gone already, so one step starts one move per gap
+            moving += 1
+
+    def _movable(self, light: str) -> tuple[str, str] | None:
+        """(shard, worker): a replica the most loaded worker may give to ``light`` (one
+        kept there, say a primary, stays: then the next worker down), or ``None``."""
+        load = self.load
+        for worker in sorted(self.choosable, key=lambda n: (-load[n], n)):
+            if load[worker] - load[light] <= 1:
+                return None
+            for shard in sorted(self.plan):
+                replicas = self.plan[shard]
+                if (worker in replicas and light not in replicas
+                        and len(replicas) == self.want[shard]
+                        and light not in self.excluded.get(shard, set())
+                        and worker not in self.keep.get(shard, frozenset())
+                        and all(n in self.alive for n in replicas)):
+                    return shard, worker
+        return None
