@@ -85,6 +85,11 @@ class Calc(Worker):
         raise ValueError(f"boom {job.payload}")
 
     @task
+    async def big(self, job: Task) -> str:
+        self._ran(job)
+        return "x" * 70_000
+
+    @task
     async def tick(self, job: Task) -> None:  # the helpers' schedule fires it
         return None
 
@@ -133,8 +138,10 @@ async def test_a_member_failing_for_good_fails_the_chord_with_its_error(
                 [sig("square", 1), sig("boom", "x"), sig("square", 2)], sig("total")))
             linked = await apply_canvas(session, "calc-fail", chain(
                 sig("start", 1), sig("boom", "y", immutable=True), sig("add", 1)))
+            too_big = await apply_canvas(session, "calc-fail", chain(sig("big"), sig("add", 1)))
             record = await canvas_result(session, "calc-fail", cid, wait=True)
             chained = await canvas_result(session, "calc-fail", linked, wait=True)
+            oversized = await canvas_result(session, "calc-fail", too_big, wait=True)
             worker.request_stop()
     assert record is not None and record.state == "failed"
     assert record.error == "step 1 (boom): ValueError: boom x"
@@ -142,6 +149,8 @@ async def test_a_member_failing_for_good_fails_the_chord_with_its_error(
     assert chained.error == "step 1 (boom): ValueError: boom y"
     assert f"{cid}-callback" not in worker.runs and f"{linked}-2" not in worker.runs
     assert worker.runs[f"{cid}-1"] == 2  # its type's attempts, then for good
+    assert oversized is not None and oversized.state == "failed"
+    assert oversized.error is not None and "over the 65,536 a queued task" in oversized.error
 
 
 async def test_canvas_mistakes_are_one_line_errors(session: Session) -> None:

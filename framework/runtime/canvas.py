@@ -61,9 +61,10 @@ from framework.logs import get_logger
 from framework.primitives import Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
+from framework.runtime.payloads import MAX_TASK_BYTES
 from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import TaskResult, new_task, read_result
-from framework.zk import Session
+from framework.zk import MAX_DATA_BYTES, Session
 
 log = get_logger(__name__)
 
@@ -377,9 +378,19 @@ class CanvasDriver:
         moved = attrs.evolve(record, callback_queued=True) if index is None else \
             attrs.evolve(record, queued=index + 1)
         path = self._path(canvas_id)
-        await self._refusable(lambda: self.queue.put(
-            task.encode(), priority=priority,
-            also=lambda txn: txn.set(path, records.encode(moved), version=version)))
+        data = task.encode()
+        try:
+            if len(data) > MAX_TASK_BYTES:
+                raise errors.DataTooLargeError(
+                    f"the task is {len(data):,} bytes as JSON, over the {MAX_TASK_BYTES:,} a "
+                    "queued task may have: return small results (refer to data stored "
+                    "elsewhere)")
+            await self._refusable(lambda: self.queue.put(
+                data, priority=priority,
+                also=lambda txn: txn.set(path, records.encode(moved), version=version)))
+        except errors.DataTooLargeError as exc:  # the previous results made it too large
+            await self._end(canvas_id, version, record, FAILED, error=f"{key}: {exc}")
+            return
         log.info("canvas.queued", canvas=canvas_id, step=key, name=step.name)
 
     async def _end(self, canvas_id: str, version: int, record: CanvasRecord, state: str,
@@ -389,8 +400,15 @@ class CanvasDriver:
         log.info("canvas.ended", canvas=canvas_id, state=state, error=error)
 
     async def _set(self, canvas_id: str, version: int, record: CanvasRecord) -> None:
-        txn = self.term.fenced().set(self._path(canvas_id), records.encode(record),
-                                     version=version)
+        data = records.encode(record)
+        if len(data) > MAX_DATA_BYTES and not record.done:
+            # the members' results no longer fit in the record: end it, saying why
+            record = attrs.evolve(record, joined={}, state=FAILED, ended=time.time(),
+                                  error=f"the canvas's results are {len(data):,} bytes, over "
+                                        f"a znode's {MAX_DATA_BYTES:,}: return small results "
+                                        "(refer to data stored elsewhere)")
+            data = records.encode(record)
+        txn = self.term.fenced().set(self._path(canvas_id), data, version=version)
         await self._refusable(txn.commit)
 
     async def _refusable(self, commit: Callable[[], Any]) -> None:
