@@ -53,7 +53,7 @@ from examples.message_broker import protocol
 from examples.message_broker.client import Producer
 from examples.message_broker.cluster import ProcessCluster, primaries
 from examples.message_broker.ctl import create_topics, wait_placed
-from examples.message_broker.layout import BrokerPaths, Isr, NodeRecord, decode
+from examples.message_broker.layout import BrokerPaths, Isr, decode, find_server
 from framework import Session, ZooKeeperEnsemble
 from framework.runtime import App, Client
 from framework.testing import Child, spawn
@@ -216,8 +216,10 @@ async def test_broker_servers_on_their_hosts_survive_kill9_and_a_cut_link(
             await cluster.spawn("controller", "c1", env)
             for name in servers:
                 await cluster.wait_joined(session, name)
-                record = decode((await session.get(f"{paths.nodes}/{name}"))[0], NodeRecord)
-                assert record.address.rpartition(":")[0] == net[hosts[name]].address
+                # where it is found: its discovery instance (the address it advertises)
+                address = await find_server(session, paths, name)
+                assert address is not None
+                assert address.rpartition(":")[0] == net[hosts[name]].address
             await wait_exists(session, paths.app.rendezvous)
             await create_topics(session, topics)
             await wait_placed(session, topics)
