@@ -83,7 +83,7 @@ from kazoo.protocol.serialization import (
 from kazoo.protocol.states import EVENT_TYPE_MAP, EventType, KeeperState, WatchedEvent
 
 from framework.logs import get_logger
-from framework.zk.liveness import Liveness
+from framework.zk.liveness import PROOF_REFRESH_FRACTION, Liveness
 from framework.zk.states import SessionState
 from framework.zk.wire import (
     ADD_WATCH_RECURSIVE,
@@ -512,16 +512,21 @@ class Connection:
         """A ``sync`` when nothing has proven the session through the leader for a third of
         a read timeout (a busy writer never needs one); one at a time."""
         sync = Sync("/")
+        not_before = 0.0  # never more than one sync per third of a read timeout
         while True:
-            due = self._liveness.refresh_due()
+            due = max(self._liveness.refresh_due(), not_before)
             now = time.monotonic()
             if now < due:
                 await trio.sleep(due - now)
                 continue
+            not_before = now + self._liveness.read_timeout * PROOF_REFRESH_FRACTION
             try:
                 await self.call(sync)  # its reply moves the proof (see _dispatch)
-            except kz.KazooException:
+            except (kz.ConnectionLoss, kz.ConnectionClosedError, kz.SessionExpiredError,
+                    kz.AuthFailedError):
                 return  # the connection is ending: a new one starts a new prover
+            except kz.KazooException as exc:  # answered, but not proof: try again later
+                log.warning("zk.sync_refused", error=type(exc).__name__)
 
     # ------------------------------------------------------------------ replies
 
@@ -550,9 +555,10 @@ class Connection:
             self.last_zxid = header.zxid
         self._unanswered -= request.size
         record = request.record
-        if type(record) in LEADER_RECORDS or record is CloseInstance:
-            self._liveness.proved(request.sent)
         err = header.err
+        if not err and (type(record) in LEADER_RECORDS or record is CloseInstance):
+            # applied by the leader (an error reply might have been a member's own answer)
+            self._liveness.proved(request.sent)
         if err:
             if err == kz.NoNodeError.code and type(record) is Exists:
                 self._register(record, missing=True)
