@@ -449,6 +449,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from framework.runtime import Client
     from framework.runtime.actions import require_app
 
+    if args.eta is not None and args.countdown is not None:
+        raise FrameworkError("give --countdown or --eta, not both")
+    eta = parse_eta(args.eta) if args.eta is not None else None
     text, source = _payload_text(args)
     try:
         payload = json.loads(text)
@@ -467,11 +470,87 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                 print(f"framework: task {args.key!r} of {args.app!r} {found.describe()}: "
                       "queued again", file=sys.stderr)
         return await client.submit(args.task, payload, key=args.key, priority=args.priority,
-                                   time_limit=args.time_limit, countdown=args.countdown)
+                                   time_limit=args.time_limit, countdown=args.countdown,
+                                   eta=eta)
 
     task = _connect(args, work, deadline=args.timeout)
     print(task.id)
     return 0
+
+
+def parse_eta(text: str, now: float | None = None) -> Any:
+    """``--eta``'s ISO 8601 time as an aware datetime: a time with no offset is UTC
+    (``2026-11-28T18:00:00`` = ``...T18:00:00Z``); a date alone is its midnight UTC.  A
+    malformed or past time is a one-line :class:`FrameworkError`."""
+    import time
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise FrameworkError(f"--eta {text!r} is not an ISO 8601 time (e.g. "
+                             "2026-11-28T18:00:00Z or 2026-11-28T19:00:00+01:00; no offset "
+                             "means UTC)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    now = time.time() if now is None else now
+    if when.timestamp() < now:
+        current = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds")
+        raise FrameworkError(f"--eta {text!r} is in the past ({when.isoformat()}; now is "
+                             f"{current.replace('+00:00', 'Z')})")
+    return when
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from framework.runtime import inspect as look
+    from framework.runtime.actions import require_app
+
+    app = _app(args.app)
+    schedules = _schedules_of(args.schedules) if args.schedules else None
+
+    async def work(session: Any) -> Any:
+        await require_app(session, app)  # a missing app: one line naming the known ones
+        if args.what == "active":
+            return await look.active(session, app)
+        if args.what == "delayed":
+            return await look.delayed_tasks(session, app, limit=args.limit)
+        if args.what == "scheduled":
+            return (await look.delayed_tasks(session, app, limit=args.limit),
+                    await look.schedule_states(session, app, schedules))
+        if args.what == "types":
+            return await look.type_rows(session, app)
+        return [await look.queue_report(session, app, sample=args.sample)]
+
+    found = _connect(args, work, deadline=args.timeout)
+    if args.what == "scheduled":
+        delayed, states = found
+        if args.json:
+            _print_json({"delayed": look.unstructure(delayed),
+                         "schedules": look.unstructure(states)})
+        else:
+            console = _console()
+            console.print(look.render_delayed(delayed))
+            console.print(look.render_schedules(states))
+        return 0
+    if args.json:
+        _print_json(look.unstructure(found))
+        return 0
+    render = {"active": look.render_active, "delayed": look.render_delayed,
+              "types": look.render_types, "queues": lambda r: look.render_queue(r[0])}
+    _console().print(render[args.what](found))
+    return 0
+
+
+def _schedules_of(component: str) -> list[Any]:
+    """The ``schedules`` of class ``MODULE:CLASS`` (a Master or a Worker), checked."""
+    from framework.runtime import load_class
+    from framework.runtime.duties import check_schedules
+
+    try:
+        cls = load_class(component)
+    except SyntaxError as exc:
+        raise FrameworkError(_syntax_error(component, exc)) from None
+    return check_schedules(cls, getattr(cls, "schedules", []))
 
 
 def _unchecked_note(app: str, name: str) -> None:
@@ -681,6 +760,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "naming the known ones)")
     submit.add_argument("--countdown", type=non_negative_seconds, default=None, metavar="S",
                         help="queue it S seconds from now (a delayed task)")
+    submit.add_argument("--eta", default=None, metavar="TIME",
+                        help="queue it at TIME, ISO 8601 (2026-11-28T18:00:00Z, or with an "
+                             "offset like +01:00; no offset means UTC; a past time is "
+                             "refused)")
     submit.add_argument("--key", help="task id and idempotency key (default: a new id; a key "
                                       "that succeeded, is queued or is running is refused, "
                                       "saying so; a failed one is queued again)")
@@ -690,6 +773,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds the handler may take (default: the worker's)")
     add_connection_arguments(submit)
     add_deadline_argument(submit)
+
+    inspect = command("inspect", _cmd_inspect,
+                      "look into an application: active (tasks running now), scheduled "
+                      "(delayed tasks and periodic schedules), delayed, types (task types "
+                      "and the workers taking them), queues (counts per priority lane and "
+                      "task type)")
+    inspect.add_argument("app", metavar="APP")
+    inspect.add_argument("what", choices=("active", "scheduled", "delayed", "types", "queues"))
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.add_argument("--limit", type=positive_int, default=100, metavar="N",
+                         help="delayed, scheduled: read and show the N soonest delayed "
+                              "tasks (all are counted; default 100)")
+    inspect.add_argument("--sample", type=non_negative_int, default=200, metavar="N",
+                         help="queues: read the first N items for the per-type counts (one "
+                              "read each; 0: none; default 200)")
+    inspect.add_argument("--schedules", metavar="MODULE:CLASS", default=None,
+                         help="scheduled: the class whose schedules fire (a Master or "
+                              "Worker), to show each schedule's next fire")
+    add_connection_arguments(inspect)
+    add_deadline_argument(inspect)
 
     dash = command("dashboard", _cmd_dashboard,
                    "serve a live web dashboard of every application")
@@ -755,6 +858,7 @@ def _bounded(kind: type[Any], what: str, low: float, high: float | None = None,
 positive_seconds = _bounded(float, "a number of seconds", 0, above=True)
 non_negative_seconds = _bounded(float, "a number of seconds", 0)
 positive_int = _bounded(int, "a whole number", 1)
+non_negative_int = _bounded(int, "a whole number", 0)
 port_number = _bounded(int, "a port number", 0, 65535)
 
 

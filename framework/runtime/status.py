@@ -125,6 +125,16 @@ class AppStatus:
     past_runs: list[PastRun] = attrs.Factory(list)  # earlier generations (``framework rerun``)
     #: the catalog's task types no running worker has (their tasks wait in the queue)
     types_without_worker: list[str] = attrs.Factory(list)
+    #: each worker's part in the app's duties (worker-only deployments,
+    #: :mod:`framework.runtime.duties`): off, standby, held or deferred (a master leads);
+    #: workers that publish none are left out
+    duties: dict[str, str] = attrs.Factory(dict)
+
+    @property
+    def duty_holder(self) -> str | None:
+        """The worker holding the duties (``held`` or ``deferred``), if any."""
+        return next((name for name, state in sorted(self.duties.items())
+                     if state in ("held", "deferred")), None)
 
     @property
     def state(self) -> AppState:
@@ -219,6 +229,24 @@ class _TakesTypes:
     passed_types: tuple[str, ...] = ()
 
 
+@attrs.frozen
+class _DutyState:
+    """The part of a worker's status document about the app's duties."""
+
+    duties: str | None = None
+
+
+def duties_of(documents: dict[str, bytes]) -> dict[str, str]:
+    """Each worker's duties state (``off``, ``standby``, ``held``, ``deferred``) from its
+    status document, for the workers that publish one."""
+    found = {}
+    for name, data in documents.items():
+        doc = decode_or_none(data, _DutyState, path=f"workers/{name}")
+        if doc is not None and doc.duties:
+            found[name] = doc.duties
+    return found
+
+
 def types_without_worker(catalog: list[str], documents: list[bytes]) -> list[str]:
     """The task types no running worker takes: of those in ``catalog`` and those of tasks
     some worker passed over (a name no worker ever registered: a typo submitted before
@@ -308,6 +336,7 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         past_runs=await generations(session, app),
         types_without_worker=types_without_worker(list(catalog.types),
                                                   list(documents.values())),
+        duties=duties_of(documents),
     )
 
 
@@ -417,6 +446,13 @@ def render_status(status: AppStatus) -> RichGroup | str:
     summary.add_row("leader", _master(status.leader) if status.leader else "(none)")
     for doc in status.standbys:
         summary.add_row("standby", _master(doc))
+    if status.duties:
+        holder = status.duty_holder
+        summary.add_row("duties", (
+            "no worker holds them" if holder is None else
+            f"{holder} (deferred: the leading master does them)"
+            if status.duties[holder] == "deferred" else
+            f"{holder} (moves delayed tasks, fires schedules, applies retention)"))
     summary.add_row("queue depth", str(status.queue_depth))
     summary.add_row("running", str(len(status.running)))
     summary.add_row("results", str(status.results))
@@ -426,11 +462,12 @@ def render_status(status: AppStatus) -> RichGroup | str:
                         f"{', '.join(status.types_without_worker)} (their tasks wait in the "
                         "queue until a worker that has them runs)")
     workers = _table("workers", "name", "address", "state", "load", "done", "failed",
-                     "shards", "health", "changed")
+                     "shards", "duties", "health", "changed")
     for name, member in sorted(status.workers.items()):
         workers.add_row(
             name, member.address or "", member.state.value, f"{member.load:.0%}",
             str(member.done), str(member.failed), ",".join(member.shards) or "-",
+            status.duties.get(name, "-"),
             "ok" if member.health.get("ok", True) else json.dumps(member.health),
             _ago(now, member.at),
         )

@@ -1,0 +1,383 @@
+"""What ``framework inspect APP active|scheduled|delayed|types|queues`` shows (Celery's
+``celery inspect active/scheduled/reserved``, RQ's ``rq info``), and what the dashboard's
+scheduled view reads: read-only looks at one application, each with a stated cost in
+ZooKeeper requests (``n`` = the nodes listed; reads of one kind are pipelined).
+
+* :func:`active` - the tasks being handled now (``running/`` markers): one listing and one
+  read per running task.
+* :func:`delayed_tasks` - tasks submitted with ``countdown``/``eta`` that are not due yet
+  (``delayed/``): one listing of the minute buckets, one listing per bucket, one read per
+  task shown (at most ``limit``; the others are counted, not read).
+* :func:`schedule_states` - each periodic schedule's last slot and fire count
+  (``schedules/``): one listing and one read per schedule.  A schedule's definition lives in
+  the class that fires it (a Master's or an elected worker's ``schedules``), not in
+  ZooKeeper: its next fire is computed only when that class is given.
+* :func:`type_rows` - the app's task-type catalog (one read) and which running workers take
+  each type (one listing of ``workers/`` and one read per worker).
+* :func:`queue_report` - the app's one task queue (named queues are not built yet): its
+  counts (the queue's own :func:`~framework.primitives.queue.queue_counts`), items per
+  priority lane (one listing per bucket: names only), and items per task type when
+  ``sample`` allows (one read per item, the first ``sample`` items in the order workers
+  take them; the rest are counted as not sampled).
+
+Each answer is a snapshot: a task may start, finish or be moved meanwhile.  SUSPENDED: the
+reads wait for the connection; LOST: they raise the session's error.  Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import Counter
+from typing import Any
+
+import attrs
+
+from framework import errors, records
+from framework.primitives.queue import WorkQueue, parse_item
+from framework.runtime.app import App
+from framework.runtime.delayed import DelayedRecord, due_of
+from framework.runtime.records import MemberState, RunningRecord, decode_or_none
+from framework.runtime.schedules import NS, Schedule, ScheduleRecord
+from framework.runtime.task_types import Catalog
+from framework.runtime.tasks import Task
+from framework.zk import Session, gather
+
+#: Delayed tasks read (and shown) by default; the others are counted.
+DELAYED_SHOWN = 100
+#: Queue items read for the per-type counts by default.
+TYPE_SAMPLE = 200
+
+
+@attrs.frozen
+class ActiveTask:
+    """A task being handled now: where, which attempt, since when, its progress."""
+
+    task_id: str
+    worker: str
+    attempt: int
+    started: float
+    done: float | None = None
+    total: float | None = None
+    message: str | None = None
+
+
+@attrs.frozen
+class DelayedTask:
+    """A task waiting for its time (``due``, seconds since the epoch)."""
+
+    task_id: str
+    type: str
+    due: float
+    priority: int
+
+
+@attrs.frozen
+class DelayedReport:
+    """The first ``shown`` delayed tasks, soonest first, and how many there are."""
+
+    tasks: list[DelayedTask]
+    total: int
+
+
+@attrs.frozen
+class ScheduleState:
+    """A periodic schedule as ZooKeeper records it: the last slot fired or passed over
+    (seconds since the epoch), how many fired, and its next fire when its definition was
+    given (else ``None``)."""
+
+    name: str
+    last_slot: float
+    fires: int
+    next_fire: float | None = None
+    task: str | None = None
+    every: str | None = None
+
+
+@attrs.frozen
+class TypeRow:
+    """A task type of the catalog (or one a worker takes that the catalog lacks), its
+    options, and the running workers that take it."""
+
+    name: str
+    priority: int | None
+    max_attempts: int | None
+    time_limit: float | None
+    rate_limit: str | None
+    workers: list[str]
+
+
+@attrs.frozen
+class QueueReport:
+    """The app's task queue: items (claimed ones included), claimed items, buckets, items per
+    priority lane, and items per task type among the first ``sampled`` (``None``: not
+    sampled)."""
+
+    name: str
+    queued: int
+    claimed: int | None
+    buckets: int
+    lanes: dict[int, int]
+    types: dict[str, int] | None
+    sampled: int
+
+
+async def _children(session: Session, path: str) -> list[str]:
+    try:
+        return sorted(await session.children(path))
+    except errors.NoNodeError:
+        return []
+
+
+async def _read_all(session: Session, paths: list[str]) -> dict[str, bytes]:
+    """The data of ``paths`` (pipelined; gone ones left out)."""
+    found: dict[str, bytes] = {}
+
+    async def read(path: str) -> None:
+        try:
+            found[path] = (await session.get(path))[0]
+        except errors.NoNodeError:
+            pass
+
+    await gather(*[functools.partial(read, p) for p in paths])
+    return found
+
+
+async def active(session: Session, app: App) -> list[ActiveTask]:
+    """The tasks being handled now, oldest first."""
+    names = await _children(session, app.running)
+    data = await _read_all(session, [f"{app.running}/{n}" for n in names])
+    out = []
+    for name in names:
+        path = f"{app.running}/{name}"
+        if path not in data:
+            continue  # finished meanwhile
+        marker = decode_or_none(data[path], RunningRecord, path=path) or RunningRecord()
+        out.append(ActiveTask(name, marker.worker or "?", marker.attempt, marker.started,
+                              marker.done, marker.total, marker.message))
+    return sorted(out, key=lambda t: (t.started, t.task_id))
+
+
+async def delayed_tasks(session: Session, app: App, *,
+                        limit: int = DELAYED_SHOWN) -> DelayedReport:
+    """The delayed tasks, soonest first: the first ``limit`` read, all counted."""
+    buckets = await _children(session, app.delayed)
+    listings: dict[str, list[str]] = {}
+
+    async def list_bucket(bucket: str) -> None:
+        listings[bucket] = await _children(session, f"{app.delayed}/{bucket}")
+
+    await gather(*[functools.partial(list_bucket, b) for b in buckets])
+    names = sorted((due_of(n), f"{app.delayed}/{b}/{n}") for b in buckets
+                   for n in listings.get(b, []))
+    total = len(names)
+    shown = [path for _due, path in names[:limit]]
+    data = await _read_all(session, shown)
+    tasks = []
+    for path in shown:
+        if path not in data:
+            continue  # moved into the queue meanwhile
+        record = decode_or_none(data[path], DelayedRecord, path=path)
+        if record is not None:
+            tasks.append(DelayedTask(record.task.id, record.task.name, record.due,
+                                     record.priority))
+    return DelayedReport(tasks, total)
+
+
+async def schedule_states(session: Session, app: App,
+                          schedules: list[Schedule] | None = None) -> list[ScheduleState]:
+    """Each schedule recorded under ``schedules/``, and each of ``schedules`` (the
+    firing class's definitions) with its next fire: the first slot after both its last
+    slot and now, as the scheduler computes it (a schedule never fired yet: its next slot
+    after now)."""
+    names = await _children(session, app.schedules)
+    data = await _read_all(session, [f"{app.schedules}/{n}" for n in names])
+    defined = {s.name: s for s in schedules or []}
+    now = time.time_ns()
+    out = []
+    for name in sorted(set(names) | set(defined)):
+        path = f"{app.schedules}/{name}"
+        record = (decode_or_none(data[path], ScheduleRecord, path=path)
+                  if path in data else None)
+        last = record.slot_ns if record is not None else None
+        schedule = defined.get(name)
+        next_fire = (schedule.next_slot(max(last or now, now)) / NS
+                     if schedule is not None else None)
+        out.append(ScheduleState(
+            name, last / NS if last is not None else 0.0, record.fires if record else 0,
+            next_fire, schedule.task if schedule else None,
+            (f"{schedule.seconds:g}s" if schedule.seconds is not None else schedule.cron)
+            if schedule else None))
+    return out
+
+
+@attrs.frozen
+class _Takes:
+    """The part of a worker's status document ``types`` reads."""
+
+    state: MemberState = MemberState.UNKNOWN
+    types: tuple[str, ...] = ()
+
+
+async def type_rows(session: Session, app: App) -> list[TypeRow]:
+    """The catalog's task types (and types a running worker takes that it lacks), with the
+    running workers that take each."""
+    catalog = await Catalog(session, app).read()
+    workers = await _children(session, app.workers)
+    docs = await _read_all(session, [f"{app.workers}/{w}" for w in workers])
+    takers: dict[str, list[str]] = {}
+    for worker in workers:
+        path = f"{app.workers}/{worker}"
+        doc = decode_or_none(docs[path], _Takes, path=path) if path in docs else None
+        if doc is not None and doc.state is MemberState.RUNNING:
+            for name in doc.types:
+                takers.setdefault(name, []).append(worker)
+    rows = []
+    for name in sorted(set(catalog.types) | set(takers)):
+        info = catalog.types.get(name)
+        rows.append(TypeRow(name, info.priority if info else None,
+                            info.max_attempts if info else None,
+                            info.time_limit if info else None,
+                            info.rate_limit if info else None, takers.get(name, [])))
+    return rows
+
+
+async def queue_report(session: Session, app: App, *, sample: int = TYPE_SAMPLE) -> QueueReport:
+    """The app's task queue (see the module doc); ``sample=0`` reads no item."""
+    queue = WorkQueue(session, app.tasks)
+    counts = await queue.counts()
+    names = await queue.item_names()
+    lanes: Counter[int] = Counter()
+    for name in names:
+        bucket, _, node = name.partition("/")
+        entry = parse_item(bucket, node)
+        if entry is not None:
+            lanes[entry.priority] += 1
+    types: Counter[str] | None = None
+    sampled = 0
+    if sample > 0:
+        types = Counter()
+        chosen = names[:sample]
+        data: dict[str, bytes | None] = {}
+
+        async def read(name: str) -> None:
+            data[name] = await queue.item_data(name)
+
+        await gather(*[functools.partial(read, n) for n in chosen])
+        for name in chosen:
+            raw = data.get(name)
+            if raw is None:
+                continue  # acknowledged meanwhile
+            try:
+                types[Task.decode(raw).name] += 1
+            except records.CorruptRecord:
+                types["(unreadable)"] += 1
+            sampled += 1
+    return QueueReport("default", counts.queued, counts.claimed, counts.buckets,
+                       dict(sorted(lanes.items())),
+                       dict(sorted(types.items())) if types is not None else None, sampled)
+
+
+def unstructure(value: Any) -> Any:
+    """A report as JSON values (for ``--json`` and the dashboard)."""
+    return records.unstructure(value)
+
+
+# ---------------------------------------------------------------- tables
+
+
+def _when(at: float | None, now: float) -> str:
+    """``2026-11-28 17:30:05Z (in 12s)``: UTC, and how far from now."""
+    if not at:
+        return "-"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
+    delta = at - now
+    return f"{stamp} (in {delta:.0f}s)" if delta >= 0 else f"{stamp} ({-delta:.0f}s ago)"
+
+
+def _table(title: str, *columns: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def render_active(tasks: list[ActiveTask]) -> Any:
+    if not tasks:
+        return "No task is running."
+    now = time.time()
+    table = _table(f"active tasks ({len(tasks)})", "task", "worker", "attempt", "progress",
+                   "started")
+    for t in tasks:
+        progress = "-" if t.done is None else (
+            f"{t.done:g}/{t.total:g}" if t.total else f"{t.done:g}")
+        if t.message:
+            progress = f"{progress} {t.message}"
+        table.add_row(t.task_id, t.worker, str(t.attempt), progress,
+                      f"{now - t.started:.0f}s ago" if t.started else "-")
+    return table
+
+
+def render_delayed(report: DelayedReport) -> Any:
+    if not report.total:
+        return "No delayed task."
+    now = time.time()
+    more = f", {report.total - len(report.tasks)} more not shown" \
+        if report.total > len(report.tasks) else ""
+    table = _table(f"delayed tasks ({report.total}{more})", "task", "type", "due (UTC)",
+                   "priority")
+    for t in report.tasks:
+        table.add_row(t.task_id, t.type, _when(t.due, now), str(t.priority))
+    return table
+
+
+def render_schedules(states: list[ScheduleState]) -> Any:
+    if not states:
+        return "No periodic schedule has fired (none recorded under schedules/)."
+    now = time.time()
+    table = _table("schedules", "schedule", "task", "every", "last slot (UTC)", "fires",
+                   "next fire (UTC)")
+    for s in states:
+        table.add_row(s.name, s.task or "-", s.every or "-", _when(s.last_slot, now),
+                      str(s.fires),
+                      _when(s.next_fire, now) if s.next_fire else "- (give --schedules)")
+    return table
+
+
+def render_types(rows: list[TypeRow]) -> Any:
+    if not rows:
+        return "No task type registered (no worker of this app has started yet)."
+    table = _table("task types", "type", "priority", "max attempts", "time limit",
+                   "rate limit", "running workers")
+    for r in rows:
+        table.add_row(r.name, _text(r.priority), _text(r.max_attempts), _text(r.time_limit),
+                      r.rate_limit or "-", ", ".join(r.workers) or "(none: its tasks wait)")
+    return table
+
+
+def render_queue(report: QueueReport) -> Any:
+    from rich.console import Group
+
+    table = _table("queues", "queue", "queued", "claimed", "waiting", "buckets")
+    waiting = None if report.claimed is None else max(report.queued - report.claimed, 0)
+    table.add_row(report.name, str(report.queued), _text(report.claimed), _text(waiting),
+                  str(report.buckets))
+    parts: list[Any] = [table]
+    if report.lanes:
+        lanes = _table("by priority lane (lower is taken first)", "priority", "items")
+        for priority, count in report.lanes.items():
+            lanes.add_row(f"{priority:+d}", str(count))
+        parts.append(lanes)
+    if report.types:
+        of = f" of the first {report.sampled}" if report.sampled < report.queued else ""
+        types = _table(f"by task type{of}", "type", "items")
+        for name, count in report.types.items():
+            types.add_row(name, str(count))
+        parts.append(types)
+    return Group(*parts)
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
