@@ -25,13 +25,22 @@ measured: ``kazoo``, ``dramatiq``, ``celery`` or ``rq``.
    multi, ack multi) made one after the other by plain kazoo, put -> result record visible.
 6. Master failover after kill -9 of the leader: until the standby's address is published,
    vs kazoo's ``Election`` (until the standby's function runs), same session timeout.
-7. Peers (:mod:`bench.peers`): rows 1 (4 slots) and 4 against Dramatiq, Celery and RQ on a
-   redis-server started for the run, the same workload (TASKS trivial tasks, results stored,
-   workers already running; idle latency submit -> result readable, median of 50); runs
-   interleaved (ours, then each peer, PEER_RUNS times), medians of the runs.  Needs the
-   ``bench`` extra and Debian's redis-server (``make bench`` installs both); skipped with a
-   note without them.  ``--peers``: only these rows; ``--quick``: one run of 200 tasks and
-   10 latency rounds (a smoke test).
+7. Peers (:mod:`bench.peers`): rows 1 (4 slots) and 4 against Dramatiq and Celery on
+   redis-servers started for the run with persistence none, ``everysec`` and ``always``
+   (``--persistence``), and RQ without, the same workload (TASKS trivial tasks, results
+   stored, workers already running; idle latency submit -> result readable, median of 50);
+   next to them the bare-protocol ceiling at the same processes and slots
+   (:mod:`bench.ceiling`: the framework's session alone doing get, claim multi, ack multi
+   per task) and CPU milliseconds per task from ``/proc`` (our workers, master and server;
+   the ceiling's clients and server); runs interleaved (ours, the ceiling, then each peer,
+   ``--runs`` times, default PEER_RUNS), medians of the runs.  The ZooKeeper server runs
+   the full JIT (``--zk-jit full``, what a deployment runs; one warm-up run of ours and of
+   the ceiling first, not counted); ``--zk-jit c1`` measures the tests' fast-start server.
+   ``--json`` rows carry ``peer`` (``dramatiq``, ``celery``, ``rq``, ``ceiling``, ``cpu``)
+   and ``persistence``.  Needs the ``bench`` extra and Debian's redis-server (``make
+   bench`` installs both); skipped with a note without them.  ``--peers``: only these rows;
+   ``--quick``: one run of 200 tasks and 10 latency rounds, Redis without persistence, C1
+   (a smoke test).
 
 Every process is started with :func:`framework.testing.spawn`; what a child writes to stderr
 (and to stdout, unless the benchmark reads it) goes to ``out/bench-runtime/<name>.log``.
@@ -734,13 +743,15 @@ def _median(values: list[float | None]) -> float | None:
 
 
 async def measure_peers(hosts: str, runs: int, tasks: int, rounds: int,
-                        persistence: tuple[str, ...] = peers.PERSISTENCE
-                        ) -> list[peers.PeerRow]:
+                        persistence: tuple[str, ...] = peers.PERSISTENCE,
+                        warm_up: bool = False) -> list[peers.PeerRow]:
     """Rows for each peer and Redis ``persistence``: tasks/s and idle latency, ours (4
     workers x 4 slots) next to the peer's; the bare-protocol ceiling at the same processes
     and slots; CPU per task of ours (workers, master, server) next to the ceiling's
     (client, server).  ``runs`` runs interleaved (ours, the ceiling, then each peer on
-    each Redis in turn; RQ only without persistence), medians."""
+    each Redis in turn; RQ only without persistence), medians.  ``warm_up``: one run of
+    ours and one of the ceiling first, not counted (a server with the full JIT compiles
+    the paths each exercises during its first runs)."""
     ours: list[Run] = []
     latency: list[float] = []
     ceiling: list[Run] = []
@@ -750,6 +761,9 @@ async def measure_peers(hosts: str, runs: int, tasks: int, rounds: int,
     async with AsyncExitStack() as stack:
         urls = {p: await stack.enter_async_context(peers.redis_server(LOGS, p))
                 for p in persistence}
+        if warm_up:
+            await ours_throughput(hosts, 4, tasks)
+            await trio_ceiling(hosts, 4, max(tasks, CEILING_TASKS))
         for _ in range(runs):
             ours.append(await ours_throughput(hosts, 4, tasks))
             latency.append((await ours_latency(hosts, rounds))[0])
@@ -821,9 +835,11 @@ def parse_args() -> argparse.Namespace:
                         help="the Redis persistence settings the peers run with, comma "
                              "separated (default: all of none, everysec, always)")
     parser.add_argument("--zk-jit", choices=("c1", "full"), default=None,
-                        help="the ZooKeeper JVM's JIT (FRAMEWORK_ZK_JIT): c1 (the "
-                             "launcher's default, a fast start) or full (C1 and C2, what a "
-                             "deployment runs)")
+                        help="the ZooKeeper JVM's JIT (FRAMEWORK_ZK_JIT): full (C1 and C2, "
+                             "what a deployment runs; the default, with a warm-up run of "
+                             "ours and of the ceiling before the rows against the peers) "
+                             "or c1 (the launcher's default for tests, a fast start; the "
+                             "default with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: every size shrunk to seconds of work (peers: one "
                              "run of 200 tasks and 10 latency rounds)")
@@ -842,7 +858,8 @@ async def measure_all(hosts: str, args: argparse.Namespace
                          f"{', '.join(peers.PERSISTENCE)})")
     if args.quick:
         return ours, await measure_peers(hosts, 1, 200, 10, ("none",))
-    return ours, await measure_peers(hosts, args.runs, TASKS, LATENCY_ROUNDS, persistence)
+    return ours, await measure_peers(hosts, args.runs, TASKS, LATENCY_ROUNDS, persistence,
+                                     warm_up=args.zk_jit == "full")
 
 
 def main() -> None:
@@ -862,8 +879,9 @@ def main() -> None:
     for old in LOGS.glob("*.log"):  # the children's logs of this run only
         old.unlink()
     global SERVER_PID
-    if args.zk_jit:
-        os.environ["FRAMEWORK_ZK_JIT"] = args.zk_jit
+    if args.zk_jit is None:  # a deployment's JIT, unless this is a smoke run
+        args.zk_jit = "c1" if args.quick else "full"
+    os.environ["FRAMEWORK_ZK_JIT"] = args.zk_jit
     with fresh_server() as (hosts, SERVER_PID):
         results, peer_rows = trio.run(measure_all, hosts, args)
     if args.json:  # one object per row: workload, unit, peer, persistence, kazoo, ours, ratio
