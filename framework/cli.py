@@ -541,15 +541,20 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedules_of(component: str) -> list[Any]:
-    """The ``schedules`` of class ``MODULE:CLASS`` (a Master or a Worker), checked."""
+def _schedules_class(component: str) -> Any:
     from framework.runtime import load_class
-    from framework.runtime.duties import check_schedules
 
     try:
-        cls = load_class(component)
+        return load_class(component)
     except SyntaxError as exc:
         raise FrameworkError(_syntax_error(component, exc)) from None
+
+
+def _schedules_of(component: str) -> list[Any]:
+    """The ``schedules`` of class ``MODULE:CLASS`` (a Master or a Worker), checked."""
+    from framework.runtime.duties import check_schedules
+
+    cls = _schedules_class(component)
     return check_schedules(cls, getattr(cls, "schedules", []))
 
 
@@ -567,9 +572,17 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
     configure_logging(level=os.environ.get("FRAMEWORK_LOG_LEVEL") or "info")
     hosts, chroot = split_chroot(zk_hosts_from(args.zk), args.chroot)
+    schedules: dict[str, list[Any]] = {}
+    for component in args.schedules:
+        cls = _schedules_class(component)
+        app = getattr(cls, "app_name", None)
+        if not app:
+            raise FrameworkError(f"--schedules {component}: the class names no app_name")
+        schedules.setdefault(app, []).extend(_schedules_of(component))
     trio.run(lambda: serve_dashboard(hosts, host=args.host, port=args.port,
                                      allow_actions=args.allow_actions, chroot=chroot,
-                                     connect_timeout=args.connect_timeout))
+                                     connect_timeout=args.connect_timeout,
+                                     schedules=schedules))
     return 0
 
 
@@ -802,7 +815,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "127.0.0.1)")
     dash.add_argument("--port", type=port_number, default=8321, help="HTTP port (default 8321)")
     dash.add_argument("--allow-actions", action="store_true",
-                      help="enable the requeue and discard buttons (read-only otherwise)")
+                      help="enable the requeue, discard and revoke buttons (read-only "
+                           "otherwise)")
+    dash.add_argument("--schedules", metavar="MODULE:CLASS", action="append", default=[],
+                      help="a class whose schedules fire (a Master or Worker; its app_name "
+                           "names the app), to show each schedule's next fire; repeatable")
     for register in _extra_commands:
         register(sub)
     return parser

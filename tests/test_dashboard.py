@@ -4,7 +4,10 @@ Real ZooKeeper, real master and worker processes (``framework run``), the dashbo
 by hypercorn in the test's trio run.  The page must show a worker appear and vanish after
 kill -9, a master failover, a dead letter requeued from its button that then succeeds, and
 in its application selector the running app first (shown) and an app with no live process
-marked stale.
+marked stale; the worker deferring the app's duties to the leading master; the task list
+(recent results, filtered by outcome), a schedule's next fire, a delayed task and a running
+task revoked from their buttons (the running one is cancelled and listed as revoked, with its
+type).
 
 The application under test is defined here too (``framework run test_dashboard:Boss``).
 """
@@ -28,7 +31,16 @@ import pytest
 import trio
 
 from framework import Session
-from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker
+from framework.runtime import (
+    App,
+    Client,
+    Master,
+    MasterContext,
+    Task,
+    TaskResult,
+    Worker,
+    every,
+)
 from framework.testing import Child, spawn
 from framework.zk import wait_exists, watch_data
 
@@ -52,6 +64,8 @@ class Boss(Master):
     again after a failover), then idles."""
 
     app_name = APP.name
+    # a slot every ~11.6 days: seen for the first time, it starts at its next slot (no fire)
+    schedules = [every(1_000_000, "handle", name="rare")]
 
     async def lead(self, ctx: MasterContext) -> None:
         if await ctx.session.exists(SUBMITTED) is None:  # a new leader does not resubmit
@@ -81,6 +95,9 @@ class Busy(Worker):
         payload = task.payload or {}
         if payload.get("poison") and await self.session.exists(CURE) is None:
             raise ValueError("poisoned payload: the cure node is missing")
+        if payload.get("hold"):  # runs until revoked
+            await self.report_progress(task, 0, 1, "held")
+            await trio.sleep_forever()
         for step in (1, 2):
             await trio.sleep(0.05)  # the task's work
             await self.report_progress(task, step, 2, "working")
@@ -132,7 +149,8 @@ async def dashboard(zk_hosts: str, chroot: str) -> AsyncIterator[str]:
 
     async with trio.open_nursery() as nursery:
         url = await nursery.start(lambda task_status: serve_dashboard(
-            zk_hosts, port=0, allow_actions=True, chroot=chroot, task_status=task_status))
+            zk_hosts, port=0, allow_actions=True, chroot=chroot,
+            schedules={APP.name: Boss.schedules}, task_status=task_status))
         yield url
         nursery.cancel_scope.cancel()
 
@@ -186,6 +204,20 @@ class Page:
 
         await self.wait(clicked, f"{css} to click")
 
+    async def accept(self) -> None:
+        """Accept the confirmation the page asked for."""
+        from selenium.webdriver.support import expected_conditions
+
+        alert = await self.wait(expected_conditions.alert_is_present(), "a confirmation")
+        await self.run(alert.accept)
+
+    async def choose(self, css: str, value: str) -> None:
+        """Choose ``value`` in the select element ``css``."""
+        from selenium.webdriver.support.ui import Select
+
+        select = await self.shown(css)
+        await self.run(lambda: Select(select).select_by_value(value))
+
     async def gone(self, css: str) -> None:
         from selenium.webdriver.common.by import By
 
@@ -221,7 +253,7 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
                                            browser: Any, dashboard: str) -> None:
     page = Page(browser)
     app = f"#app-{APP.name}"
-    with trio.fail_after(90):
+    with trio.fail_after(120):
         async with Session(zk_hosts, chroot=chroot) as session, AsyncExitStack() as procs:
             boss_a = await _spawn(procs, "Boss", zk_hosts, chroot, "boss-a", tmp_path)
             await wait_exists(session, APP.rendezvous)  # boss-a leads: the line is fixed
@@ -253,6 +285,33 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             # durations as the worker timed them (published in its status record)
             await page.shown(f"{app} .durations .legend", "attempts")
 
+            # the worker holding the app's duties defers them to the leading master
+            await page.shown(f"{app} tr.worker[data-worker='w1'] td.duties"
+                             "[data-duties='deferred']")
+            await page.shown(f"{app} [data-stat='duties'] b", "w1")
+            # the task list, and a schedule's next fire (its definition given to the dashboard)
+            await page.shown(f"{app} tr.result[data-outcome='succeeded']")
+            await page.shown(f"{app} tr.schedule[data-schedule='rare'] td.next-fire", "(in ")
+            # a delayed task revoked from its button
+            client = Client(session, APP.name)
+            await client.submit("handle", {"n": 99}, key="later", countdown=3600)
+            await page.click(f"{app} tr.delayed-task[data-task='later'] button.revoke")
+            await page.accept()
+            await page.shown(f"{app} tr.delayed-task[data-task='later'] .revoked")
+            # a running task revoked from its button: cancelled, listed as revoked, its type
+            await client.submit("handle", {"hold": True}, key="held")
+            await page.click(f"{app} .task[data-task='held'] button.revoke")
+            await page.accept()
+            await page.shown(f"{app} tr.result[data-task='held'][data-outcome='revoked']"
+                             "[data-type='handle']")
+            # filtered by outcome: only the revoked one
+            await page.choose(f"{app} form.task-filter select[name='outcome']", "revoked")
+            await page.gone(f"{app} tr.result[data-outcome='succeeded']")
+            await page.shown(f"{app} tr.result[data-task='held']")
+            if (path := shot_path("dashboard-tasks.png")) is not None:
+                await page.screenshot(path)
+            await page.choose(f"{app} form.task-filter select[name='outcome']", "")
+
             # a second worker appears, then vanishes after kill -9
             w2 = await _spawn(procs, "Busy", zk_hosts, chroot, "w2", tmp_path)
             await page.shown(f"{app} tr.worker[data-worker='w2']")
@@ -280,9 +339,9 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             if (path := shot_path("dashboard-after-failover.png")) is not None:
                 await page.screenshot(path)
 
-            # the app's own count of results (12 tasks and the poison one), whichever
-            # processes wrote them
-            await page.shown(f"{app} [data-stat='results'] b", "13")
+            # the app's own count of results (12 tasks, the poison one and the revoked one),
+            # whichever processes wrote them
+            await page.shown(f"{app} [data-stat='results'] b", "14")
 
             # the stale app, chosen in the selector, says so
             await page.click(f"#selector a.app-link[data-app='{OLD.name}']")

@@ -177,3 +177,30 @@ async def test_submit_eta_delays_the_task_to_that_time(zk_hosts: str, chroot: st
                                    *zk(zk_hosts, chroot))
         assert (code, out) == (2, "")
         assert err.startswith(message) and len(err.splitlines()) == 1
+
+
+async def test_the_dashboards_revoke_is_framework_revoke_behind_the_switch(
+        session: Session) -> None:
+    import httpx
+
+    from framework.dashboard.asgi import dashboard_app
+    from framework.dashboard.model import Model
+
+    client = Client(session, APP, create=True)
+    client.unchecked = lambda *_: None  # type: ignore[method-assign]
+    later = await client.submit("handle", None, countdown=600)
+    headers = {"X-Dashboard-Action": "1"}
+    for allowed, body, status, answer in (
+            (False, {"app": APP, "name": later.id}, 403, "--allow-actions"),
+            (True, {"app": APP, "name": "nothing-here"}, 400, "nothing revoked"),
+            (True, {"app": "nope", "name": later.id}, 400, "no application 'nope'"),
+            (True, {"app": APP, "name": later.id}, 200, "revoked"),
+            (True, {"app": APP, "name": later.id}, 200, "already")):
+        web = dashboard_app(Model(allow_actions=allowed), session)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web),
+                                     base_url="http://dashboard") as http:
+            reply = await http.post("/api/revoke", json=body, headers=headers)
+        assert reply.status_code == status, reply.text
+        doc = reply.json()
+        assert answer in (doc.get("error") or doc.get("revocation")), doc
+    assert await session.exists(f"{App(APP).revoked}/{later.id}") is not None

@@ -3,8 +3,11 @@
 Routes: ``/`` (the page), ``/static/*``, ``/events`` (server-sent events: the model's JSON
 state at each new version, at most every :data:`PUSH_INTERVAL` per viewer), ``/api/state``,
 ``/api/result?app=&key=``, ``/metrics`` (Prometheus), and, only when actions are allowed,
-``POST /api/requeue`` and ``POST /api/discard`` (JSON ``{"app": ..., "name": ...}``, with
-the ``X-Dashboard-Action`` header so that another site's form cannot post them).  Errors are
+``POST /api/requeue``, ``POST /api/discard`` (``name``: a dead letter) and ``POST
+/api/revoke`` (``name``: a task id; ``framework revoke``'s contract: never run if queued or
+delayed, cancelled if running; an id that is not there is refused, 400), each JSON ``{"app":
+..., "name": ...}`` with the ``X-Dashboard-Action`` header so that another site's form cannot
+post them.  Errors are
 JSON ``{"ok": false, "error": ...}``: 400 for a bad request, 401 without the token (when
 one is set), 403 for a refused action, 404 for an unknown route, 503 when ZooKeeper cannot
 answer.
@@ -38,6 +41,7 @@ from framework.dashboard import prom
 from framework.dashboard.model import Model
 from framework.logs import get_logger
 from framework.runtime import actions
+from framework.runtime.app import App
 from framework.zk import Session
 
 log = get_logger("framework.dashboard.web")
@@ -87,8 +91,13 @@ def dashboard_app(model: Model, session: Session, *, token: str | None = None) -
             app, name = str(doc["app"]), str(doc["name"])
         except (ValueError, KeyError, TypeError):
             raise actions.ActionError('expected JSON {"app": ..., "name": ...}') from None
-        if request.path_params["action"] == "requeue":
+        action = request.path_params["action"]
+        if action == "requeue":
             return _json({"ok": True, "item": await actions.requeue(session, app, name)})
+        if action == "revoke":
+            return _json({"ok": True, "revocation": await _revoke(session, app, name)})
+        if action != "discard":
+            return _error(404, f"no route POST {request.url.path}")
         await actions.discard(session, app, name)
         return _json({"ok": True})
 
@@ -121,6 +130,20 @@ def dashboard_app(model: Model, session: Session, *, token: str | None = None) -
         },
     )
     return app if token is None else _guarded(app, token)
+
+
+async def _revoke(session: Session, app: str, task_id: str) -> str:
+    """Revoke ``task_id`` of ``app`` as ``framework revoke`` does; an unknown app or task,
+    or a bad name, is an :class:`~framework.runtime.actions.ActionError` (400)."""
+    from framework.runtime import Client
+    from framework.runtime.client import UnknownTask
+
+    try:
+        done = await Client(session, App(app)).revoke(task_id, by="dashboard")
+    except (UnknownTask, errors.ConfigurationError, ValueError) as exc:
+        raise actions.ActionError(str(exc)) from None
+    log.info("dashboard.revoked", app=app, task=task_id, revocation=done.value)
+    return str(done.value)
 
 
 #: What a browser is told when it must authenticate.

@@ -34,6 +34,7 @@ from framework.dashboard.model import (
     Model,
     json_doc,
 )
+from framework.dashboard.tasks_feed import TaskViews
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.election import contenders_of
@@ -82,6 +83,7 @@ class AppFeed:
         self.app = App(name)
         self.view = model.app(name)
         self._count_results = trio.Event()  # set when the result count may have changed
+        self.tasks = TaskViews(session, self.app, self.view, self._changed)
 
     async def run(self) -> None:
         watchers: dict[str, Callable[[], Awaitable[None]]] = {
@@ -90,6 +92,8 @@ class AppFeed:
             "config": self._config, "shards": self._shards,
             "assignments": self._assignments, "done": self._done, "cancel": self._cancel,
             "counters": self._counters, "results": self._results,
+            "recent": self.tasks.recent, "delayed": self.tasks.delayed,
+            "schedules": self.tasks.schedules, "revoked": self.tasks.revoked,
         }
         async with trio.open_nursery() as nursery:
             for what, body in watchers.items():
@@ -141,6 +145,8 @@ class AppFeed:
         async for members in Group(self.session, self.app.running).watch():
             self.view.set_running({name: json_doc(data) for name, data in members.items()})
             self._changed()
+            if await self.tasks.type_of_running(self.view.running):
+                self._changed()
             await trio.sleep(THROTTLE)
 
     async def _failures(self) -> None:

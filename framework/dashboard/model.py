@@ -18,7 +18,9 @@ import trio
 
 from framework import records
 from framework.metrics import TaskStats
+from framework.runtime.inspect import schedule_rows
 from framework.runtime.records import MemberStatus
+from framework.runtime.schedules import Schedule, ScheduleRecord
 from framework.runtime.status import AppState
 
 #: Samples kept for the charts (one per :data:`SAMPLE_INTERVAL`).
@@ -102,6 +104,15 @@ class AppModel:
     counters: dict[str, Any] = attrs.field(factory=dict)
     totals: TaskStats = attrs.field(factory=TaskStats)
     leader_changes: int = 0
+    #: the task list: recent result records, newest first (framework.dashboard.tasks_feed)
+    recent: list[dict[str, Any]] = attrs.field(factory=list)
+    running_types: dict[str, str] = attrs.field(factory=dict)  # running task id -> type
+    delayed: list[dict[str, Any]] = attrs.field(factory=list)  # the soonest delayed tasks
+    delayed_total: int = 0
+    schedule_records: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: the schedules' definitions (``dashboard --schedules MODULE:CLASS``): next fires
+    schedule_defs: list[Schedule] = attrs.field(factory=list)
+    revoked: set[str] = attrs.field(factory=set)  # ids revoked (``revoked/``)
     history: deque[tuple[float, int, int, int]] = attrs.field(
         factory=lambda: deque(maxlen=HISTORY))
     _seen: dict[str, tuple[tuple[str, int], TaskStats]] = attrs.field(factory=dict)
@@ -173,12 +184,29 @@ class AppModel:
         return {"t": times, "depth": depth, "done_rate": done_rate,
                 "failed_rate": failed_rate}
 
+    def schedules(self, now: float) -> list[dict[str, Any]]:
+        """Each schedule: its last slot, fires, and next fire when its definition is known."""
+        found = {}
+        for name, doc in self.schedule_records.items():
+            try:
+                found[name] = records.structure(doc, ScheduleRecord)
+            except records.CorruptRecord:
+                continue
+        rows = schedule_rows(found, self.schedule_defs, int(now * 1e9))
+        return [records.unstructure(row) for row in rows]
+
+    def duty_holder(self) -> str | None:
+        """The member holding the app's duties (worker-only deployments), if one says so."""
+        return next((name for name, doc in sorted(self.workers.items())
+                     if doc.get("duties") in ("held", "deferred")), None)
+
     def to_json(self) -> dict[str, Any]:
         leader = self.contenders[0] if self.contenders else None
         workers = []
         for name, doc in sorted(self.workers.items()):
-            running = [dict(task=t, **r) for t, r in sorted(self.running.items())
-                       if r.get("worker") == name]
+            running = [dict(task=t, **r, type=self.running_types.get(t),
+                            revoked=t in self.revoked)
+                       for t, r in sorted(self.running.items()) if r.get("worker") == name]
             workers.append({"kind": "worker", **doc, "name": name,
                             "counters": worker_counters(doc), "tasks": running})
         app_counters: dict[str, float] = {}
@@ -211,6 +239,11 @@ class AppModel:
                        "leader_changes": self.leader_changes},
             "durations": records.unstructure(self.totals.durations),
             "series": self.series(),
+            "duty_holder": self.duty_holder(),
+            "recent": self.recent,
+            "delayed": [d | {"revoked": d["task_id"] in self.revoked} for d in self.delayed],
+            "delayed_total": self.delayed_total,
+            "schedules": self.schedules(time.time()),
         }
 
 
@@ -220,6 +253,8 @@ class Model:
 
     allow_actions: bool = False
     apps: dict[str, AppModel] = attrs.field(factory=dict)
+    #: each app's schedule definitions, by app name (``dashboard --schedules``)
+    schedules: dict[str, list[Schedule]] = attrs.field(factory=dict)
     session_state: str = "connecting"
     session_changes: dict[str, int] = attrs.field(factory=dict)
     viewers: int = 0
@@ -241,7 +276,7 @@ class Model:
 
     def app(self, name: str) -> AppModel:
         if name not in self.apps:
-            self.apps[name] = AppModel(name)
+            self.apps[name] = AppModel(name, schedule_defs=self.schedules.get(name, []))
         return self.apps[name]
 
     def ordered(self) -> list[AppModel]:

@@ -50,13 +50,15 @@ def listen(host: str = "127.0.0.1", port: int = 8321) -> Listener:
 
 
 async def run_dashboard(session: Session, listener: Listener, *, allow_actions: bool = False,
-                        token: str | None = None,
+                        token: str | None = None, schedules: dict[str, list[Any]] | None = None,
                         task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Feed a model from ``session`` and serve it on ``listener`` until cancelled;
     ``task_status.started`` gets the URL (``http://host:port``).  ``token``: required of
-    every request (see the module doc; :func:`check_access` is applied to the listener)."""
+    every request (see the module doc; :func:`check_access` is applied to the listener).
+    ``schedules``: each app's schedule definitions (by app name), for the scheduled view's
+    next fires (ZooKeeper records only the last slot of each)."""
     check_access(listener.address.rsplit(":", 1)[0].strip("[]"), token)
-    model = Model(allow_actions=allow_actions)
+    model = Model(allow_actions=allow_actions, schedules=dict(schedules or {}))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(Feed(session, model).run)
         url = await nursery.start(lambda task_status: web.serve(
@@ -70,6 +72,7 @@ async def serve_dashboard(hosts: str, *, host: str = "127.0.0.1", port: int = 83
                           allow_actions: bool = False, chroot: str | None = None,
                           token: str | None = None, session_timeout: float = 10.0,
                           connect_timeout: float = 10.0,
+                          schedules: dict[str, list[Any]] | None = None,
                           task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Listen, connect to ZooKeeper at ``hosts`` and serve until cancelled.  ``token``:
     ``None`` takes ``FRAMEWORK_DASHBOARD_TOKEN``; without either, ``host`` must be a
@@ -80,4 +83,4 @@ async def serve_dashboard(hosts: str, *, host: str = "127.0.0.1", port: int = 83
     async with Session(hosts, chroot=chroot, session_timeout=session_timeout,
                        connect_timeout=connect_timeout) as session:
         await run_dashboard(session, listener, allow_actions=allow_actions, token=token,
-                            task_status=task_status)
+                            schedules=schedules, task_status=task_status)

@@ -186,28 +186,39 @@ async def delayed_tasks(session: Session, app: App, *,
 
 async def schedule_states(session: Session, app: App,
                           schedules: list[Schedule] | None = None) -> list[ScheduleState]:
-    """Each schedule recorded under ``schedules/``, and each of ``schedules`` (the
-    firing class's definitions) with its next fire: the first slot after both its last
-    slot and now, as the scheduler computes it (a schedule never fired yet: its next slot
-    after now)."""
+    """Each schedule recorded under ``schedules/``, and each of ``schedules`` (the firing
+    class's definitions) with its next fire (see :func:`schedule_rows`)."""
     names = await _children(session, app.schedules)
     data = await _read_all(session, [f"{app.schedules}/{n}" for n in names])
-    defined = {s.name: s for s in schedules or []}
-    now = time.time_ns()
-    out = []
-    for name in sorted(set(names) | set(defined)):
+    found = {}
+    for name in names:
         path = f"{app.schedules}/{name}"
-        record = (decode_or_none(data[path], ScheduleRecord, path=path)
-                  if path in data else None)
+        record = decode_or_none(data[path], ScheduleRecord, path=path) if path in data else None
+        if record is not None:
+            found[name] = record
+    return schedule_rows(found, schedules or [], time.time_ns())
+
+
+def schedule_rows(found: dict[str, ScheduleRecord], schedules: list[Schedule],
+                  now_ns: int) -> list[ScheduleState]:
+    """The schedules ``found`` under ``schedules/`` and those defined (``schedules``), by
+    name; a defined one's next fire is the first slot after both its last slot and now, as
+    the scheduler computes it (one never fired yet: its next slot after now)."""
+    defined = {s.name: s for s in schedules}
+    out = []
+    for name in sorted(set(found) | set(defined)):
+        record = found.get(name)
         last = record.slot_ns if record is not None else None
         schedule = defined.get(name)
-        next_fire = (schedule.next_slot(max(last or now, now)) / NS
+        next_fire = (schedule.next_slot(max(last or now_ns, now_ns)) / NS
                      if schedule is not None else None)
-        out.append(ScheduleState(
-            name, last / NS if last is not None else 0.0, record.fires if record else 0,
-            next_fire, schedule.task if schedule else None,
-            (f"{schedule.seconds:g}s" if schedule.seconds is not None else schedule.cron)
-            if schedule else None))
+        every = None
+        if schedule is not None:
+            every = (f"{schedule.seconds:.12g}s" if schedule.seconds is not None
+                     else schedule.cron)
+        out.append(ScheduleState(name, last / NS if last is not None else 0.0,
+                                 record.fires if record is not None else 0, next_fire,
+                                 schedule.task if schedule is not None else None, every))
     return out
 
 

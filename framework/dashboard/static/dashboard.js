@@ -109,6 +109,18 @@ function makeCard(name) {
       <section><h3>Dead letters</h3><div class="dead"></div></section>
       <section><h3>Recent failures</h3><div class="failures"></div></section>
     </div>
+    <section class="task-list"><h3>Tasks (recent results)</h3>
+      <form class="task-filter">
+        <label>type <select name="type"><option value="">all</option></select></label>
+        <label>outcome <select name="outcome"><option value="">all</option>
+          <option value="succeeded">succeeded</option><option value="failed">failed</option>
+          <option value="revoked">revoked</option></select></label>
+      </form>
+      <div class="tasks"></div></section>
+    <div class="grid">
+      <section><h3>Delayed tasks</h3><div class="delayed"></div></section>
+      <section><h3>Schedules</h3><div class="schedules"></div></section>
+    </div>
     <div class="grid">
       <section><h3>Result lookup</h3>
         <form class="lookup"><input name="key" placeholder="task id or key" size="24">
@@ -120,17 +132,19 @@ function makeCard(name) {
     </div>`;
   const card = { root, name };
   for (const cls of ["job", "stats", "masters", "chart-depth", "chart-rate", "durations", "workers", "dead",
-                     "failures", "lookup-result", "config", "shards", "app-counters"]) {
+                     "failures", "lookup-result", "config", "shards", "app-counters", "tasks",
+                     "delayed", "schedules", "task-filter"]) {
     card[cls] = root.querySelector("." + cls);
   }
   root.querySelector("form.lookup").addEventListener("submit", (event) => {
     event.preventDefault();
     lookup(card, event.target.key.value.trim());
   });
-  card.dead.addEventListener("click", (event) => {
+  root.addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
     if (button) act(card, button.dataset.action, button.dataset.name, button);
   });
+  card["task-filter"].addEventListener("change", () => { if (card.app) fillTasks(card, card.app); });
   return card;
 }
 
@@ -158,7 +172,9 @@ function fillCard(card, app) {
     stat("done (seen)", app.totals.done, `tasks done: ${seen}`),
     stat("failed attempts (seen)", app.totals.failed, `failed attempts: ${seen}`),
     stat("retried (seen)", app.totals.retried, `retries: ${seen}`),
-    stat("leader changes", app.totals.leader_changes, "seen by this dashboard")].join(""));
+    stat("leader changes", app.totals.leader_changes, "seen by this dashboard"),
+    stat("duties", app.duty_holder ?? "-", "the worker elected to move delayed tasks, fire " +
+      "schedules and apply retention when no master leads (worker-only deployments)")].join(""));
   const who = (m) => `${esc(m.name ?? m.node)} <span class="muted">${esc(m.host ?? "")}` +
     `${m.pid ? ":" + esc(m.pid) : ""} ${esc(m.address ?? "")}</span>`;
   setHTML(card.masters, app.leader
@@ -175,7 +191,11 @@ function fillCard(card, app) {
     { values: s.done_rate, color: "#1f9d55", label: "done/s" },
     { values: s.failed_rate, color: "#d64545", label: "failed/s" }]));
   setHTML(card.durations, histogram(app.durations));
-  setHTML(card.workers, workersTable(app.workers));
+  setHTML(card.workers, workersTable(app.workers, state.allow_actions));
+  card.app = app;
+  fillTasks(card, app);
+  setHTML(card.delayed, delayedTable(app, state.allow_actions));
+  setHTML(card.schedules, schedulesTable(app.schedules));
   setHTML(card.dead, deadTable(app, state.allow_actions));
   setHTML(card.failures, app.failures.length ? `<table><tr><th>task</th><th>worker</th>` +
     `<th>attempt</th><th>error</th></tr>` + app.failures.map((f) =>
@@ -197,7 +217,73 @@ function fillCard(card, app) {
     `</div>` : `<div class="muted">none (see docs/dashboard.md: the counters hook)</div>`);
 }
 
-function workersTable(workers) {
+// what the actions switch allows, or why a button is disabled
+function actionAttrs(allowed) {
+  return allowed ? "" : ' disabled title="read-only: start the dashboard with --allow-actions"';
+}
+
+function revokeButton(taskId, allowed, revoked) {
+  if (revoked) return `<span class="badge warn revoked">revoked</span>`;
+  return `<button class="revoke" data-action="revoke" data-name="${esc(taskId)}"${actionAttrs(allowed)}>revoke</button>`;
+}
+
+const seconds = (d) => (typeof d !== "number" ? "-" : d < 1 ? `${(d * 1000).toFixed(1)} ms` : `${d.toFixed(2)} s`);
+
+function until(t) {
+  if (typeof t !== "number") return "-";
+  const s = t - now();
+  const when = new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  return `${when} <span class="muted">(${s >= 0 ? "in " + s.toFixed(0) + "s" : ago(t)})</span>`;
+}
+
+function fillTasks(card, app) {
+  const form = card["task-filter"];
+  const select = form.elements.namedItem("type");
+  const types = [...new Set(app.recent.map((r) => r.type))].sort();
+  const options = ["", ...types].join("\n");
+  if (select._options !== options) {
+    const chosen = select.value;
+    select.innerHTML = `<option value="">all</option>` +
+      types.map((t) => `<option value="${esc(t)}">${esc(t)}</option>`).join("");
+    select.value = types.includes(chosen) ? chosen : "";
+    select._options = options;
+  }
+  const type = select.value, outcome = form.elements.namedItem("outcome").value;
+  const rows = app.recent.filter((r) => (!type || r.type === type) && (!outcome || r.outcome === outcome));
+  const tone = { succeeded: "ok", failed: "bad", revoked: "warn" };
+  setHTML(card.tasks, rows.length ? `<table><tr><th>task</th><th>type</th><th>outcome</th>` +
+    `<th>duration</th><th>worker</th><th>attempts</th><th>finished</th></tr>` + rows.map((r) =>
+      `<tr class="result" data-task="${esc(r.key)}" data-type="${esc(r.type)}" data-outcome="${esc(r.outcome)}">` +
+      `<td>${esc(r.key)}</td><td>${esc(r.type)}</td>` +
+      `<td><span class="badge ${tone[r.outcome] ?? ""}">${esc(r.outcome)}</span>` +
+      (r.error && r.error !== r.outcome ? ` <span class="muted error-text">${esc(String(r.error).slice(0, 120))}</span>` : "") + `</td>` +
+      `<td>${seconds(r.duration)}</td><td>${esc(r.worker)}</td><td>${esc(r.attempts)}</td>` +
+      `<td>${ago(r.finished_at)}</td></tr>`).join("") + `</table>` +
+    `<div class="muted">${rows.length} of the ${app.recent.length} most recent results shown</div>`
+    : `<div class="muted">${app.recent.length ? "no result matches the filter" : "no result yet"}</div>`);
+}
+
+function delayedTable(app, allowed) {
+  if (!app.delayed_total) return `<div class="muted">none</div>`;
+  return `<table><tr><th>task</th><th>type</th><th>due (UTC)</th><th>priority</th><th></th></tr>` +
+    app.delayed.map((d) =>
+      `<tr class="delayed-task" data-task="${esc(d.task_id)}"><td>${esc(d.task_id)}</td><td>${esc(d.type)}</td>` +
+      `<td>${until(d.due)}</td><td>${esc(d.priority)}</td><td>${revokeButton(d.task_id, allowed, d.revoked)}</td></tr>`
+    ).join("") + `</table>` +
+    (app.delayed_total > app.delayed.length ? `<div class="muted">and ${app.delayed_total - app.delayed.length} more</div>` : "");
+}
+
+function schedulesTable(schedules) {
+  if (!schedules.length) return `<div class="muted">none recorded (schedules/)</div>`;
+  return `<table><tr><th>schedule</th><th>task</th><th>every</th><th>last slot</th><th>fires</th><th>next fire</th></tr>` +
+    schedules.map((s) =>
+      `<tr class="schedule" data-schedule="${esc(s.name)}"><td>${esc(s.name)}</td><td>${esc(s.task ?? "-")}</td>` +
+      `<td>${esc(s.every ?? "-")}</td><td>${s.last_slot ? until(s.last_slot) : "-"}</td><td>${fmt(s.fires)}</td>` +
+      `<td class="next-fire">${s.next_fire ? until(s.next_fire) : '<span class="muted" title="start the dashboard with --schedules MODULE:CLASS">unknown</span>'}</td></tr>`
+    ).join("") + `</table>`;
+}
+
+function workersTable(workers, allowed) {
   if (!workers.length) return `<div class="muted">no live member</div>`;
   const rows = workers.map((w) => {
     const ok = (w.health ?? {}).ok !== false;
@@ -205,9 +291,11 @@ function workersTable(workers) {
     const tasks = (w.tasks ?? []).map((t) => {
       const frac = t.total ? Math.min(1, t.done / t.total) : null;
       return `<div class="task" data-task="${esc(t.task)}">${esc(t.task)} ` +
+        (t.type ? `<span class="kind">${esc(t.type)}</span> ` : "") +
         (frac !== null ? `<span class="bar"><i style="width:${(frac * 100).toFixed(0)}%"></i></span> ` +
           `${fmt(t.done)}/${fmt(t.total)}` : `<span class="muted">started ${ago(t.started)}</span>`) +
-        (t.message ? ` <span class="muted">${esc(t.message)}</span>` : "") + `</div>`;
+        (t.message ? ` <span class="muted">${esc(t.message)}</span>` : "") +
+        ` ${revokeButton(t.task, allowed, t.revoked)}</div>`;
     }).join("");
     const counters = Object.entries(w.counters ?? {}).map(([k, v]) =>
       `<span>${esc(k)} <b>${fmt(v)}</b></span>`).join("");
@@ -216,6 +304,7 @@ function workersTable(workers) {
       `<span class="kind">${esc(w.kind)}</span>` +
       `<div class="muted">${esc(w.host ?? "")}${w.pid ? ":" + esc(w.pid) : ""}</div></td>` +
       `<td>${esc(w.state)}</td>` +
+      `<td class="duties" data-duties="${esc(w.duties ?? "")}">${esc(w.duties ?? "-")}</td>` +
       `<td><span class="bar"><i style="width:${(load * 100).toFixed(0)}%"></i></span> ${(load * 100).toFixed(0)}%</td>` +
       `<td>${fmt(w.in_flight ?? 0)}</td><td>${fmt(w.done ?? 0)}</td><td>${fmt(w.failed ?? 0)}</td>` +
       `<td>${tasks || '<span class="muted">idle</span>'}</td>` +
@@ -224,7 +313,9 @@ function workersTable(workers) {
   }).join("");
   // a listed member is alive (its session keeps its node: no status writes needed); its
   // status is written when it changes, so a busy, healthy member may not have written lately
-  return `<table><tr><th>member</th><th>state</th><th>load</th><th>in flight</th><th>done</th>` +
+  return `<table><tr><th>member</th><th>state</th><th title="the app's duties (delayed tasks, ` +
+    `schedules, retention) in worker-only deployments: held, deferred (a master leads), ` +
+    `standby or off">duties</th><th>load</th><th>in flight</th><th>done</th>` +
     `<th>failed</th><th>progress</th><th>counters</th><th title="a listed member is alive ` +
     `(its ZooKeeper session keeps it listed); this is when it last changed its status">` +
     `status changed</th></tr>${rows}</table>`;
@@ -300,14 +391,16 @@ async function lookup(card, key) {
   if (!response.ok) { out.innerHTML = `<span class="error">${esc(doc.error)}</span>`; return; }
   if (!doc.found) { out.innerHTML = `<span class="lookup-status" data-status="missing">no result for ${esc(key)}</span>`; return; }
   const r = doc.result;
-  out.innerHTML = `<div class="lookup-status" data-status="${r.ok ? "ok" : "failed"}">` +
-    `<span class="dot ${r.ok ? "ok" : "bad"}"></span>${r.ok ? "succeeded" : "failed"} ` +
+  const outcome = r.outcome ?? (r.ok ? "succeeded" : "failed");
+  out.innerHTML = `<div class="lookup-status" data-status="${r.ok ? "ok" : "failed"}" data-outcome="${esc(outcome)}">` +
+    `<span class="dot ${r.ok ? "ok" : "bad"}"></span>${esc(outcome)} ` +
     `on ${esc(r.worker)} after ${esc(r.attempts)} attempt(s)</div>` +
     `<pre>${esc(JSON.stringify(r.ok ? r.result : r.error, null, 2))}</pre>`;
 }
 
 async function act(card, action, name, button) {
   if (action === "discard" && !confirm(`Discard dead letter ${name} for good?`)) return;
+  if (action === "revoke" && !confirm(`Revoke task ${name}? It will not run (cancelled if running).`)) return;
   button.disabled = true;
   const response = await fetch(`/api/${action}`, {
     method: "POST", headers: { "Content-Type": "application/json", "X-Dashboard-Action": "1" },

@@ -1,0 +1,235 @@
+"""The dashboard's task views, fed by watches: recent results (the task list), delayed
+tasks and schedules (the scheduled view), revoked ids, and the task type of each running
+task.
+
+What each costs ZooKeeper (all watch-driven: nothing is read while nothing changes, and
+nothing depends on how many people look):
+
+* **recent results** - children watches on ``results-log/``, its newest day and that day's
+  slots of now and the previous 10 s (the time index,
+  :mod:`framework.runtime.result_index`: a busy writer makes the next slot ahead, so the
+  newest slot is not always the one written); older slots are listed once each.  Up to
+  :data:`RECENT_RESULTS` records are read, each once (a key's record is cached by key; a
+  record rewritten in place keeps its entry, so it is not read again).  A slot holds 10 s
+  of results: in a slot with more than :data:`RECENT_RESULTS`, an arbitrary
+  :data:`RECENT_RESULTS` of them are shown.  Re-read at most every
+  :data:`RECENT_THROTTLE` seconds.
+* **delayed tasks** - children watches on ``delayed/`` and each minute bucket; the
+  :data:`DELAYED_SHOWN` soonest are read, each once (a delayed record never changes).
+* **schedules** - a children watch on ``schedules/`` and a data watch on each record (one
+  read of each per change of any).
+* **revoked** - a children watch on ``revoked/`` (the ids only).
+* **task types** - one read of the queue item of each running task newly seen (its
+  ``running/`` marker names the item), remembered for :data:`TYPES_KEPT` tasks: the type a
+  result is shown with (result records do not carry it; a task that ran and finished between
+  two looks at ``running/`` has no known type: ``?``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+import trio
+
+from framework import errors, records
+from framework.dashboard.model import AppModel, json_doc
+from framework.primitives.queue import WorkQueue
+from framework.runtime.app import App
+from framework.runtime.delayed import DelayedRecord, due_of
+from framework.runtime.result_index import slot_of
+from framework.runtime.status import Watches
+from framework.runtime.tasks import Task
+from framework.zk import Session
+
+#: Results shown in the task list.
+RECENT_RESULTS = 100
+#: Delayed tasks read and shown (all are counted).
+DELAYED_SHOWN = 100
+#: Seconds between two re-reads of the recent results (or delayed tasks, schedules).
+RECENT_THROTTLE = 1.0
+#: Task types remembered (task id -> type) for the task list.
+TYPES_KEPT = 5_000
+
+
+async def _children(session: Session, path: str, watches: Watches | None) -> list[str]:
+    try:
+        return sorted(await session.children(path, watch=watches(path) if watches else None))
+    except errors.NoNodeError:
+        if watches is not None and await session.exists(path, watch=watches(path)):
+            watches.changed.set()  # created meanwhile: look again
+        return []
+
+
+class TaskViews:
+    """The task views of one application, written into ``view`` (``changed`` after each
+    update)."""
+
+    def __init__(self, session: Session, app: App, view: AppModel, changed: Any) -> None:
+        self.session = session
+        self.app = app
+        self.view = view
+        self.changed = changed
+        self._types: OrderedDict[str, str] = OrderedDict()
+
+    async def _follow(self, read: Any) -> None:
+        """``read(watches)`` now and again after each change it watches (throttled)."""
+        watches = Watches()
+        while True:
+            watches.reset()
+            await read(watches)
+            self.changed()
+            await watches.changed.wait()
+            await trio.sleep(RECENT_THROTTLE)
+
+    # ------------------------------------------------------------ recent results
+
+    async def recent(self) -> None:
+        listed: dict[str, list[str]] = {}  # a day's slots or a slot's keys, but the newest
+
+        async def listing(path: str, watches: Watches | None) -> list[str]:
+            if watches is not None or path not in listed:
+                listed[path] = await _children(self.session, path, watches)
+            return listed[path]
+
+        cache: dict[str, dict[str, Any]] = {}
+
+        async def read(watches: Watches) -> None:
+            log = self.app.results_log
+            keys: dict[str, None] = {}  # newest slot first, in listing order within a slot
+            visited: set[str] = set()
+            live = slot_of(time.time()) - 1  # slots from here on may still be written
+            newest = True  # the newest day is watched, and its live slots
+            for day in reversed(await _children(self.session, log, watches)):
+                day_path = f"{log}/{day}"
+                visited.add(day_path)
+                for slot in reversed(await listing(day_path, watches if newest else None)):
+                    path = f"{day_path}/{slot}"
+                    visited.add(path)
+                    watched = newest and slot.isdigit() and int(slot) >= live
+                    keys.update(dict.fromkeys(await listing(path, watches if watched
+                                                            else None)))
+                    if len(keys) >= RECENT_RESULTS:
+                        break
+                newest = False
+                if len(keys) >= RECENT_RESULTS:
+                    break
+            for gone in set(listed) - visited:
+                del listed[gone]
+            shown = list(keys)[:RECENT_RESULTS]
+            for key in shown:
+                if key not in cache:
+                    doc = await self._result(key)
+                    if doc is not None:
+                        cache[key] = doc
+            for key in set(cache) - set(shown):
+                del cache[key]
+            self.view.recent = sorted(
+                (self._with_type(d) for d in cache.values()),
+                key=lambda d: d.get("finished_at") or 0, reverse=True)
+
+        await self._follow(read)
+
+    async def _result(self, key: str) -> dict[str, Any] | None:
+        try:
+            data, _stat = await self.session.get(self.app.result_path(key))
+        except (errors.NoNodeError, errors.ConfigurationError):
+            return None
+        doc = json_doc(data)
+        started, finished = doc.get("started_at"), doc.get("finished_at")
+        return {
+            "key": key, "task_id": doc.get("task_id"), "worker": doc.get("worker"),
+            "outcome": doc.get("outcome") or ("succeeded" if doc.get("ok") else "failed"),
+            "attempts": doc.get("attempts"), "error": doc.get("error"),
+            "type": doc.get("name"), "finished_at": finished,
+            "duration": (round(finished - started, 6) if isinstance(started, (int, float))
+                         and isinstance(finished, (int, float)) and started else None),
+        }
+
+    def _with_type(self, doc: dict[str, Any]) -> dict[str, Any]:
+        if doc.get("type"):
+            return doc
+        return doc | {"type": self._types.get(str(doc.get("task_id")), "?")}
+
+    # ------------------------------------------------------------ running tasks' types
+
+    async def type_of_running(self, running: dict[str, dict[str, Any]]) -> bool:
+        """Read the type of each running task not seen before (its queue item); whether
+        any was learnt."""
+        queue = WorkQueue(self.session, self.app.tasks)
+        learnt = False
+        for task_id, marker in running.items():
+            if task_id in self._types:
+                continue
+            head, _, _attempt = str(marker.get("delivery") or "").rpartition("/")
+            _worker, _, item = head.partition("/")
+            if not item:
+                continue
+            data = await queue.item_data(item)
+            if data is None:
+                continue
+            try:
+                self._types[task_id] = Task.decode(data).name
+            except records.CorruptRecord:
+                continue
+            learnt = True
+            while len(self._types) > TYPES_KEPT:
+                self._types.popitem(last=False)
+        if learnt:
+            self.view.recent = [self._with_type(d) if d.get("type") == "?" else d
+                                for d in self.view.recent]
+            self.view.running_types = {t: self._types[t] for t in running if t in self._types}
+        return learnt
+
+    # ------------------------------------------------------------ the scheduled view
+
+    async def delayed(self) -> None:
+        cache: dict[str, dict[str, Any]] = {}
+
+        async def read(watches: Watches) -> None:
+            names: list[tuple[float, str]] = []
+            for bucket in await _children(self.session, self.app.delayed, watches):
+                path = f"{self.app.delayed}/{bucket}"
+                names.extend((due_of(n), f"{path}/{n}")
+                             for n in await _children(self.session, path, watches))
+            names.sort()
+            shown = [path for _due, path in names[:DELAYED_SHOWN]]
+            for path in shown:
+                if path not in cache:
+                    try:
+                        data, _stat = await self.session.get(path)
+                    except errors.NoNodeError:
+                        continue
+                    try:
+                        record = records.decode(data, DelayedRecord)
+                    except records.CorruptRecord:
+                        continue
+                    cache[path] = {"task_id": record.task.id, "type": record.task.name,
+                                   "due": record.due, "priority": record.priority}
+            for path in set(cache) - set(shown):
+                del cache[path]
+            self.view.delayed = [cache[p] for p in shown if p in cache]
+            self.view.delayed_total = len(names)
+
+        await self._follow(read)
+
+    async def schedules(self) -> None:
+        async def read(watches: Watches) -> None:
+            found = {}
+            for name in await _children(self.session, self.app.schedules, watches):
+                path = f"{self.app.schedules}/{name}"
+                try:
+                    data, _stat = await self.session.get(path, watch=watches(path))
+                except errors.NoNodeError:
+                    continue
+                found[name] = json_doc(data)
+            self.view.schedule_records = found
+
+        await self._follow(read)
+
+    async def revoked(self) -> None:
+        async def read(watches: Watches) -> None:
+            self.view.revoked = set(await _children(self.session, self.app.revoked, watches))
+
+        await self._follow(read)
