@@ -10,7 +10,9 @@ Per application (``/apps/<name>``) the feed holds:
 * children watches on the queue's ``items/``, each bucket and ``claims/`` (a bucket is listed
   again only after its own watch fired);
 * the ready-znode watch on ``config/`` and data watches on ``done``, ``cancel`` and
-  ``counters``.
+  ``counters``;
+* the task views' watches (recent results, delayed tasks, schedules, revoked ids, running
+  tasks' types): :mod:`framework.dashboard.tasks_feed`.
 
 A burst of changes collapses into one re-read: each watcher waits :data:`THROTTLE` seconds
 after an update before it reads again (a rate limit; the watch set by the last read catches
