@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import outcome
@@ -226,7 +227,7 @@ class TreeCache:
     def _depth(self, path: str) -> int:
         return (path.count("/") if path != "/" else 0) - self._depth0
 
-    def _got_data(self, path: str, result: outcome.Outcome, walk: bool,
+    def _got_data(self, path: str, result: outcome.Outcome[Any], walk: bool,
                   generation: int) -> None:
         if isinstance(result, outcome.Error):
             if isinstance(result.error, errors.NoNodeError):
@@ -235,18 +236,18 @@ class TreeCache:
                     self._watch_root_appear()
             else:
                 self._failed()
-        else:
+        elif isinstance(result, outcome.Value):
             data, stat = result.value
             self._seen[path] = self._generation
             self._put(path, data, stat)
         self._read_done(walk, generation)
 
-    def _got_children(self, path: str, result: outcome.Outcome, walk: bool,
+    def _got_children(self, path: str, result: outcome.Outcome[Any], walk: bool,
                       generation: int) -> None:
         if isinstance(result, outcome.Error):
             if not isinstance(result.error, errors.NoNodeError):
                 self._failed()
-        elif path in self._view.nodes:
+        elif isinstance(result, outcome.Value) and path in self._view.nodes:
             base = path.rstrip("/")
             for name in result.value:
                 child = f"{base}/{name}"
@@ -366,11 +367,11 @@ class TreeCache:
         except (errors.ConnectionLossError, errors.NotConnectedError):
             self._failed()
 
-    def _root_checked(self, result: outcome.Outcome) -> None:
+    def _root_checked(self, result: outcome.Outcome[Any]) -> None:
         if isinstance(result, outcome.Error):
             self._failed()
-        elif result.value is not None:  # created meanwhile: its CREATED event will not come
-            self._read_node(self.path, walk=False)
+        elif isinstance(result, outcome.Value) and result.value is not None:
+            self._read_node(self.path, walk=False)  # created meanwhile: no CREATED event
 
 
 class NodeCache(TreeCache):

@@ -105,7 +105,7 @@ log = get_logger("framework.zk")
 
 StateListener = Callable[[SessionState, "int | None"], None]
 WatchCallback = Callable[[WatchedEvent], Any]
-ReplyCallback = Callable[[outcome.Outcome], None]
+ReplyCallback = Callable[[outcome.Outcome[Any]], None]
 
 #: bytes asked of the socket per read
 RECEIVE_BYTES = 1 << 18
@@ -126,6 +126,7 @@ BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MOST = 0.05, 1.5, 1.0
 #: the watch event types that fire data watches, child watches
 _CREATED, _DELETED, _CHANGED, _CHILD = 1, 2, 3, 4
 _EMPTY_PASSWORD = b"\x00" * 16
+_NO_NODE: int = kz.NoNodeError.code  # type: ignore[attr-defined]  # set by kazoo's decorator
 
 #: what ends one connection (others are bugs and end the session's nursery); a malformed
 #: packet is a ValueError (framework.zk.wire.MalformedPacket)
@@ -147,7 +148,7 @@ class _Request:
         self.task: trio.lowlevel.Task | None = None
         self.callback: ReplyCallback | None = None
 
-    def complete(self, result: outcome.Outcome) -> None:
+    def complete(self, result: outcome.Outcome[Any]) -> None:
         task, callback = self.task, self.callback
         self.task = self.callback = None
         if task is not None:
@@ -560,7 +561,7 @@ class Connection:
             # applied by the leader (an error reply might have been a member's own answer)
             self._liveness.proved(request.sent)
         if err:
-            if err == kz.NoNodeError.code and type(record) is Exists:
+            if err == _NO_NODE and type(record) is Exists:
                 self._register(record, missing=True)
                 request.complete(outcome.Value(None))
                 return

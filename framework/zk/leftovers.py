@@ -137,7 +137,7 @@ class Leftovers:
         except kz.KazooException:  # not connected, or closing: sent again at reconnection
             leftover.in_flight = False
 
-    def _replied(self, leftover: Leftover, done: outcome.Outcome) -> None:
+    def _replied(self, leftover: Leftover, done: outcome.Outcome[Any]) -> None:
         leftover.in_flight = False
         if leftover not in self._pending:
             return

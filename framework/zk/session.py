@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence, cast
 
 import outcome
 import trio
@@ -174,7 +174,7 @@ class Session:
 
     async def __aenter__(self) -> Session:
         self._leftovers = Leftovers()
-        hosts, _chroot = collect_hosts(self.hosts)
+        hosts, _chroot = _collect_hosts(self.hosts)
         connection = Connection(
             hosts,
             session_timeout=self.session_timeout,
@@ -354,7 +354,8 @@ class Session:
             raise errors.SessionInterrupted(reason[0])
 
     async def _cancel_when_untrusted(
-        self, session_id: int | None, grace: float, reason: list[str], scope: trio.CancelScope
+        self, session_id: int | None, grace: float | None, reason: list[str],
+        scope: trio.CancelScope
     ) -> None:
         reason.append(await self.wait_untrusted(session_id, grace, scope=scope))
         scope.cancel()
@@ -627,30 +628,33 @@ class Session:
     async def get(self, path: str, *, watch: WatchCallback | None = None) -> tuple[bytes, Stat]:
         """Return ``(data, stat)``; raises :class:`NoNodeError` when missing."""
         validate_path(path)
-        return await self._read(GetData(self._full(path), _watcher(watch)))
+        return cast("tuple[bytes, Stat]",
+                    await self._read(GetData(self._full(path), _watcher(watch))))
 
     async def exists(self, path: str, *, watch: WatchCallback | None = None) -> Stat | None:
         """Return the node's stat, or ``None``.  A watch set here also fires on creation."""
         validate_path(path)
-        return await self._read(Exists(self._full(path), _watcher(watch)))
+        return cast("Stat | None", await self._read(Exists(self._full(path), _watcher(watch))))
 
     async def children(self, path: str, *, watch: WatchCallback | None = None) -> list[str]:
         """Return the names of the children of ``path`` (unsorted, as the server gives them)."""
         validate_path(path)
-        return await self._read(GetChildren(self._full(path), _watcher(watch)))
+        return cast("list[str]",
+                    await self._read(GetChildren(self._full(path), _watcher(watch))))
 
     async def children_stat(
         self, path: str, *, watch: WatchCallback | None = None
     ) -> tuple[list[str], Stat]:
         """Return ``(children, stat)`` of ``path`` (``stat.pzxid``/``cversion`` version them)."""
         validate_path(path)
-        return await self._read(GetChildren2(self._full(path), _watcher(watch)))
+        return cast("tuple[list[str], Stat]",
+                    await self._read(GetChildren2(self._full(path), _watcher(watch))))
 
     async def set(self, path: str, data: bytes, *, version: int = -1) -> Stat:
         """Write data; with ``version`` the write happens only if the node has that version."""
         validate_path(path)
         data = validate_data(data)
-        return await self._call(SetData(self._full(path), data, _version(version)))
+        return cast(Stat, await self._call(SetData(self._full(path), data, _version(version))))
 
     async def delete(self, path: str, *, version: int = -1, missing_ok: bool = False) -> None:
         """Delete a node (only at ``version`` when given)."""
@@ -724,7 +728,7 @@ class Session:
                 errors.SessionExpiredError, errors.ZooKeeperError):
             pass  # gone with the connection, or the server has none left
 
-    def send_read(self, kind: str, path: str, on_reply: Callable[[outcome.Outcome], Any],
+    def send_read(self, kind: str, path: str, on_reply: Callable[[outcome.Outcome[Any]], Any],
                   *, watch: WatchCallback | None = None) -> None:
         """Send one read now - ``kind`` is ``"get"`` (``(data, stat)``), ``"exists"`` (the
         stat or ``None``; a watch then also fires on creation) or ``"children"`` (names) -
@@ -752,7 +756,7 @@ class Session:
             raise errors.ConnectionLossError("not connected to ZooKeeper")
         context = describe(type(record).__name__, path)
 
-        def reply(result: outcome.Outcome) -> None:
+        def reply(result: outcome.Outcome[Any]) -> None:
             if isinstance(result, outcome.Error):
                 result = outcome.Error(self._explain(translate(result.error, context)))
             on_reply(result)
@@ -873,7 +877,7 @@ class Transaction:
         if any(isinstance(r, Exception) for r in results):
             raise errors.TransactionFailedError(
                 [
-                    session._explain(translate(r, describe(name, args[0])))
+                    session._explain(translate(cast(BaseException, r), describe(name, args[0])))
                     for r, (name, args, _kwargs) in zip(results, self._ops, strict=True)
                 ]
             )
@@ -920,11 +924,16 @@ def _hex(session_id: int | None) -> str | None:
     return None if session_id is None else f"{session_id:#x}"
 
 
+def _collect_hosts(hosts: str) -> tuple[list[tuple[str, int]], str | None]:
+    """kazoo's parse of a connect string: ``[(host, port)]`` and the chroot in it."""
+    return collect_hosts(hosts)  # type: ignore[no-untyped-call, no-any-return]
+
+
 def _check_hosts(hosts: str) -> None:
     """A connect string kazoo can use, or :class:`ConfigurationError` saying what is wrong."""
     expected = "expected HOST:PORT[,HOST:PORT...] with ports 1-65535"
     try:
-        parsed, _chroot = collect_hosts(hosts)
+        parsed, _chroot = _collect_hosts(hosts)
     except ValueError as exc:
         raise errors.ConfigurationError(
             f"bad ZooKeeper hosts {hosts!r}: {exc}; {expected}") from None

@@ -55,8 +55,7 @@ async def _read_data(session: Session, path: str, event: trio.Event) -> DataSnap
             data, stat = await session.get(path, watch=session.waker(event))
             return DataSnapshot(path, data, stat)
         except errors.NoNodeError:
-            stat = await session.exists(path, watch=session.waker(event))
-            if stat is None:
+            if await session.exists(path, watch=session.waker(event)) is None:
                 return DataSnapshot(path, None, None)
             # created between the two reads: read it again
 
@@ -67,8 +66,7 @@ async def _read_children(session: Session, path: str, event: trio.Event) -> Chil
             kids, stat = await session.children_stat(path, watch=session.waker(event))
             return ChildrenSnapshot(path, tuple(sorted(kids)), stat)
         except errors.NoNodeError:
-            stat = await session.exists(path, watch=session.waker(event))
-            if stat is None:
+            if await session.exists(path, watch=session.waker(event)) is None:
                 return ChildrenSnapshot(path, (), None)
 
 

@@ -184,7 +184,7 @@ class PacketReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray) -> list[bytes]:
         buffer = self._buffer
         buffer += data
         packets = []
