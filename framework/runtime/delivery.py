@@ -77,6 +77,8 @@ class ConsumerHost(Protocol):
 
     #: set when a stop is requested (the drain's deadline starts then)
     stop_requested: trio.Event
+    #: the session it runs in (``None`` while not running)
+    session: Session | None
 
     @property
     def draining(self) -> bool:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -63,9 +63,6 @@ from framework.runtime.result_index import SlotKeeper
 from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
 from framework.runtime.tasks import DEFAULT_TASK, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
-
-if TYPE_CHECKING:
-    from framework.runtime.worker import Worker
 
 log = get_logger(__name__)
 
@@ -95,9 +92,11 @@ class TaskConsumer:
 
     drains = True
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker  # its handlers and payload store (HandlerPool, payloads)
-        self.host: ConsumerHost = worker
+    def __init__(self, worker: ConsumerHost) -> None:
+        #: the worker as its handler pool and payload store see it (``handle``, its class,
+        #: ``payload_store``): only those two reach further into it
+        self.worker: Any = worker
+        self.host = worker
         self.settings = ConsumerSettings.of(worker)
         self.tasks_done = 0
         self.tasks_failed = 0
@@ -526,7 +525,7 @@ class TaskConsumer:
     async def report_progress(self, task: Task, done: float, total: float | None = None,
                               message: str = "") -> None:
         """Publish progress of a running task (shown by ``framework status``)."""
-        session = self.worker.session
+        session = self.host.session
         assert session is not None
         marker = self._markers.get(f"{self.settings.app.running}/{task.id}")
         if marker is None:
