@@ -303,7 +303,18 @@ def _when(at: float | None, now: float) -> str:
         return "-"
     stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
     delta = at - now
-    return f"{stamp} (in {delta:.0f}s)" if delta >= 0 else f"{stamp} ({-delta:.0f}s ago)"
+    return f"{stamp} (in {_span(delta)})" if delta >= 0 else f"{stamp} ({_span(-delta)} ago)"
+
+
+def _span(seconds: float) -> str:
+    """``42s``, ``7m``, ``5.2h``, ``3.1d``."""
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
 
 
 def _table(title: str, *columns: str) -> Any:
@@ -377,7 +388,8 @@ def render_queue(report: QueueReport) -> Any:
                   str(report.buckets))
     parts: list[Any] = [table]
     if report.lanes:
-        lanes = _table("by priority lane (lower is taken first)", "priority", "items")
+        lanes = _table("by priority lane", "priority", "items")
+        lanes.caption = "lower is taken first"
         for priority, count in report.lanes.items():
             lanes.add_row(f"{priority:+d}", str(count))
         parts.append(lanes)
