@@ -465,7 +465,9 @@ async def test_politeness_holds_when_partitions_move_to_a_new_fetcher(
     ZooKeeper lock involved.  The new owner resumes from the old one's last checkpoint, so
     the move redoes nothing (each page stored once)."""
     delay = 0.4  # longer than a takeover takes: without the hand-over, a move breaks it
-    spec = LazySpec(pages=300, hosts=12, private_every=7, gone_every=11)
+    # 15 pages a host: about 6 s of fetching at the delay, so the move (the second fetcher
+    # starts after 40 requests) happens while partitions still have work
+    spec = LazySpec(pages=180, hosts=12, private_every=7, gone_every=11)
     async with serve_lazy_site(spec, access_log=True) as site:
         config = CrawlConfig(politeness_delay_s=delay, max_depth=1000,
                              allowed_hosts=site.hosts, request_timeout_s=5.0)
@@ -488,7 +490,7 @@ async def test_politeness_holds_when_partitions_move_to_a_new_fetcher(
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(serve, fetchers[0])
                     nursery.start_soon(lead)
-                    await site.wait_requests(60)  # the first fetcher owns every host by now
+                    await site.wait_requests(40)  # the first fetcher owns every host by now
                     nursery.start_soon(serve, fetchers[1])
             report = records.decode((await s.get(PATHS.report))[0], CrawlReport)
         expected = site.expected_urls(obey_robots=True)

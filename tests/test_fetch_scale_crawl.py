@@ -1,8 +1,8 @@
 """The partitioned Fetch Service end to end, in separate processes on a real ZooKeeper (the
 test session's server): a master, 4 fetchers and the lazy site, each its own process.
 
-- the znodes under the crawl's chroot are as many after a crawl of 3,000 pages as after one
-  of 500 (ZooKeeper holds no per-URL state);
+- the znodes under the crawl's chroot are as many after a crawl of 1,200 pages as after one
+  of 200 (ZooKeeper holds no per-URL state);
 - kill -9 of the active master and then of a fetcher mid-crawl (``make demo`` in small: a
   standby master leads, a replacement fetcher is started on "another machine" with its own
   WARC and local directories): every page is stored as the site serves it, nothing else;
@@ -27,9 +27,9 @@ def options(zk_hosts: str, out: Path, pages: int, **changes: object) -> RunOptio
 
 async def test_znode_count_does_not_grow_with_pages(zk_hosts: str, tmp_path: Path) -> None:
     with trio.fail_after(60):
-        small = await run_crawl(options(zk_hosts, tmp_path / "small", 500))
+        small = await run_crawl(options(zk_hosts, tmp_path / "small", 200))
     with trio.fail_after(90):
-        large = await run_crawl(options(zk_hosts, tmp_path / "large", 3000))
+        large = await run_crawl(options(zk_hosts, tmp_path / "large", 1200))
     assert small.ok and large.ok, (small.missing_sample, large.missing_sample)
     assert large.stored == large.expected > 5 * small.expected
     assert large.app_znodes == small.app_znodes < 100
@@ -38,7 +38,7 @@ async def test_znode_count_does_not_grow_with_pages(zk_hosts: str, tmp_path: Pat
 async def test_master_and_fetcher_killed_mid_crawl_lose_no_page(zk_hosts: str,
                                                                 tmp_path: Path) -> None:
     with trio.fail_after(120):
-        result = await run_crawl(options(zk_hosts, tmp_path, 3000, masters=2,
+        result = await run_crawl(options(zk_hosts, tmp_path, 1500, masters=2,
                                          kill_master_at=0.2, kill_at=0.4))
     assert (result.killed, result.replacement) == ("fetcher-1", "fetcher-5")
     assert (result.killed_master, result.report_master) == ("master-1", "master-2")
