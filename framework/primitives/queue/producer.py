@@ -36,6 +36,7 @@ from framework.primitives.queue.view import (
     item_token,
 )
 from framework.zk import (
+    Stat,
     Transaction,
     cleanup_scope,
     create_protected,
@@ -317,24 +318,7 @@ class Producer(QueueState):
         while it lives, else by the GUIDs in their buckets - and fill in their paths."""
         doubt = any(_in_doubt(b.outcome) for b in batches[first:])
         buckets = sorted({b.bucket for b in batches[first:]}) if doubt else []
-        while True:
-            try:
-                await self.session.wait_connected()
-                listed: dict[str, list[str]] = {}
-                if doubt:
-                    await self.session.sync(self.items_root)
-                for bucket in buckets:
-                    try:
-                        listed[bucket] = await self.session.children(
-                            f"{self.items_root}/{bucket}")
-                    except errors.NoNodeError:
-                        listed[bucket] = []
-                chain_stat = None
-                if chain is not None:
-                    chain_stat = await self.session.exists(chain.path)
-                break
-            except (errors.ConnectionLossError, errors.SessionExpiredError):
-                continue
+        listed, chain_stat = await self._read_after_loss(buckets, chain)
         found = {bucket: {item_token(name): name for name in names}
                  for bucket, names in listed.items()}
         applied = first
@@ -356,6 +340,31 @@ class Producer(QueueState):
             log.info("queue.put_recovered", path=self.path, buckets=buckets,
                      batches=applied - first)
         return applied
+
+    async def _read_after_loss(self, buckets: list[str], chain: Chain | None
+                               ) -> tuple[dict[str, list[str]], Stat | None]:
+        """What :meth:`_recover` decides from, read once the connection is back (again
+        after each loss, in the new session after an expiry): the listing of each of
+        ``buckets`` (after a ``sync``, so that it shows every write the server applied),
+        and the chain node's stat (``None``: gone)."""
+        while True:
+            try:
+                await self.session.wait_connected()
+                listed: dict[str, list[str]] = {}
+                if buckets:
+                    await self.session.sync(self.items_root)
+                for bucket in buckets:
+                    try:
+                        listed[bucket] = await self.session.children(
+                            f"{self.items_root}/{bucket}")
+                    except errors.NoNodeError:
+                        listed[bucket] = []
+                chain_stat = None
+                if chain is not None:
+                    chain_stat = await self.session.exists(chain.path)
+                return listed, chain_stat
+            except (errors.ConnectionLossError, errors.SessionExpiredError):
+                continue
 
     async def _settle(self, lane: int, batches: list[_Put], payloads: list[bytes]
                       ) -> list[str]:
