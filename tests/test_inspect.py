@@ -204,3 +204,21 @@ async def test_the_dashboards_revoke_is_framework_revoke_behind_the_switch(
         doc = reply.json()
         assert answer in (doc.get("error") or doc.get("revocation")), doc
     assert await session.exists(f"{App(APP).revoked}/{later.id}") is not None
+
+
+class Nameless(Master):
+    """A class that names no app: the dashboard cannot tell whose schedules they are."""
+
+    schedules = [every(60, "handle")]
+
+
+def test_dashboard_schedules_of_a_class_without_an_app_is_one_line(
+        zk_hosts: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from framework.cli import main
+
+    code = main(["dashboard", "--zk", zk_hosts, "--port", "0",
+                 "--schedules", "tests.test_inspect:Nameless"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == ("framework: error: --schedules tests.test_inspect:Nameless: the class "
+                   "names no app_name\n")
