@@ -61,7 +61,8 @@ async def test_inspect_shows_what_runs_waits_and_is_delayed(
                                        *zk(zk_hosts, chroot))
             assert code == 0, err
             [running] = json.loads(out)
-            assert (running["task_id"], running["worker"]) == ("slow", "w1")
+            assert (running["task_id"], running["type"], running["worker"]) == (
+                "slow", "handle", "w1")
             code, out, err = await cli(capsys, "inspect", APP, "active", *zk(zk_hosts, chroot))
             assert code == 0 and "slow" in out and "3/10 a third" in out
 

@@ -38,6 +38,7 @@ from framework.dashboard.model import AppModel, json_doc
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.delayed import DelayedRecord, due_of
+from framework.runtime.inspect import item_of
 from framework.runtime.result_index import slot_of
 from framework.runtime.status import Watches
 from framework.runtime.tasks import Task
@@ -162,9 +163,8 @@ class TaskViews:
         for task_id, marker in running.items():
             if task_id in self._types:
                 continue
-            head, _, _attempt = str(marker.get("delivery") or "").rpartition("/")
-            _worker, _, item = head.partition("/")
-            if not item:
+            item = item_of(str(marker.get("delivery") or ""))
+            if item is None:
                 continue
             data = await queue.item_data(item)
             if data is None:

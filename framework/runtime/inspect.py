@@ -3,8 +3,9 @@
 scheduled view reads: read-only looks at one application, each with a stated cost in
 ZooKeeper requests (``n`` = the nodes listed; reads of one kind are pipelined).
 
-* :func:`active` - the tasks being handled now (``running/`` markers): one listing and one
-  read per running task.
+* :func:`active` - the tasks being handled now (``running/`` markers) and their types: one
+  listing, one read per running task, and one read of the queue item its marker names (the
+  type; ``?`` if the item is gone: acknowledged meanwhile).
 * :func:`delayed_tasks` - tasks submitted with ``countdown``/``eta`` that are not due yet
   (``delayed/``): one listing of the minute buckets, one listing per bucket, one read per
   task shown (at most ``limit``; the others are counted, not read).
@@ -57,6 +58,7 @@ class ActiveTask:
     worker: str
     attempt: int
     started: float
+    type: str = "?"
     done: float | None = None
     total: float | None = None
     message: str | None = None
@@ -147,15 +149,44 @@ async def active(session: Session, app: App) -> list[ActiveTask]:
     """The tasks being handled now, oldest first."""
     names = await _children(session, app.running)
     data = await _read_all(session, [f"{app.running}/{n}" for n in names])
-    out = []
+    markers = {}
     for name in names:
         path = f"{app.running}/{name}"
-        if path not in data:
-            continue  # finished meanwhile
-        marker = decode_or_none(data[path], RunningRecord, path=path) or RunningRecord()
-        out.append(ActiveTask(name, marker.worker or "?", marker.attempt, marker.started,
-                              marker.done, marker.total, marker.message))
+        if path in data:  # else finished meanwhile
+            markers[name] = (decode_or_none(data[path], RunningRecord, path=path)
+                             or RunningRecord())
+    types = await _types_of(session, app, {n: m.delivery for n, m in markers.items()})
+    out = [ActiveTask(name, marker.worker or "?", marker.attempt, marker.started,
+                      types.get(name, "?"), marker.done, marker.total, marker.message)
+           for name, marker in markers.items()]
     return sorted(out, key=lambda t: (t.started, t.task_id))
+
+
+def item_of(delivery: str) -> str | None:
+    """The queue item's name in a ``running/`` marker's delivery token
+    (``worker/<bucket>/<item>/attempt``), or ``None``."""
+    head, _, _attempt = delivery.rpartition("/")
+    _worker, _, item = head.partition("/")
+    return item or None
+
+
+async def _types_of(session: Session, app: App, deliveries: dict[str, str]) -> dict[str, str]:
+    """The task type of each task id, read from the queue item its delivery names."""
+    queue = WorkQueue(session, app.tasks)
+    found: dict[str, str] = {}
+
+    async def read(task_id: str, item: str) -> None:
+        data = await queue.item_data(item)
+        if data is None:
+            return
+        try:
+            found[task_id] = Task.decode(data).name
+        except records.CorruptRecord:
+            pass
+
+    await gather(*[functools.partial(read, t, i) for t, d in deliveries.items()
+                   if (i := item_of(d)) is not None])
+    return found
 
 
 async def delayed_tasks(session: Session, app: App, *,
@@ -330,14 +361,14 @@ def render_active(tasks: list[ActiveTask]) -> Any:
     if not tasks:
         return "No task is running."
     now = time.time()
-    table = _table(f"active tasks ({len(tasks)})", "task", "worker", "attempt", "progress",
-                   "started")
+    table = _table(f"active tasks ({len(tasks)})", "task", "type", "worker", "attempt",
+                   "progress", "started")
     for t in tasks:
         progress = "-" if t.done is None else (
             f"{t.done:g}/{t.total:g}" if t.total else f"{t.done:g}")
         if t.message:
             progress = f"{progress} {t.message}"
-        table.add_row(t.task_id, t.worker, str(t.attempt), progress,
+        table.add_row(t.task_id, t.type, t.worker, str(t.attempt), progress,
                       f"{now - t.started:.0f}s ago" if t.started else "-")
     return table
 
