@@ -361,37 +361,40 @@ class ReplicatedPlacement:
                    ) -> bool:
         """Add to ``txn`` what makes ``shard``'s znodes say ``workers``; False if nothing
         differs."""
+        writes = self._spec_ops(txn, shard, workers)
+        if workers == self.plan.get(shard, []) and shard in self.known:
+            return writes
+        self._replica_ops(txn, shard, workers, candidates)
+        return True
+
+    def _spec_ops(self, txn: Any, shard: str, workers: list[str]) -> bool:
+        """A new shard's znodes (spec, plan, deployed/, refused/ and the application's
+        own), or a changed spec; whether it wrote anything."""
         app = self.ctx.app
-        old = self.plan.get(shard, [])
-        writes = False
         if shard not in self.known:
-            spec = self._wanted[shard]
-            txn.create(f"{app.shards}/{shard}", spec)
+            txn.create(f"{app.shards}/{shard}", self._wanted[shard])
             txn.create(app.plan_path(shard), Plan(tuple(workers)).encode())
             txn.create(app.deployed_dir(shard))
             txn.create(app.refused_dir(shard))
             if self.on_new_shard is not None:
                 self.on_new_shard(txn, shard, list(workers))
-            writes = True
-        elif shard in self._wanted and self._wanted[shard] != self.known[shard]:
+            return True
+        if shard in self._wanted and self._wanted[shard] != self.known[shard]:
             txn.set(f"{app.shards}/{shard}", self._wanted[shard])
-            writes = True
-        if workers == old and shard in self.known:
-            return writes
+            return True
+        return False
+
+    def _replica_ops(self, txn: Any, shard: str, workers: list[str],
+                     candidates: set[str]) -> None:
+        """The plan's new replicas: the plan record, the assignments added and removed,
+        and - when a replica goes - checks that what made the others ready is unchanged."""
+        app = self.ctx.app
+        old = self.plan.get(shard, [])
         if shard in self.known:
             txn.set(app.plan_path(shard), Plan(tuple(workers)).encode())
         dropped = set(old) - set(workers)
-        readiness = self._readiness.get(shard)
-        if dropped and workers and readiness is not None:
-            # a replica goes: in the same multi, what made the others ready must be as we
-            # read it (else refused, re-read, retried)
-            for path, version in readiness.checks:
-                txn.check(path, version)
-            if dropped & candidates:
-                for worker in sorted(set(workers) & set(old)):
-                    record = readiness.records.get(worker)
-                    if record is not None:
-                        txn.check(*record)
+        if dropped and workers:
+            self._readiness_checks(txn, shard, workers, old, bool(dropped & candidates))
         if dropped & candidates and workers:
             log.info("replicated.replica_dropped", app=app.name, shard=shard,
                      dropped=sorted(dropped), staying=sorted(workers))
@@ -399,7 +402,22 @@ class ReplicatedPlacement:
             txn.delete(f"{app.assignment_dir(worker)}/{shard}")
         for worker in set(workers) - set(old):
             txn.create(f"{app.assignment_dir(worker)}/{shard}")
-        return True
+
+    def _readiness_checks(self, txn: Any, shard: str, workers: list[str], old: list[str],
+                          candidate_dropped: bool) -> None:
+        """A replica goes: in the same multi, what made the others ready must be as we read
+        it (else refused, re-read, retried): the ready rule's checks, and - a candidate
+        dropped - the serving records of the replicas that stay."""
+        readiness = self._readiness.get(shard)
+        if readiness is None:
+            return
+        for path, version in readiness.checks:
+            txn.check(path, version)
+        if candidate_dropped:
+            for worker in sorted(set(workers) & set(old)):
+                record = readiness.records.get(worker)
+                if record is not None:
+                    txn.check(*record)
 
     async def _commit_step(self, txn: Any, chunk: list[str],
                            target: Mapping[str, list[str]]) -> None:
