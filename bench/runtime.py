@@ -39,7 +39,7 @@ measured: ``kazoo``, ``dramatiq``, ``celery`` or ``rq``.
    ``--json`` rows carry ``peer`` (``dramatiq``, ``celery``, ``rq``, ``ceiling``, ``cpu``)
    and ``persistence``.  Needs the ``bench`` extra and Debian's redis-server (``make
    bench`` installs both); skipped with a note without them.  ``--peers``: only these rows;
-   ``--quick``: one run of 200 tasks and 10 latency rounds, Redis without persistence, C1
+   ``--quick``: one run of 100 tasks and 3 latency rounds, Redis without persistence, C1
    (a smoke test).
 
 Every process is started with :func:`framework.testing.spawn`; what a child writes to stderr
@@ -842,7 +842,7 @@ def parse_args() -> argparse.Namespace:
                              "default with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: every size shrunk to seconds of work (peers: one "
-                             "run of 200 tasks and 10 latency rounds)")
+                             "run of 100 tasks and 3 latency rounds)")
     return parser.parse_args()
 
 
@@ -857,7 +857,7 @@ async def measure_all(hosts: str, args: argparse.Namespace
         raise SystemExit(f"--persistence: unknown {', '.join(sorted(unknown))} (choose from "
                          f"{', '.join(peers.PERSISTENCE)})")
     if args.quick:
-        return ours, await measure_peers(hosts, 1, 200, 10, ("none",))
+        return ours, await measure_peers(hosts, 1, TASKS, LATENCY_ROUNDS, ("none",))
     return ours, await measure_peers(hosts, args.runs, TASKS, LATENCY_ROUNDS, persistence,
                                      warm_up=args.zk_jit == "full")
 

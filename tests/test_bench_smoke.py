@@ -4,10 +4,12 @@ and print its table.  Nothing is measured here (the numbers of such runs mean no
 
 Each bench is a real process starting its own ZooKeeper (and its own workers, masters and
 sites); they run a few at a time, since most of their time is spent waiting (sessions
-expiring after a kill -9, processes starting).  The peers of ``bench/runtime.py``
-(Dramatiq, Celery, RQ) need the optional ``bench`` extra: without it the bench says in one
-line that it skips them (``tests/test_bench_peers.py`` runs them when installed), and
-``bench/profile.py`` needs py-spy.
+expiring after a kill -9, processes starting), the longest first.  The peers of
+``bench/runtime.py`` (Dramatiq, Celery, RQ) need the optional ``bench`` extra: without it
+the bench says in one line that it skips them (``tests/test_bench_peers.py`` runs them when
+installed); with it, its own rows (``--no-peers``) and the peers' rows (``--peers``) run as
+two processes at once, the way a user can run them, since together they are the longest
+bench.  ``bench/profile.py`` needs py-spy.
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ from bench import peers
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: (name, arguments after ``bench/<name>.py``, a text its output must hold)
+#: (name, arguments after ``bench/<name>.py``, a text its output must hold), the longest
+#: first (the order they start in)
 BENCHES: list[tuple[str, list[str], str]] = [
-    ("bridge", ["--quick"], "Session vs plain kazoo"),
+    *([("runtime", ["--quick"], "master/worker runtime vs kazoo recipes")]
+      if peers.missing() is not None else
+      [("runtime", ["--quick", "--peers"], "ours vs Dramatiq, Celery and RQ"),
+       ("runtime", ["--quick", "--no-peers"], "master/worker runtime vs kazoo recipes")]),
     ("primitives", ["--quick"], "semaphore and counter"),
-    ("runtime", ["--quick"], "master/worker runtime vs kazoo recipes"),
     ("scale", ["--quick"], "master_rss_growth_between"),
-    ("broker", ["--messages", "300"], "failover after kill -9 of a primary"),
-    ("katta", ["--docs", "300", "--queries", "20", "--rounds", "1"], "master kill -9"),
     ("crawl", ["--smoke"], "ZooKeeper writes per 1,000 pages"),
+    ("bridge", ["--quick"], "Session vs plain kazoo"),
+    ("katta", ["--docs", "300", "--queries", "20", "--rounds", "1"], "master kill -9"),
+    ("broker", ["--messages", "300"], "failover after kill -9 of a primary"),
     ("profile", ["--tasks", "200"], "flame graphs"),
 ]
 
