@@ -336,6 +336,8 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             field = await page.shown(f"{app} form.lookup input[name='key']")
             await page.run(lambda: field.send_keys("poison\n"))
             await page.shown(f"{app} .lookup-status[data-status='ok']", "succeeded")
+            # the task list too: the failed record, rewritten in place, is read again
+            await page.shown(f"{app} tr.result[data-task='poison'][data-outcome='succeeded']")
             if (path := shot_path("dashboard-after-failover.png")) is not None:
                 await page.screenshot(path)
 

@@ -9,8 +9,9 @@ nothing depends on how many people look):
   slots of now and the previous 10 s (the time index,
   :mod:`framework.runtime.result_index`: a busy writer makes the next slot ahead, so the
   newest slot is not always the one written); older slots are listed once each.  Up to
-  :data:`RECENT_RESULTS` records are read, each once (a key's record is cached by key; a
-  record rewritten in place keeps its entry, so it is not read again).  A slot holds 10 s
+  :data:`RECENT_RESULTS` records are read with a data watch: a succeeded one once (it is
+  never rewritten), a failed or revoked one again at each re-read (a task run again after
+  a requeue rewrites its record in place, keeping its index entry).  A slot holds 10 s
   of results: in a slot with more than :data:`RECENT_RESULTS`, an arbitrary
   :data:`RECENT_RESULTS` of them are shown.  Re-read at most every
   :data:`RECENT_THROTTLE` seconds.
@@ -120,8 +121,10 @@ class TaskViews:
                 del listed[gone]
             shown = list(keys)[:RECENT_RESULTS]
             for key in shown:
-                if key not in cache:
-                    doc = await self._result(key)
+                # a failed or revoked task's record is rewritten in place if it runs again
+                # (its index entry stays): those are watched and read again
+                if key not in cache or cache[key]["outcome"] != "succeeded":
+                    doc = await self._result(key, watches)
                     if doc is not None:
                         cache[key] = doc
             for key in set(cache) - set(shown):
@@ -132,9 +135,10 @@ class TaskViews:
 
         await self._follow(read)
 
-    async def _result(self, key: str) -> dict[str, Any] | None:
+    async def _result(self, key: str, watches: Watches) -> dict[str, Any] | None:
+        path = self.app.result_path(key)
         try:
-            data, _stat = await self.session.get(self.app.result_path(key))
+            data, _stat = await self.session.get(path, watch=watches(path))
         except (errors.NoNodeError, errors.ConfigurationError):
             return None
         doc = json_doc(data)
