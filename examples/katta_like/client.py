@@ -38,7 +38,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, overload
 
@@ -446,19 +446,11 @@ class SearchClient:
             batches: dict[str, list[int]] = {}
             addresses: dict[str, str] = {}
             for shard in todo:
-                candidates = [(n, a) for n, a in view.replicas.get(shard, {}).items()
-                              if n not in tried[shard]]
-                if not candidates:
+                picked = self._pick_replica(view, shard, tried[shard], batches, now)
+                if picked is None:
                     exhausted.add(shard)
                     continue
-                self._rng.shuffle(candidates)
-                # healthy first (a killed node's records stay until its session expires),
-                # then nodes already asked in this round (fewer calls, and a node's call
-                # re-scores for the best of its shards together), then the least busy
-                # with this client's calls (a call waits behind those sent before it)
-                node, address = min(candidates, key=lambda c: (
-                    self._suspect.get(c[0], -math.inf) > now - SUSPECT_FOR,
-                    c[0] not in batches, self._busy.get(c[0], 0)))
+                node, address = picked
                 tried[shard].add(node)
                 batches.setdefault(node, []).append(shard)
                 addresses[node] = address
@@ -518,15 +510,9 @@ class SearchClient:
                 delay = self.hedge_delay()
                 if self._hedge_tokens < 1:
                     delay = max(delay, self.hedge_max)
-                finished: _Request | None = None
                 due = [r for r in outstanding if not r.hedged
                        and any(s not in answers and s not in exhausted for s in r.shards)]
-                try:
-                    finished = done_receive.receive_nowait()  # an answer already in
-                except trio.WouldBlock:
-                    with trio.move_on_at(min((r.started + delay for r in due),
-                                             default=math.inf)):
-                        finished = await done_receive.receive()
+                finished = await _next_answer(done_receive, due, delay)
                 if finished is not None:
                     outstanding.discard(finished)
                     for shard in finished.shards:
@@ -534,31 +520,68 @@ class SearchClient:
                     continue
                 now = trio.current_time()
                 for slow in due:  # slower than recent requests allow: hedge
-                    if slow.started + delay > now:
-                        continue
-                    slow.hedged = True
-                    # nothing from its node for hedge_max, since it was sent: frozen or
-                    # gone, not only busy with other requests
-                    silent = (now - slow.started >= self.hedge_max and self._answered_at.get(
-                        slow.node, -math.inf) < slow.started)
-                    if self._hedge_tokens >= 1:
-                        self._hedge_tokens -= 1
-                    elif not silent:
-                        log.debug("katta.hedge_skipped", node=slow.node)
-                        continue  # over budget, and the node is busy: wait for it
-                    if silent:
-                        self._suspect[slow.node] = now
-                    todo = [s for s in slow.shards if s not in answers]
-                    counts.hedged += len(todo)
-                    log.debug("katta.hedged", node=slow.node, shards=todo,
-                              after=round(now - slow.started, 4))
-                    dispatch(todo)
+                    todo = self._hedge(slow, now, delay, answers, counts)
+                    if todo:
+                        dispatch(todo)
             now = trio.current_time()
             for slow in outstanding:  # a hedge answered first and its node said nothing
                 if slow.hedged and self._answered_at.get(slow.node, -math.inf) < slow.started:
                     self._suspect[slow.node] = now  # at all meanwhile: try it last
             nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
         return answers
+
+    def _pick_replica(self, view: _IndexView, shard: int, tried: set[str],
+                      batches: Mapping[str, list[int]], now: float) -> tuple[str, str] | None:
+        """The (node, address) to ask next for ``shard`` among its replicas not ``tried``
+        yet (``None``: none left): healthy first (a killed node's records stay until its
+        session expires), then nodes already asked in this round (``batches``: fewer
+        calls, and a node's call re-scores for the best of its shards together), then the
+        least busy with this client's calls (a call waits behind those sent before it);
+        ties at random."""
+        candidates = [(n, a) for n, a in view.replicas.get(shard, {}).items()
+                      if n not in tried]
+        if not candidates:
+            return None
+        self._rng.shuffle(candidates)
+        return min(candidates, key=lambda c: (
+            self._suspect.get(c[0], -math.inf) > now - SUSPECT_FOR,
+            c[0] not in batches, self._busy.get(c[0], 0)))
+
+    def _hedge(self, slow: _Request, now: float, delay: float, answers: Mapping[int, Any],
+               counts: _Counts) -> list[int]:
+        """The shards of ``slow`` to ask again elsewhere now (``[]``: not yet, or over the
+        hedge budget while its node is only busy).  A request is hedged once it is
+        ``delay`` old; its node is suspect when it said nothing for ``hedge_max`` since the
+        request was sent (frozen or gone, not only busy with other requests)."""
+        if slow.started + delay > now:
+            return []
+        slow.hedged = True
+        silent = (now - slow.started >= self.hedge_max
+                  and self._answered_at.get(slow.node, -math.inf) < slow.started)
+        if self._hedge_tokens >= 1:
+            self._hedge_tokens -= 1
+        elif not silent:
+            log.debug("katta.hedge_skipped", node=slow.node)
+            return []  # over budget, and the node is busy: wait for it
+        if silent:
+            self._suspect[slow.node] = now
+        todo = [s for s in slow.shards if s not in answers]
+        counts.hedged += len(todo)
+        log.debug("katta.hedged", node=slow.node, shards=todo,
+                  after=round(now - slow.started, 4))
+        return todo
+
+
+async def _next_answer(done: trio.MemoryReceiveChannel[_Request], due: list[_Request],
+                       delay: float) -> _Request | None:
+    """The next request answered (an answer already in first), or ``None`` when the first
+    of ``due`` turns ``delay`` old before any answer comes."""
+    try:
+        return done.receive_nowait()
+    except trio.WouldBlock:
+        with trio.move_on_at(min((r.started + delay for r in due), default=math.inf)):
+            return await done.receive()
+    return None
 
 
 @attrs.define(eq=False)
