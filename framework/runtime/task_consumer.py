@@ -372,8 +372,8 @@ class TaskConsumer:
         self.tasks_done += 1
         metrics.task_finished(self.settings.app.name, True, time.time() - started, owner=self)
         self.host.status_changed()  # publish the count (the last one came before finish)
-        log.info("task.done", task=task.id, worker=self.settings.name, attempt=task.attempts,
-                 seconds=round(time.time() - started, 3))
+        log.info("task.done", task=task.id, type=task.name, worker=self.settings.name,
+                 attempt=task.attempts, seconds=round(time.time() - started, 3))
 
     def _limits(self, delivery: Delivery) -> tuple[float | None, float | None]:
         """The task's time limit, and after how long its handler counts as stuck (the
@@ -506,12 +506,18 @@ class TaskConsumer:
             self.tasks_failed += 1
             metrics.task_finished(self.settings.app.name, False, time.time() - started,
                                   final=final, owner=self)
-            log.warning("task.failed", task=task.id, key=task.key, worker=self.settings.name,
+            log.warning("task.failed", task=task.id, type=task.name, key=task.key,
+                        worker=self.settings.name,
                         error=error_text(exc), attempt=task.attempts, final=final,
                         exc_info=exc)
 
         final = await delivery.fail(exc, started, retry, counted)
-        if not final:
+        if final:
+            # the failure is recorded: the key may be submitted again at once, so the
+            # marker goes now, before the item is dead-lettered (the item, still in the
+            # queue until then, keeps anyone from concluding that all is done)
+            await self._clear_running(delivery.context.session, delivery.markers)
+        else:
             # hold the claim for a while so the retry is delayed (exponential backoff)
             await retry.sleep(task.attempts)
         return final
