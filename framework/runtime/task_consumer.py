@@ -191,8 +191,9 @@ class TaskConsumer:
                             await self._handle_item(delivery)
                         await payloads.discard(item.data, self.worker)  # acknowledged
                         await self._after_ack(session, delivery.markers)
-                        # the running/ marker outlives the ack or release, so an observer
-                        # that sees no marker and an empty queue knows all is done
+                        # the running/ marker outlives the ack or release (a task given
+                        # up loses it before its burial, the item still queued), so an
+                        # observer that sees no marker and an empty queue knows all is done
                     finally:
                         self._waiting.discard(slot)
                         if delivery is not None:
