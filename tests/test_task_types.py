@@ -138,6 +138,9 @@ async def test_each_type_runs_its_handler_with_its_options(zk_hosts: str, chroot
     assert results["r"].result == {"size": 320, "attempt": 2}  # retried once, then done
     assert results["o"].result == "HI"
     assert not results["bad"].ok and results["bad"].attempts == 1  # ocr: max_attempts=1
+    # every record names its task type, successes and final failures alike
+    assert {k: r.name for k, r in results.items()} == {
+        "h": "handle", "r": "resize", "o": "ocr", "bad": "ocr"}
     assert set(catalog.types) == {"handle", "resize", "ocr"}
     assert catalog.types["resize"].priority == -3 and catalog.types["ocr"].max_attempts == 1
     assert catalog.types["ocr"].rate_limit == "4/s" and catalog.types["handle"].max_attempts == 4

@@ -178,7 +178,8 @@ class Delivery:
         """The record of this task acknowledged as revoked."""
         task = self.task
         return TaskResult(task.id, False, self.context.worker, task.attempts, None, "revoked",
-                          started_at=started, key=task.key, outcome=Outcome.REVOKED)
+                          started_at=started, key=task.key, outcome=Outcome.REVOKED,
+                          name=task.name)
 
     def finish(self, result: TaskResult, *, revoked: bool = False) -> None:
         """Acknowledge the item with ``result`` recorded, when the take's block ends:
@@ -250,7 +251,7 @@ class Delivery:
         task = self.task
         return TaskResult(task.id, False, self.context.worker, task.attempts, None,
                           error_text(exc), started_at=started, finished_at=ended,
-                          key=task.key, traceback=traceback_text(exc))
+                          key=task.key, traceback=traceback_text(exc), name=task.name)
 
 
 def error_text(exc: BaseException) -> str:

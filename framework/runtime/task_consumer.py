@@ -364,7 +364,7 @@ class TaskConsumer:
             delivery.finish(self._revoked_result(delivery, started), revoked=True)
             return
         result = TaskResult(task.id, True, self.settings.name, task.attempts, value,
-                            started_at=started, key=task.key)
+                            started_at=started, key=task.key, name=task.name)
         try:
             delivery.finish(result)
         except errors.PermanentFailure as exc:

@@ -105,6 +105,7 @@ class TaskResult:
     key: str | None = None  # the task's idempotency key (its id when it has none)
     traceback: str | None = None  # a failure's traceback (its last MAX_TRACEBACK_CHARS)
     outcome: Outcome = attrs.field(default=attrs.Factory(_outcome_of, takes_self=True))
+    name: str | None = None  # the task's type (None in records written before it was kept)
 
     def encode(self) -> bytes:
         """The record as JSON; :class:`PermanentFailure` if the result is not JSON or the

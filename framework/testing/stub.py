@@ -225,7 +225,7 @@ class StubApp:
             self.results[task.key] = TaskResult(task.id, False, self.worker.name,
                                                 task.attempts, error="revoked",
                                                 started_at=started, key=task.key,
-                                                outcome=Outcome.REVOKED)
+                                                outcome=Outcome.REVOKED, name=task.name)
             return None
         rules = self.worker.rules_for(task.name)
         assert rules is not None  # submit checked the type
@@ -233,7 +233,7 @@ class StubApp:
         try:
             value = await pool.call_within(task, rules.kind, limit)
             result = TaskResult(task.id, True, self.worker.name, task.attempts, value,
-                                started_at=started, key=task.key)
+                                started_at=started, key=task.key, name=task.name)
             result.encode()  # not JSON, or too large for a znode: fails for good
         except Exception as exc:
             return self._failed(queued, task, exc, started, rules.retry)
@@ -250,7 +250,7 @@ class StubApp:
             error = f"{type(exc).__name__}: {exc}"
         final = retry.gives_up(task.attempts, exc)
         record = TaskResult(task.id, False, self.worker.name, task.attempts, None, error,
-                            started_at=started, key=task.key,
+                            started_at=started, key=task.key, name=task.name,
                             traceback="".join(traceback.format_exception(exc)))
         self.failures.append(record)
         if not final:
