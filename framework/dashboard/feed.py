@@ -40,7 +40,7 @@ from framework.dashboard.tasks_feed import TaskViews
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.election import contenders_of
-from framework.primitives.queue.view import is_bucket
+from framework.primitives.queue import is_bucket
 from framework.runtime.app import App
 from framework.runtime.status import result_count
 from framework.runtime.tasks import TaskResult

@@ -33,11 +33,11 @@ from framework.zk import (
     gather,
     new_guid,
     sequence_of,
+    single_body_error,
     validate_data,
     validate_path,
     wait_gone,
 )
-from framework.zk.scopes import single_body_error
 
 log = get_logger("framework.primitives.election")
 

@@ -28,12 +28,12 @@ from framework.zk import (
     delete_guid_nodes,
     gather,
     new_guid,
+    single_body_error,
     validate_component,
     validate_data,
     validate_path,
     wait_gone,
 )
-from framework.zk.scopes import single_body_error
 
 log = get_logger("framework.primitives.membership")
 

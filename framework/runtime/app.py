@@ -40,8 +40,7 @@ import socket
 import attrs
 
 from framework import errors
-from framework.zk import Session, gather
-from framework.zk.paths import validate_name
+from framework.zk import Session, gather, validate_name
 
 
 def check_name(kind: str, value: str) -> str:

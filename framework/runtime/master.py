@@ -46,8 +46,7 @@ from framework.runtime.retention import Retention, limits_of
 from framework.runtime.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, read_result
-from framework.zk import Session, cleanup_scope, gather
-from framework.zk.scopes import single_body_error
+from framework.zk import Session, cleanup_scope, gather, single_body_error
 
 log = get_logger("framework.runtime.master")
 

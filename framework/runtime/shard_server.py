@@ -28,8 +28,7 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.runtime.records import Refusal
 from framework.runtime.task_consumer import MAX_ERROR_CHARS
-from framework.zk import Session, watch_children
-from framework.zk.scopes import single_body_error
+from framework.zk import Session, single_body_error, watch_children
 
 if TYPE_CHECKING:
     from framework.runtime.worker import Worker

@@ -21,7 +21,7 @@ from framework.zk.protected import (
     sequence_of,
     sort_sequential,
 )
-from framework.zk.scopes import cleanup_bound, cleanup_scope, gather
+from framework.zk.scopes import cleanup_bound, cleanup_scope, gather, single_body_error
 from framework.zk.session import Session, Stat, Transaction
 from framework.zk.states import SessionState, StateChange
 from framework.zk.trust import Trust
@@ -43,6 +43,7 @@ __all__ = [
     "MAX_DATA_BYTES",
     "MAX_REQUEST_BYTES",
     "validate_component",
+    "single_body_error",
     "validate_name",
     "ChildrenSnapshot",
     "DataSnapshot",
