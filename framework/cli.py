@@ -466,12 +466,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             await require_app(session, client.app, hint="--create to create it")
         if args.key is not None:
             found = await client.existing(args.key)
-            if found is not None and found.state in ("failed", "revoked"):
+            if found is not None and found.state in ("failed", "revoked", "expired"):
                 print(f"framework: task {args.key!r} of {args.app!r} {found.describe()}: "
                       "queued again", file=sys.stderr)
         return await client.submit(args.task, payload, key=args.key, priority=args.priority,
                                    time_limit=args.time_limit, countdown=args.countdown,
-                                   eta=eta)
+                                   eta=eta, expires=args.expires)
 
     task = _connect(args, work, deadline=args.timeout)
     print(task.id)
@@ -784,6 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lower is taken first (default: the task type's, else 0)")
     submit.add_argument("--time-limit", type=positive_seconds, default=None, metavar="S",
                         help="seconds the handler may take (default: the worker's)")
+    submit.add_argument("--expires", type=positive_seconds, default=None, metavar="S",
+                        help="seconds from its due time by which it must start, else it is "
+                             "recorded 'expired' and never run (default: the task type's)")
     add_connection_arguments(submit)
     add_deadline_argument(submit)
 

@@ -105,7 +105,9 @@ class Client:
 
     async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
                      time_limit: float | None = None, priority: int | None = None,
-                     countdown: float | None = None, eta: Any = None) -> Task:
+                     countdown: float | None = None, eta: Any = None,
+                     expires: float | None = None, soft_time_limit: float | None = None,
+                     on_success: str | None = None, on_failure: str | None = None) -> Task:
         """Queue one task of type ``name`` (``payload``: any JSON value), now or at its time
         (``countdown`` seconds from now, or ``eta``: an aware datetime or epoch seconds);
         returns it with its id.
@@ -113,7 +115,13 @@ class Client:
         ``key`` names the task (id and idempotency key): a key that exists raises
         :class:`~framework.runtime.submission.TaskExists` (its result succeeded, or it is
         queued or running: see :meth:`existing`); one that failed for good is queued again.
-        Lower ``priority`` values are taken first (default: the task type's).  Raises
+        Lower ``priority`` values are taken first (default: the task type's).  ``expires``:
+        seconds from its due time by which it must have started, else it is recorded with
+        outcome ``expired`` and never run; ``soft_time_limit``: seconds before
+        :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an
+        ``async def`` handler; ``on_success`` / ``on_failure``: task types queued with its
+        result or final error (:mod:`framework.runtime.callbacks`).  Each defaults to the
+        task type's (``@task(...)``).  Raises
         :class:`ConfigurationError` for a task type the app's workers do not have (once one
         has registered its types) and for an app that was cancelled (``framework cancel``);
         :class:`~framework.errors.DataTooLargeError` for a task over the queue's 64 KiB
@@ -130,7 +138,9 @@ class Client:
         submitter = await self._submitter()
         task = await submitter.submit(name, payload, task_id=key, idempotency_key=key,
                                       time_limit=time_limit, priority=priority,
-                                      countdown=countdown, eta=eta, check_existing=True)
+                                      countdown=countdown, eta=eta, check_existing=True,
+                                      expires=expires, soft_time_limit=soft_time_limit,
+                                      on_success=on_success, on_failure=on_failure)
         if not self._types_seen and not await self.task_types():
             self.unchecked(self.app.name, name)
         return task

@@ -35,6 +35,7 @@ import trio
 from framework import errors
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
 from framework.retry import Backoff, RetryPolicy
+from framework.runtime import callbacks
 from framework.runtime.app import App
 from framework.runtime.markers import Marker
 from framework.runtime.result_index import SlotKeeper, entry_path, write_record
@@ -127,6 +128,8 @@ class Delivery:
     marker: Marker | None = None
     #: the version of a failure record of the task's key, replaced by the result
     previous_version: int | None = None
+    #: the ``callbacks/`` node written for this task (queued by the consumer after the ack)
+    callback_node: str | None = None
 
     @classmethod
     def claimed(cls, context: DeliveryContext, item: QueueItem,
@@ -181,13 +184,24 @@ class Delivery:
                           started_at=started, key=task.key, outcome=Outcome.REVOKED,
                           name=task.name)
 
+    def callback(self, result: TaskResult) -> Task | None:
+        """The callback task ``result`` owes (the submit's ``on_success`` /
+        ``on_failure``, else its type's; see :mod:`framework.runtime.callbacks`)."""
+        task, options = self.task, self.rules.kind.options if self.rules else None
+        return callbacks.callback_for(
+            task, result,
+            on_success=task.on_success or (options.on_success if options else None),
+            on_failure=task.on_failure or (options.on_failure if options else None))
+
     def finish(self, result: TaskResult, *, revoked: bool = False) -> None:
         """Acknowledge the item with ``result`` recorded, when the take's block ends:
         the record (with its entry in the time index when it is created, or set at the
         version read over a failure record), the marker's delete and - ``revoked`` - the
         ``revoked/`` node go in the transaction that acks the item, combined with the
-        other slots' acks.  If the server refuses the record's part (a record written
-        meanwhile, a slot deleted), the record is written alone before the ack.  Raises
+        other slots' acks, and so does the pending node of a success's callback
+        (:mod:`framework.runtime.callbacks`).  If the server refuses the record's part (a
+        record written meanwhile, a slot deleted), the record (and callback) are written
+        alone before the ack.  Raises
         :class:`~framework.errors.PermanentFailure`, before anything is written, if the
         result cannot be stored."""
         encoded = result.encode()
@@ -197,6 +211,10 @@ class Delivery:
         slot = ctx.slots.current(time.time())
         previous_version = self.previous_version
         revoked_node = f"{ctx.app.revoked}/{task.id}"
+        callback = None if revoked else self.callback(result)
+        if callback is not None:
+            self.callback_node = callbacks.node_of(ctx.app, callback)
+            pending = callbacks.encode(callback)
 
         def build(txn: Any) -> None:
             if previous_version is None:
@@ -207,10 +225,14 @@ class Delivery:
             txn.delete(mine.path, version=mine.version)
             if revoked:
                 txn.delete(revoked_node)
+            if callback is not None:
+                txn.create(callbacks.node_of(ctx.app, callback), pending)
 
         async def fallback() -> None:
             await ctx.slots.made(slot)  # a refused entry's slot may be missing: made first
             await write_record(ctx.session, ctx.app, task.key, encoded, slot)
+            if callback is not None:
+                await callbacks.write(ctx.session, ctx.app, callback)
             if revoked:  # its revoked/ node goes once the item is acknowledged alone
                 mine.after_ack = revoked_node
 
@@ -223,7 +245,8 @@ class Delivery:
                    ) -> bool:
         """Record this failed attempt (the failures ring; the result record too when it is
         final) and return whether it is final (``retry`` gives up: attempts used up, or a
-        permanent error).  ``on_failure(final)`` is told first (counts, metrics)."""
+        permanent error).  ``on_failure(final)`` is told first (counts, metrics).  A final
+        failure's callback (``on_failure``) is written right before its record."""
         ended = time.time()  # the record's time: not counting the traceback's formatting
         final = retry.gives_up(self.task.attempts, exc)
         if on_failure is not None:
@@ -240,6 +263,10 @@ class Delivery:
                 if old >= 0:
                     await ctx.session.delete(f"{ctx.app.failures}/f-{old:010d}",
                                              missing_ok=True)
+                callback = self.callback(result) if final else None
+                if callback is not None:  # before the record: see framework.runtime.callbacks
+                    await callbacks.write(ctx.session, ctx.app, callback)
+                    self.callback_node = callbacks.node_of(ctx.app, callback)
                 if final:
                     await write_record(ctx.session, ctx.app, self.task.key, result.encode(),
                                        ctx.slots.current(ended))

@@ -158,19 +158,31 @@ class Submitter:
     async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
                      idempotency_key: str | None = None, time_limit: float | None = None,
                      priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None, check_existing: bool = False) -> Task:
+                     eta: Any = None, check_existing: bool = False,
+                     expires: float | None = None, soft_time_limit: float | None = None,
+                     on_success: str | None = None, on_failure: str | None = None) -> Task:
         """Queue task ``name`` (see the module doc); returns it with its id.
-        ``check_existing``: :class:`TaskExists` if its key exists (see the module doc)."""
+        ``check_existing``: :class:`TaskExists` if its key exists (see the module doc).
+        ``expires`` (default: the type's): seconds from its due time (now, or its
+        countdown/eta) by which it must have started, else it is recorded ``expired``;
+        ``soft_time_limit``, ``on_success``, ``on_failure``: see
+        :mod:`framework.runtime.task_types`."""
         due = due_time(countdown, eta)
         info = await self.catalog.check(name)
+        expires = info.expires if expires is None else expires
+        if expires is not None and (isinstance(expires, bool) or not expires > 0):
+            raise errors.ConfigurationError(f"expires must be positive seconds, got {expires!r}")
         task = new_task(payload, name=name, task_id=task_id,
-                        idempotency_key=idempotency_key, time_limit=time_limit)
+                        idempotency_key=idempotency_key, time_limit=time_limit,
+                        expires=None if expires is None else (due or time.time()) + expires,
+                        soft_time_limit=soft_time_limit, on_success=on_success,
+                        on_failure=on_failure)
         level = info.priority if priority is None else priority
         WorkQueue._check_priority(level)
         explicit = task_id is not None or idempotency_key is not None
         if check_existing and explicit:
             found = await self.existing(task.key)
-            if found is not None and found.state not in ("failed", "revoked"):
+            if found is not None and found.state not in ("failed", "revoked", "expired"):
                 raise TaskExists(self.app, found)
             if found is not None and found.state == "revoked" and task_id is not None:
                 # submitted again on purpose: a revoke left behind must not stop it

@@ -1,5 +1,11 @@
 """The pull-mode part of a worker: take tasks from the app's queue and run its handler.
 
+Options per task (the submit's, else its type's): a task past its ``expires`` time when a
+slot takes it is acknowledged with outcome ``expired`` and never run; an ``async def``
+handler gets :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` at its
+``soft_time_limit``; ``on_success`` / ``on_failure`` callbacks are written with the ack (or
+the final failure) and queued right after it (:mod:`framework.runtime.callbacks`).
+
 :class:`TaskConsumer` runs ``concurrency`` slots.  Each slot claims a task (at-least-once:
 an item is deleted only after the handler returned and its result was recorded, in the same
 multi that acknowledges it), marks it ``running/<task id>`` (also the task id's mutual
@@ -44,7 +50,7 @@ import trio
 from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
-from framework.runtime import payloads
+from framework.runtime import callbacks, payloads
 from framework.runtime.app import ensure_result_buckets
 from framework.runtime.delivery import (
     MAX_ERROR_CHARS,
@@ -60,8 +66,9 @@ from framework.runtime.handlers import HandlerPool
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
 from framework.runtime.result_index import SlotKeeper
+from framework.runtime.soft_limit import run_with_soft_limit
 from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
-from framework.runtime.tasks import DEFAULT_TASK, Task, TaskResult
+from framework.runtime.tasks import DEFAULT_TASK, Outcome, Task, TaskResult
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
 log = get_logger(__name__)
@@ -115,7 +122,8 @@ class TaskConsumer:
 
     def layout(self) -> Sequence[str]:
         app = self.settings.app
-        return (app.tasks, app.running, app.results, app.failures, app.dead, app.revoked)
+        return (app.tasks, app.running, app.results, app.failures, app.dead, app.revoked,
+                callbacks.callbacks_path(app))
 
     async def prepare(self, session: Session) -> None:
         self.settings = settings = ConsumerSettings.of(self.worker)
@@ -144,6 +152,8 @@ class TaskConsumer:
             # known before the first take
             await timer.start(self._follow_revoked, session, queue)
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
+            # callbacks left by a worker killed between its ack and their move
+            timer.start_soon(callbacks.move_all, session, settings.app, queue)
             async with trio.open_nursery() as slots:
                 for _ in range(settings.concurrency):
                     slots.start_soon(self._slot, session, queue, context)
@@ -198,6 +208,7 @@ class TaskConsumer:
                         self._waiting.discard(slot)
                         if delivery is not None:
                             await self._clear_running(session, delivery.markers)
+                            await self._queue_callback(session, queue, delivery)
                 if slot.cancelled_caught:  # only ever cancelled while waiting
                     return
                 trouble = 0
@@ -210,6 +221,18 @@ class TaskConsumer:
             except Exception:
                 trouble += 1
                 log.exception("worker.slot_error", worker=self.settings.name, retry=trouble)
+
+    async def _queue_callback(self, session: Session, queue: WorkQueue,
+                              delivery: Delivery) -> None:
+        """Move the callback the delivery wrote (if any) into the queue, right after its
+        ack or its final failure; left for :func:`callbacks.move_all` on ZooKeeper errors."""
+        if delivery.callback_node is None:
+            return
+        with cleanup_scope(session):
+            try:
+                await callbacks.move(session, self.settings.app, queue, delivery.callback_node)
+            except errors.ZooKeeperError as exc:
+                log.warning("callback.left", node=delivery.callback_node, error=str(exc))
 
     async def _mark_running(self, delivery: Delivery) -> None:
         """Create this delivery's ``running/<task id>`` marker; on return
@@ -354,6 +377,13 @@ class TaskConsumer:
         if rules is None and task.id in self._revoked:  # a type we lack, taken to end it
             delivery.finish(self._revoked_result(delivery, time.time()), revoked=True)
             return
+        if task.expires is not None and time.time() > task.expires:
+            log.info("task.expired", task=task.id, type=task.name, worker=self.settings.name,
+                     late=round(time.time() - task.expires, 3))
+            delivery.finish(TaskResult(
+                task.id, False, self.settings.name, task.attempts, None, "expired",
+                key=task.key, outcome=Outcome.EXPIRED, name=task.name))
+            return
         refusal = self._refusal(task, rules)
         if refusal is not None:
             await self._failed(delivery, refusal, time.time())
@@ -413,7 +443,10 @@ class TaskConsumer:
                 self.host.status_changed()
                 metrics.task_started(self.settings.app.name)
                 started = time.time()
-                value = await self.handlers.call_within(task, rules.kind, limit)
+                soft = None if rules.kind.blocking else (
+                    task.soft_time_limit or rules.kind.options.soft_time_limit)
+                value = await run_with_soft_limit(
+                    lambda: self.handlers.call_within(task, rules.kind, limit), soft)
         except Exception as exc:
             if not in_handler and not isinstance(exc, errors.PermanentFailure):
                 raise  # the payload store failed: the slot backs off, the item comes back

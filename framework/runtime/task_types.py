@@ -15,6 +15,14 @@ A type's options override the worker class's (``max_attempts``, ``backoff_base``
 and ``rate_limit`` bounds how many tasks of the type one worker process starts per second,
 minute or hour (``"20/s"``, ``"100/m"``, ``"500/h"``).
 
+Callbacks and limits (Celery's ``link`` / ``link_error``, ``expires``, ``soft_time_limit``;
+RQ's and Dramatiq's ``on_success`` / ``on_failure``): ``on_success="report"`` queues a task
+of type ``report`` once the task succeeded, ``on_failure="alert"`` one once it failed for
+good (:mod:`framework.runtime.callbacks`); ``expires=60`` records a task not started within
+60 s of its submit as ``expired`` without running it; ``soft_time_limit=5`` raises
+:class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` inside an ``async def`` handler
+after 5 s (below ``time_limit``).  A submit's own values override the type's.
+
 The app's catalog, ``/apps/<app>/types`` (:class:`Catalog`), lists every type its workers
 have registered (each worker adds its own when it starts).  Submitting a name the catalog
 does not list raises :class:`~framework.errors.ConfigurationError` naming the known types;
@@ -104,6 +112,16 @@ def _priority(_instance: Any, _attribute: Any, value: Any) -> None:
         raise errors.ConfigurationError(f"priority must be an int below 10**9, got {value!r}")
 
 
+def _callback(option: str) -> Callable[[Any, Any, Any], None]:
+    def check(_instance: Any, _attribute: Any, value: Any) -> None:
+        if value is not None:
+            if not isinstance(value, str):
+                raise errors.ConfigurationError(
+                    f"{option} names a task type (a str), got {value!r}")
+            check_name(f"{option} task name", value)
+    return check
+
+
 @attrs.frozen
 class TaskOptions:
     """One task type's options (``None``: the worker class's value)."""
@@ -114,6 +132,20 @@ class TaskOptions:
     time_limit: float | None = attrs.field(default=None, validator=_positive("time_limit"))
     priority: int = attrs.field(default=0, validator=_priority)
     rate_limit: RateLimit | None = attrs.field(default=None, converter=_rate)
+    #: seconds after which SoftTimeLimitExceeded is raised in an async handler
+    soft_time_limit: float | None = attrs.field(default=None,
+                                                validator=_positive("soft_time_limit"))
+    #: seconds after its submit by which a task must have started (else ``expired``)
+    expires: float | None = attrs.field(default=None, validator=_positive("expires"))
+    #: task types queued with the result (``on_success``) or final error (``on_failure``)
+    on_success: str | None = attrs.field(default=None, validator=_callback("on_success"))
+    on_failure: str | None = attrs.field(default=None, validator=_callback("on_failure"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.soft_time_limit and self.time_limit and self.soft_time_limit >= self.time_limit:
+            raise errors.ConfigurationError(
+                f"soft_time_limit ({self.soft_time_limit:g}s) must be below time_limit "
+                f"({self.time_limit:g}s)")
 
 
 @attrs.frozen
@@ -130,11 +162,13 @@ class TaskType:
 def task(fn: F | None = None, *, name: str | None = None, max_attempts: int | None = None,
          backoff_base: float | None = None, backoff_max: float | None = None,
          time_limit: float | None = None, priority: int = 0,
-         rate_limit: str | None = None) -> Any:
+         rate_limit: str | None = None, soft_time_limit: float | None = None,
+         expires: float | None = None, on_success: str | None = None,
+         on_failure: str | None = None) -> Any:
     """Make a worker method a task type (``@task`` or ``@task(...)``, see the module doc).
     Bad options raise :class:`~framework.errors.ConfigurationError` at class definition."""
     options = TaskOptions(max_attempts, backoff_base, backoff_max, time_limit, priority,
-                          rate_limit)
+                          rate_limit, soft_time_limit, expires, on_success, on_failure)
 
     def mark(method: F) -> F:
         if not callable(method):
@@ -199,6 +233,7 @@ class TypeInfo:
     max_attempts: int | None = None
     time_limit: float | None = None
     rate_limit: str | None = None
+    expires: float | None = None  # seconds after the submit (the submitter applies it)
 
 
 @attrs.frozen
@@ -213,7 +248,8 @@ def type_info(kind: TaskType, *, max_attempts: int, time_limit: float | None) ->
     options = kind.options
     return TypeInfo(options.priority, options.max_attempts or max_attempts,
                     options.time_limit or time_limit,
-                    str(options.rate_limit) if options.rate_limit else None)
+                    str(options.rate_limit) if options.rate_limit else None,
+                    options.expires)
 
 
 class Catalog:

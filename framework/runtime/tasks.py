@@ -40,6 +40,13 @@ class Task:
     #: the stored payload's reference, when it is kept off ZooKeeper (payload is then None;
     #: see framework.runtime.payloads): the worker reads it back before the handler runs
     payload_ref: str | None = attrs.field(default=None, metadata=records.wire("ref"))
+    #: not started by then (seconds since the epoch): recorded ``expired``, never run
+    expires: float | None = attrs.field(default=None, metadata=records.wire("exp"))
+    #: seconds after which ``SoftTimeLimitExceeded`` is raised inside an async handler
+    soft_time_limit: float | None = attrs.field(default=None, metadata=records.wire("soft"))
+    #: task types queued with its result (``on_success``) or its final error (``on_failure``)
+    on_success: str | None = attrs.field(default=None, metadata=records.wire("ok_cb"))
+    on_failure: str | None = attrs.field(default=None, metadata=records.wire("err_cb"))
 
     @property
     def key(self) -> str:
@@ -62,19 +69,30 @@ def new_task(
     task_id: str | None = None,
     idempotency_key: str | None = None,
     time_limit: float | None = None,
+    expires: float | None = None,
+    soft_time_limit: float | None = None,
+    on_success: str | None = None,
+    on_failure: str | None = None,
 ) -> Task:
-    """Build a task, validating what a user can get wrong."""
+    """Build a task, validating what a user can get wrong (``expires``: seconds since the
+    epoch, see :class:`Task`)."""
     check_name("task name", name)
     task_id = check_name("task id", task_id) if task_id else uuid.uuid4().hex
     if idempotency_key is not None:
         check_name("idempotency key", idempotency_key)
     if time_limit is not None and time_limit <= 0:
         raise ConfigurationError("time_limit must be positive")
+    if soft_time_limit is not None and not soft_time_limit > 0:
+        raise ConfigurationError(f"soft_time_limit must be positive, got {soft_time_limit!r}")
+    for option, callback in (("on_success", on_success), ("on_failure", on_failure)):
+        if callback is not None:
+            check_name(f"{option} task name", callback)
     try:
         json.dumps(payload)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"task payload must be JSON-serialisable: {exc}") from None
-    return Task(task_id, payload, idempotency_key, time_limit, name)
+    return Task(task_id, payload, idempotency_key, time_limit, name, expires=expires,
+                soft_time_limit=soft_time_limit, on_success=on_success, on_failure=on_failure)
 
 
 class Outcome(enum.Enum):
@@ -83,6 +101,7 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"    # for good: its attempts used up, or a permanent failure
     REVOKED = "revoked"  # revoked (``framework revoke``) before or while it ran
+    EXPIRED = "expired"  # not started before its ``expires`` time: never run
 
 
 def _outcome_of(result: TaskResult) -> Outcome:
