@@ -21,6 +21,7 @@ from framework.runtime import App, Client, Outcome, Task, Worker, callbacks, tas
 from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.task_types import TaskOptions
 from framework.testing import Child, spawn
+from framework.testing.stub import StubApp
 
 HELPERS = Path(__file__).parent / "helpers"
 ROOT = Path(__file__).parent.parent
@@ -218,3 +219,26 @@ async def test_a_callback_is_queued_once_across_a_kill_9(
             result = await client.result("w")
     assert done is not None and done.ok and len(runs) == 1
     assert result is not None and result.ok and result.result == 42
+
+
+# ---------------------------------------------------------------- the in-process test mode
+
+
+async def test_the_stub_honours_callbacks_expires_and_soft_limits() -> None:
+    app = StubApp(Hooks, app="stubbed")
+    await app.submit("double", 5, task_id="d")
+    await app.submit("boom", "x", task_id="b")
+    await app.submit("double", 1, task_id="late", eta=time.time() - 10, expires=1)
+    await app.submit("tidy", task_id="t")
+    await app.submit("stubborn", task_id="s")
+    await app.join()
+    assert app.result("d.on_success") is not None
+    assert app.result("b.on_failure.1") is not None
+    notes = {n["key"]: n for n in app.worker.notes}  # type: ignore[attr-defined]
+    assert notes["d"]["result"] == 10 and notes["b"]["error"] == "ValueError: no x"
+    late = app.result("late")
+    assert late is not None and late.outcome is Outcome.EXPIRED
+    assert app.result("late.on_success") is None
+    tidy, stubborn = app.result("t"), app.result("s")
+    assert tidy is not None and tidy.result == "cleaned up"
+    assert stubborn is not None and (stubborn.error or "").startswith("SoftTimeLimitExceeded")

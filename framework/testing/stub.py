@@ -15,7 +15,9 @@ and keeps what happened::
 What it keeps of the real runtime (the same code where it can):
 
 * task types and their options (``max_attempts``, ``time_limit``, the worker class's
-  defaults), handlers run as the worker runs them (:class:`~framework.runtime.handlers.HandlerPool`:
+  defaults; ``expires`` against the real clock, ``soft_time_limit`` in ``async def``
+  handlers, ``on_success`` / ``on_failure`` callbacks queued as the worker queues them),
+  handlers run as the worker runs them (:class:`~framework.runtime.handlers.HandlerPool`:
   ``async def`` in trio, a plain ``def`` in a thread or the process pool, within the time
   limit);
 * submission checks: an unknown task type is a :class:`~framework.errors.ConfigurationError`
@@ -57,6 +59,7 @@ import trio
 
 from framework import errors
 from framework.retry import RetryPolicy
+from framework.runtime import callbacks
 from framework.runtime.canvas import (
     FAILED,
     SUCCEEDED,
@@ -68,6 +71,7 @@ from framework.runtime.canvas import (
 from framework.runtime.delayed import due_time
 from framework.runtime.handlers import HandlerPool
 from framework.runtime.master import Master
+from framework.runtime.soft_limit import run_with_soft_limit
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
 
@@ -142,13 +146,21 @@ class StubApp:
     async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
                      idempotency_key: str | None = None, time_limit: float | None = None,
                      priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None) -> Task:
-        """Queue one task (the options and errors of ``MasterContext.submit``); it runs at
+                     eta: Any = None, expires: float | None = None,
+                     soft_time_limit: float | None = None, on_success: str | None = None,
+                     on_failure: str | None = None) -> Task:
+        """Queue one task (the options and errors of ``Client.submit``); it runs at
         the next :meth:`join`."""
         self._check_type(name)
+        due = due_time(countdown, eta)
+        expires = self.worker.task_types[name].options.expires if expires is None else expires
+        if expires is not None and (isinstance(expires, bool) or not expires > 0):
+            raise errors.ConfigurationError(f"expires must be positive seconds, got {expires!r}")
         task = new_task(payload, name=name, task_id=task_id, idempotency_key=idempotency_key,
-                        time_limit=time_limit)
-        self._queue(task, priority, due_time(countdown, eta))
+                        time_limit=time_limit, soft_time_limit=soft_time_limit,
+                        expires=None if expires is None else (due or time.time()) + expires,
+                        on_success=on_success, on_failure=on_failure)
+        self._queue(task, priority, due)
         await trio.lowlevel.checkpoint()
         return task
 
@@ -227,18 +239,40 @@ class StubApp:
                                                 started_at=started, key=task.key,
                                                 outcome=Outcome.REVOKED, name=task.name)
             return None
+        if task.expires is not None and started > task.expires:
+            self.results[task.key] = TaskResult(task.id, False, self.worker.name,
+                                                task.attempts, error="expired",
+                                                started_at=started, key=task.key,
+                                                outcome=Outcome.EXPIRED, name=task.name)
+            return None
         rules = self.worker.rules_for(task.name)
         assert rules is not None  # submit checked the type
         limit = task.time_limit or rules.time_limit
+        soft = None if rules.kind.blocking else (task.soft_time_limit
+                                                 or rules.kind.options.soft_time_limit)
         try:
-            value = await pool.call_within(task, rules.kind, limit)
+            value = await run_with_soft_limit(
+                lambda: pool.call_within(task, rules.kind, limit), soft)
             result = TaskResult(task.id, True, self.worker.name, task.attempts, value,
                                 started_at=started, key=task.key, name=task.name)
             result.encode()  # not JSON, or too large for a znode: fails for good
         except Exception as exc:
             return self._failed(queued, task, exc, started, rules.retry)
         self.results[task.key] = result
+        self._call_back(task, result)
         return None
+
+    def _call_back(self, task: Task, result: TaskResult) -> None:
+        """Queue the callback ``result`` owes (the submit's, else the type's), as the
+        worker would (:mod:`framework.runtime.callbacks`); a callback type the worker
+        lacks is a :class:`~framework.errors.ConfigurationError`."""
+        options = self.worker.task_types[task.name].options
+        callback = callbacks.callback_for(
+            task, result, on_success=task.on_success or options.on_success,
+            on_failure=task.on_failure or options.on_failure)
+        if callback is not None:
+            self._check_type(callback.name)
+            self._queue(callback, None, None)
 
     def _failed(self, queued: _Queued, task: Task, exc: Exception, started: float,
                 retry: RetryPolicy) -> TaskResult | None:
@@ -258,6 +292,7 @@ class StubApp:
             heapq.heappush(self._ready, (queued.priority, next(self._order), queued))
             return None
         self.results[task.key] = record
+        self._call_back(task, record)
         self.dead_letters.append(record)
         self._errors[task.key] = exc
         return record
