@@ -176,9 +176,9 @@ def test_cli_submit_expires(zk_hosts: str, chroot: str, capsys: pytest.CaptureFi
 
 
 async def start(stack: AsyncExitStack, hosts: str, chroot: str, name: str, tmp_path: Path,
-                **env: str) -> Child:
+                kind: str = "CallbackWorker", **env: str) -> Child:
     return await stack.enter_async_context(spawn(
-        [sys.executable, "-m", "framework", "run", "callback_app:CallbackWorker", "--zk", hosts,
+        [sys.executable, "-m", "framework", "run", f"callback_app:{kind}", "--zk", hosts,
          "--chroot", chroot, "--name", name, "--session-timeout", "2"],
         name=name, log_dir=None if env else tmp_path, pipe_stdout=bool(env),
         env={"PYTHONPATH": f"{HELPERS}{os.pathsep}{ROOT}", "FRAMEWORK_LOG_LEVEL": "warning",
@@ -192,27 +192,32 @@ async def until_line(child: Child, prefix: str) -> str:
             return line
 
 
-@pytest.mark.parametrize("fault", ["CB_SAY_RETURNED", "CB_STALL_MOVE"])
+@pytest.mark.parametrize("fault", ["returned", "acked-then-next-start", "acked-live-peer"])
 async def test_a_callback_is_queued_once_across_a_kill_9(
     zk_hosts: str, chroot: str, tmp_path: Path, fault: str
 ) -> None:
-    """``CB_SAY_RETURNED``: killed as its handler returns (before or after the ack: either
-    way once); ``CB_STALL_MOVE``: killed after the ack committed, before the move (the next
-    worker's start moves it)."""
+    """``returned``: killed as its handler returns (before or after the ack: either way
+    once); ``acked-...``: killed after the ack committed, before the callback's move: the
+    next worker to start moves it, or a live peer when the killed worker's session ends."""
     app = App("cb")
+    acked = fault.startswith("acked")
     async with AsyncExitStack() as procs, Session(zk_hosts, chroot=chroot) as session:
         with trio.fail_after(60):
             client = Client(session, "cb", create=True)
-            first = await start(procs, zk_hosts, chroot, "first", tmp_path, **{fault: "1"})
+            if fault == "acked-live-peer":  # running before the ack: only a departure helps
+                await start(procs, zk_hosts, chroot, "peer", tmp_path, "AfterWorker")
+            first = await start(procs, zk_hosts, chroot, "first", tmp_path,
+                                **{"CB_STALL_MOVE" if acked else "CB_SAY_RETURNED": "1"})
             await client.submit("work", 21, key="w")
-            await until_line(first, "RETURNED" if fault == "CB_SAY_RETURNED" else "ACKED")
+            await until_line(first, "ACKED" if acked else "RETURNED")
             first.kill()
             await first.wait()
-            if fault == "CB_STALL_MOVE":  # the ack and the callback's node committed together
+            if acked:  # the ack and the callback's node committed together
                 assert (await client.result("w")) is not None
                 assert await session.children(callbacks.callbacks_path(app)) == [
                     "w.on_success"]
-            await start(procs, zk_hosts, chroot, "second", tmp_path)
+            if fault != "acked-live-peer":
+                await start(procs, zk_hosts, chroot, "second", tmp_path)
             done = await client.result("w.on_success", wait=True)
             runs = await session.children(f"{app.base}/evidence")
             assert await session.children(callbacks.callbacks_path(app)) == []

@@ -22,8 +22,9 @@ committed both (the callback is pending) or neither (the task is delivered again
 again, and its ack carries the callback).  Right after the ack the worker moves the node into
 the queue in one multi (the item's create and the node's delete at its version,
 :meth:`WorkQueue.put` with ``also``), so a node is queued once whoever moves it.  A node left
-by a worker killed between its ack and that move is moved by the next worker process of the
-app that starts (:func:`move_all`, at each consumer's start).  A final failure's callback is
+by a worker killed (or paused past its session) between its ack and that move is moved by
+the app's other workers when its membership node goes, or by the next worker that starts
+(:func:`move_left_behind`).  A final failure's callback is
 written right before the failure record (not in one transaction: the dead-lettering that
 follows is not one either); a worker killed between the two gives the task one more delivery,
 which fails again and writes the same node name (an existing one is kept).
@@ -45,7 +46,7 @@ from framework.runtime.app import App
 from framework.runtime.payloads import MAX_TASK_BYTES
 from framework.runtime.result_index import mark_queued
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
-from framework.zk import Session
+from framework.zk import Session, watch_children
 
 log = get_logger(__name__)
 
@@ -141,3 +142,19 @@ async def move_all(session: Session, app: App, queue: WorkQueue) -> int:
     for name in sorted(names):
         moved += await move(session, app, queue, f"{callbacks_path(app)}/{name}")
     return moved
+
+
+async def move_left_behind(session: Session, app: App, queue: WorkQueue) -> None:
+    """Until cancelled: queue the pending callbacks when this worker starts and again each
+    time a worker of the app leaves (its membership node gone: killed, paused past its
+    session, or stopped), whose ack may have committed a callback it did not move.  One
+    children watch on the app's ``workers/``; a listing of ``callbacks/`` per departure."""
+    seen: frozenset[str] | None = None
+    async for snap in watch_children(session, app.workers):
+        members = frozenset(snap.children)
+        if seen is None or seen - members:
+            try:
+                await move_all(session, app, queue)
+            except errors.ZooKeeperError as exc:  # the next departure (or start) tries again
+                log.warning("callback.sweep_failed", app=app.name, error=str(exc))
+        seen = members

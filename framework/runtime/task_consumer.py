@@ -153,7 +153,7 @@ class TaskConsumer:
             await timer.start(self._follow_revoked, session, queue)
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
             # callbacks left by a worker killed between its ack and their move
-            timer.start_soon(callbacks.move_all, session, settings.app, queue)
+            timer.start_soon(callbacks.move_left_behind, session, settings.app, queue)
             async with trio.open_nursery() as slots:
                 for _ in range(settings.concurrency):
                     slots.start_soon(self._slot, session, queue, context)

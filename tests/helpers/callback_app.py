@@ -46,3 +46,9 @@ class CallbackWorker(Worker):
         assert session is not None
         await session.create(f"{EVIDENCE}/{task.payload['key']}-", str(task.payload).encode(),
                              sequence=True, makepath=True)
+
+
+class AfterWorker(CallbackWorker):
+    """Only the callback's type: it never takes ``work`` (a live peer of the app)."""
+
+    work = None  # type: ignore[assignment]
