@@ -53,20 +53,25 @@ async def converged(view: TreeView, writer: Session, root: str) -> dict[str, byt
 
 
 async def churn(session: Session, root: str, rng: random.Random, steps: int) -> None:
-    """Creates, updates and deletes (whole subtrees too) at random under ``root``."""
+    """Creates, updates and deletes (whole subtrees too) at random under ``root``.  The tree
+    is read from the server once; then ``session``, its only writer, keeps the paths itself
+    (the same choices as reading it before each step, without a whole tree's reads per step)."""
+    known = set(await server_tree(session, root))
     for _ in range(steps):
-        tree = await server_tree(session, root)
-        paths = sorted(tree)
+        paths = sorted(known)
         action = rng.random()
         if action < 0.5 or len(paths) < 3:
             parent = rng.choice(paths)
             if parent.count("/") - root.count("/") < 3:
-                await session.create(f"{parent}/n{rng.randrange(10**6)}", b"%d" % rng.random())
+                child = f"{parent}/n{rng.randrange(10**6)}"
+                await session.create(child, b"%d" % rng.random())
+                known.add(child)
         elif action < 0.8:
             await session.set(rng.choice(paths), b"v%d" % rng.randrange(1000))
         else:
             victim = rng.choice(paths[1:])
             await session.delete_tree(victim)
+            known -= {p for p in known if p == victim or p.startswith(f"{victim}/")}
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent-watch", "per-node"])
