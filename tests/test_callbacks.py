@@ -247,3 +247,14 @@ async def test_the_stub_honours_callbacks_expires_and_soft_limits() -> None:
     tidy, stubborn = app.result("t"), app.result("s")
     assert tidy is not None and tidy.result == "cleaned up"
     assert stubborn is not None and (stubborn.error or "").startswith("SoftTimeLimitExceeded")
+
+
+def test_a_soft_limit_on_a_plain_def_is_a_one_line_error() -> None:
+    class Blocking(Worker):
+        @task(soft_time_limit=1)
+        def crunch(self, task: Task) -> None:
+            return None
+
+    with pytest.raises(errors.ConfigurationError, match="needs an 'async def'") as raised:
+        Blocking("blk", name="w")
+    assert "\n" not in str(raised.value)

@@ -199,7 +199,13 @@ def collect(cls: type, *, default: Callable[..., Any] | None) -> dict[str, TaskT
                 f"{cls.__name__}: two methods are task {name!r} ({found[name].method} and "
                 f"{attribute})"
             )
-        found[name] = TaskType(name, attribute, options, _blocking(cls, attribute, method))
+        blocking = _blocking(cls, attribute, method)
+        if blocking and options.soft_time_limit:
+            raise errors.ConfigurationError(
+                f"{cls.__name__}.{attribute}: soft_time_limit needs an 'async def' handler (a "
+                "plain def runs in a thread or process, which cannot be interrupted); use "
+                "time_limit")
+        found[name] = TaskType(name, attribute, options, blocking)
     return found
 
 
