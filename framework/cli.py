@@ -258,8 +258,9 @@ def _cmd_result(args: argparse.Namespace) -> int:
         return 1
     _print_json(records.unstructure(record))  # the outcome as its value: "succeeded"
     if not record.ok:
-        ended = ("was revoked" if record.outcome.value == "revoked"
-                 else f"{record.outcome.value}: {record.error}")
+        ended = {"revoked": "was revoked",
+                 "expired": "expired: not started before its expires time"}.get(
+            record.outcome.value, f"{record.outcome.value}: {record.error}")
         print(f"framework: task {args.key!r} of {args.app!r} {ended}", file=sys.stderr)
         return 1
     return 0

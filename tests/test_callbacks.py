@@ -17,7 +17,7 @@ import trio
 from framework import Session, errors
 from framework.cli import main as cli_main
 from framework.primitives.queue import WorkQueue
-from framework.runtime import App, Client, Outcome, Task, Worker, callbacks, task
+from framework.runtime import App, Client, Outcome, Task, TaskResult, Worker, callbacks, task
 from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.task_types import TaskOptions
 from framework.testing import Child, spawn
@@ -132,6 +132,19 @@ async def test_an_expired_task_is_recorded_and_never_run(zk_hosts: str, chroot: 
     assert late is not None and late.outcome is Outcome.EXPIRED and late.error == "expired"
     assert fine is not None and fine.ok and again is not None
     assert worker.ran.count("late") == 1 and "fine" in worker.ran
+
+
+def test_cli_result_of_an_expired_task(zk_hosts: str, chroot: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    async def record() -> None:
+        async with Session(zk_hosts, chroot=chroot) as session:
+            await session.create(App("old").result_path("k"), TaskResult(
+                "k", False, "w1", 1, error="expired", key="k",
+                outcome=Outcome.EXPIRED).encode(), makepath=True)
+
+    trio.run(record)
+    assert cli_main(["result", "old", "k", "--zk", zk_hosts, "--chroot", chroot]) == 1
+    assert "expired: not started before its expires time" in capsys.readouterr().err
 
 
 async def test_a_soft_time_limit_is_raised_inside_the_handler(zk_hosts: str,
