@@ -121,9 +121,11 @@ async def move(session: Session, app: App, queue: WorkQueue, path: str) -> bool:
         log.error("callback.corrupt", path=path, error=str(exc))
         await session.delete(path, version=stat.version, missing_ok=True)
         return False
+    def delete(txn: Any) -> None:
+        txn.delete(path, version=stat.version)
+
     try:
-        item = await queue.put(pending.task.encode(), priority=pending.priority,
-                               also=lambda txn: txn.delete(path, version=stat.version))
+        item = await queue.put(pending.task.encode(), priority=pending.priority, also=delete)
     except errors.TransactionFailedError:
         return False  # moved by another process meanwhile
     await mark_queued(session, app, [(pending.task.key, item)])
