@@ -29,6 +29,7 @@ from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
+from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.status import (
     AppStatus,
     AppSummary,
@@ -74,6 +75,7 @@ __all__ = [
     "ReplicatedPlacement",
     "Service",
     "Signature",
+    "SoftTimeLimitExceeded",
     "Task",
     "TaskExists",
     "TaskOptions",

@@ -184,10 +184,14 @@ class BlockingClient:
 
     def submit(self, name: str, payload: Any = None, *, key: str | None = None,
                time_limit: float | None = None, priority: int | None = None,
-               countdown: float | None = None, eta: Any = None) -> Task:
+               countdown: float | None = None, eta: Any = None,
+               expires: float | None = None, soft_time_limit: float | None = None,
+               on_success: str | None = None, on_failure: str | None = None) -> Task:
         """:meth:`Client.submit <framework.runtime.Client.submit>`."""
         return self._call("submit", name, payload, key=key, time_limit=time_limit,
-                          priority=priority, countdown=countdown, eta=eta)
+                          priority=priority, countdown=countdown, eta=eta, expires=expires,
+                          soft_time_limit=soft_time_limit, on_success=on_success,
+                          on_failure=on_failure)
 
     def existing(self, key: str) -> Any:
         """:meth:`Client.existing <framework.runtime.Client.existing>`."""

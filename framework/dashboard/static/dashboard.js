@@ -114,7 +114,8 @@ function makeCard(name) {
         <label>type <select name="type"><option value="">all</option></select></label>
         <label>outcome <select name="outcome"><option value="">all</option>
           <option value="succeeded">succeeded</option><option value="failed">failed</option>
-          <option value="revoked">revoked</option></select></label>
+          <option value="revoked">revoked</option>
+          <option value="expired">expired</option></select></label>
       </form>
       <div class="tasks"></div></section>
     <div class="grid">
@@ -250,7 +251,7 @@ function fillTasks(card, app) {
   }
   const type = select.value, outcome = form.elements.namedItem("outcome").value;
   const rows = app.recent.filter((r) => (!type || r.type === type) && (!outcome || r.outcome === outcome));
-  const tone = { succeeded: "ok", failed: "bad", revoked: "warn" };
+  const tone = { succeeded: "ok", failed: "bad", revoked: "warn", expired: "warn" };
   setHTML(card.tasks, rows.length ? `<table><tr><th>task</th><th>type</th><th>outcome</th>` +
     `<th>duration</th><th>worker</th><th>attempts</th><th>finished</th></tr>` + rows.map((r) =>
       `<tr class="result" data-task="${esc(r.key)}" data-type="${esc(r.type)}" data-outcome="${esc(r.outcome)}">` +
