@@ -21,7 +21,9 @@ SESSION_TIMEOUT = 4.0
 
 @pytest.fixture(scope="session")
 def zk_hosts() -> Iterator[str]:
-    """A standalone server started for this test run, or ``FRAMEWORK_ZK_HOSTS``."""
+    """A standalone server started for this test run (each pytest-xdist worker of
+    ``make test TEST_WORKERS=3`` starts its own), or ``FRAMEWORK_ZK_HOSTS`` (shared by the
+    workers: each test has its own chroot)."""
     hosts = os.environ.get("FRAMEWORK_ZK_HOSTS")
     if hosts:
         yield hosts
