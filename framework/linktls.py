@@ -33,23 +33,12 @@ from collections.abc import Mapping
 import attrs
 import trio
 
+from framework.envflags import env_flag
 from framework.errors import ConfigurationError
 
 __all__ = ["LinkTls", "tls_client_stream", "tls_server_stream"]
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
-
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    value = env.get(name)
-    if value is None:
-        return default
-    if value.strip().lower() in _TRUE:
-        return True
-    if value.strip().lower() in _FALSE:
-        return False
-    raise ConfigurationError(f"{name}={value!r}: expected 1 or 0")
 
 
 @attrs.frozen
@@ -82,11 +71,11 @@ class LinkTls:
         env = os.environ if environ is None else environ
         ca = env.get(f"{prefix}_TLS_CA") or None
         cert = env.get(f"{prefix}_TLS_CERT") or None
-        if not _flag(env, f"{prefix}_TLS", default=ca is not None or cert is not None):
+        if not env_flag(env, f"{prefix}_TLS", default=ca is not None or cert is not None):
             return None
         return cls(ca=ca, cert=cert, key=env.get(f"{prefix}_TLS_KEY") or None,
-                   mutual=_flag(env, f"{prefix}_TLS_MUTUAL", default=False),
-                   verify=_flag(env, f"{prefix}_TLS_VERIFY", default=True), prefix=prefix)
+                   mutual=env_flag(env, f"{prefix}_TLS_MUTUAL", default=False),
+                   verify=env_flag(env, f"{prefix}_TLS_VERIFY", default=True), prefix=prefix)
 
     def server_context(self) -> ssl.SSLContext:
         """The context a server wraps accepted connections in; a server needs a certificate

@@ -44,6 +44,7 @@ from kazoo.security import (
     make_digest_acl_credential,
 )
 
+from framework.envflags import env_flag
 from framework.errors import ConfigurationError
 
 ACL_POLICIES = ("open", "creator", "creator-read")
@@ -66,8 +67,6 @@ class _FromEnv:
 
 FROM_ENV: Any = _FromEnv()
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 
 @attrs.frozen
@@ -173,28 +172,18 @@ def parse_credentials(text: str | tuple[str, str]) -> tuple[str, str]:
     return user, password
 
 
-def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    value = environ.get(name)
-    if value is None:
-        return default
-    if value.strip().lower() in _TRUE:
-        return True
-    if value.strip().lower() in _FALSE:
-        return False
-    raise ConfigurationError(f"{name}={value!r}: expected 1 or 0")
-
 
 def tls_from_env(environ: Mapping[str, str] | None = None) -> TlsConfig | None:
     """The TLS settings the ``FRAMEWORK_ZK_TLS*`` variables ask for, or ``None``."""
     env = os.environ if environ is None else environ
     ca = env.get(ENV_TLS_CA) or None
-    if not _flag(env, ENV_TLS, default=ca is not None):
+    if not env_flag(env, ENV_TLS, default=ca is not None):
         return None
     return TlsConfig(
         ca=ca,
         certfile=env.get(ENV_TLS_CERT) or None,
         keyfile=env.get(ENV_TLS_KEY) or None,
-        verify=_flag(env, ENV_TLS_VERIFY, default=True),
+        verify=env_flag(env, ENV_TLS_VERIFY, default=True),
     )
 
 
