@@ -42,7 +42,7 @@ from framework.zk import Session, validate_path
 log = get_logger("framework.primitives.counter")
 
 #: How many updates' receipts the node keeps (13 bytes each).
-RECEIPTS = 32
+RECEIPTS = 128
 
 
 @attrs.frozen
