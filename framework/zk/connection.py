@@ -534,18 +534,8 @@ class Connection:
     def _dispatch(self, packet: bytes) -> None:
         header, offset = parse_header(packet)
         xid = header.xid
-        if xid == WATCH_XID:
-            self._watch_event(packet, offset)
-            return
-        if xid == PING_XID:
-            self._ping_sent = None
-            return
-        if xid == AUTH_XID:
-            return
-        if xid == SET_WATCHES_XID:
-            if header.err:  # not set again: the watchers must read again themselves
-                log.warning("zk.set_watches_failed", error=header.err)
-                self._reset_watchers(KeeperState.CONNECTED)
+        if xid < 0:  # an event or the answer to the driver's own request
+            self._control_reply(xid, header.err, packet, offset)
             return
         if not self._pending:
             raise kz.ConnectionDropped(f"a reply (xid {xid}) to no request")
@@ -555,8 +545,24 @@ class Connection:
         if header.zxid > 0:
             self.last_zxid = header.zxid
         self._unanswered -= request.size
+        self._answer(request, header.err, packet, offset)
+
+    def _control_reply(self, xid: int, err: int, packet: bytes, offset: int) -> None:
+        """A watch event, or the reply to a ping, an auth or a SetWatches."""
+        if xid == WATCH_XID:
+            self._watch_event(packet, offset)
+        elif xid == PING_XID:
+            self._ping_sent = None
+        elif xid == SET_WATCHES_XID:
+            if err:  # not set again: the watchers must read again themselves
+                log.warning("zk.set_watches_failed", error=err)
+                self._reset_watchers(KeeperState.CONNECTED)
+        elif xid != AUTH_XID:
+            raise kz.ConnectionDropped(f"a reply with xid {xid}, which no request has")
+
+    def _answer(self, request: _Request, err: int, packet: bytes, offset: int) -> None:
+        """Complete ``request`` with its reply (``err`` from the reply header)."""
         record = request.record
-        err = header.err
         if not err and (type(record) in LEADER_RECORDS or record is CloseInstance):
             # applied by the leader (an error reply might have been a member's own answer)
             self._liveness.proved(request.sent)
