@@ -119,6 +119,51 @@ async def ours_queue(hosts: str, batched: bool) -> float:
     return QUEUE_ITEMS / elapsed
 
 
+class _KazooTally:
+    """Counts the items kazoo's consumer threads took; the first is the warm-up."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.consumed = 0
+        self.warm = threading.Event()
+        self.done = threading.Event()
+
+    def count(self) -> None:
+        with self.lock:
+            if not self.warm.is_set():
+                self.warm.set()  # the warm-up item: consumers are running
+                return
+            self.consumed += 1
+            if self.consumed == QUEUE_ITEMS:
+                self.done.set()
+
+
+def _kazoo_consume_plain(client: KazooClient, tally: _KazooTally) -> None:
+    q = Queue(client, "/q")
+    while not tally.done.is_set():
+        if q.get() is None:
+            time.sleep(0.005)  # kazoo's Queue cannot wait for an item: poll
+        else:
+            tally.count()
+
+
+def _kazoo_consume_locking(client: KazooClient, tally: _KazooTally) -> None:
+    q = LockingQueue(client, "/q")
+    while not tally.done.is_set():
+        if q.get(timeout=0.5) is not None:
+            q.consume()
+            tally.count()
+
+
+def _kazoo_put(producer: Queue | LockingQueue, payloads: list[bytes], batched: bool) -> None:
+    if batched:
+        for i in range(0, len(payloads), 100):
+            producer.put_all(payloads[i:i + 100])
+    else:
+        for data in payloads:
+            producer.put(data)
+
+
 def kazoo_queue(hosts: str, kind: str, batched: bool) -> float:
     """Items per second end to end, kazoo's ``Queue`` or ``LockingQueue`` in threads."""
     chroot = _chroot("kqueue")
@@ -129,50 +174,18 @@ def kazoo_queue(hosts: str, kind: str, batched: bool) -> float:
     setup.close()
     payloads = [b"item-%06d" % i for i in range(QUEUE_ITEMS)]
     clients = [_kazoo(hosts, chroot) for _ in range(QUEUE_CONSUMERS + 1)]
-    lock = threading.Lock()
-    consumed = [0]
-    warm = threading.Event()
-    done = threading.Event()
-
-    def count() -> None:
-        with lock:
-            if not warm.is_set():
-                warm.set()  # the warm-up item: consumers are running
-                return
-            consumed[0] += 1
-            if consumed[0] == QUEUE_ITEMS:
-                done.set()
-
-    def consume_plain(client: KazooClient) -> None:
-        q = Queue(client, "/q")
-        while not done.is_set():
-            if q.get() is None:
-                time.sleep(0.005)  # kazoo's Queue cannot wait for an item: poll
-            else:
-                count()
-
-    def consume_locking(client: KazooClient) -> None:
-        q = LockingQueue(client, "/q")
-        while not done.is_set():
-            if q.get(timeout=0.5) is not None:
-                q.consume()
-                count()
-
-    target = consume_plain if kind == "Queue" else consume_locking
-    threads = [threading.Thread(target=target, args=(c,), daemon=True) for c in clients[1:]]
+    tally = _KazooTally()
+    target = _kazoo_consume_plain if kind == "Queue" else _kazoo_consume_locking
+    threads = [threading.Thread(target=target, args=(c, tally), daemon=True)
+               for c in clients[1:]]
     producer = (Queue if kind == "Queue" else LockingQueue)(clients[0], "/q")
     producer.put(b"warm-up")
     for t in threads:
         t.start()
-    warm.wait(30)
+    tally.warm.wait(30)
     start = time.perf_counter()
-    if batched:
-        for i in range(0, QUEUE_ITEMS, 100):
-            producer.put_all(payloads[i:i + 100])
-    else:
-        for data in payloads:
-            producer.put(data)
-    finished = done.wait(60)
+    _kazoo_put(producer, payloads, batched)
+    finished = tally.done.wait(60)
     elapsed = time.perf_counter() - start
     for t in threads:
         t.join(5)

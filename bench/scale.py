@@ -56,8 +56,8 @@ from framework import Session, configure_logging  # noqa: E402
 from framework.primitives import Election, WorkQueue  # noqa: E402
 from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker  # noqa: E402
 from framework.runtime.app import ensure_result_buckets  # noqa: E402
-from framework.runtime.result_index import SlotKeeper, mark_queued, write_record  # noqa: E402
-from framework.runtime.retention import Limit, Retention  # noqa: E402
+from framework.runtime.results.result_index import SlotKeeper, mark_queued, write_record  # noqa: E402
+from framework.runtime.results.retention import Limit, Retention  # noqa: E402
 from framework.testing import Child, python_argv, spawn  # noqa: E402
 from framework.zk import watch_children  # noqa: E402
 from framework.zkserver import ZooKeeperEnsemble  # noqa: E402
@@ -456,22 +456,28 @@ async def _drain(hosts: str, name: str, limit: int) -> None:
         await DrainWorker(limit, name=name).run(session)
 
 
-def main() -> None:
-    global IDLE_WINDOW, ROUNDS, PASS_INTERVAL  # --quick and a --master child set them
-    if sys.argv[1:2] == ["--serve"]:
-        hosts, first, count = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def _child(argv: list[str]) -> bool:
+    """Run this file's child role named by ``argv`` (``--serve``, ``--master``,
+    ``--drain``); False if ``argv`` names none."""
+    global PASS_INTERVAL  # a --master child sets it
+    role = argv[1:2]
+    if role == ["--serve"]:
         configure_logging(level="warning")
-        trio.run(_serve_workers, hosts, first, count)
-        return
-    if sys.argv[1:2] == ["--master"]:
-        PASS_INTERVAL = float(sys.argv[3])
+        trio.run(_serve_workers, argv[2], int(argv[3]), int(argv[4]))
+    elif role == ["--master"]:
+        PASS_INTERVAL = float(argv[3])
         configure_logging(level="warning")
-        trio.run(_run_master, sys.argv[2])
-        return
-    if sys.argv[1:2] == ["--drain"]:
+        trio.run(_run_master, argv[2])
+    elif role == ["--drain"]:
         configure_logging(level="warning")
-        trio.run(_drain, sys.argv[2], sys.argv[3], int(sys.argv[4]))
-        return
+        trio.run(_drain, argv[2], argv[3], int(argv[4]))
+    else:
+        return False
+    return True
+
+
+def _arguments() -> argparse.Namespace:
+    global IDLE_WINDOW, ROUNDS, PASS_INTERVAL  # --quick sets them
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=200)
     parser.add_argument("--per-process", type=int, default=10)
@@ -492,9 +498,10 @@ def main() -> None:
         IDLE_WINDOW, ROUNDS, PASS_INTERVAL = 0.3, 3, 0.2
         args.workers, args.per_process, args.queued = 4, 2, 2_000
         args.master_small, args.master_large, args.drain_large = 200, 400, 80
-    configure_logging(level="warning")
-    for old in LOGS.glob("*.log"):  # the children's logs of this run only
-        old.unlink()
+    return args
+
+
+def _measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     report: dict[str, dict[str, float]] = {}
     if not args.skip_workers:
         report["many_workers"] = trio.run(many_workers, args.workers, args.per_process)
@@ -510,6 +517,17 @@ def main() -> None:
         report["master_rss_growth_between"] = {
             "mb": report["master_large"]["rss_after_drain_mb"]
             - report["master_small"]["rss_after_drain_mb"]}
+    return report
+
+
+def main() -> None:
+    if _child(sys.argv):
+        return
+    args = _arguments()
+    configure_logging(level="warning")
+    for old in LOGS.glob("*.log"):  # the children's logs of this run only
+        old.unlink()
+    report = _measure(args)
     if args.json:
         print(json.dumps(report, indent=2))
         return
