@@ -21,7 +21,7 @@ from framework.runtime.delivery import (
 )
 from framework.runtime.markers import Marker
 from framework.runtime.records import RunningRecord
-from framework.runtime.result_index import SlotKeeper
+from framework.runtime.results.result_index import SlotKeeper
 from framework.runtime.tasks import TaskResult
 
 

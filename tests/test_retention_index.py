@@ -17,7 +17,7 @@ from framework import LeadershipLost, Session
 from framework.primitives import Election, Term, WorkQueue
 from framework.runtime import App, Client, Task, TaskResult, Worker
 from framework.runtime.app import ensure_result_buckets
-from framework.runtime.result_index import (
+from framework.runtime.results.result_index import (
     SlotKeeper,
     entry_path,
     mark_queued,
@@ -25,7 +25,7 @@ from framework.runtime.result_index import (
     slot_of,
     write_record,
 )
-from framework.runtime.retention import Limit, Retention
+from framework.runtime.results.retention import Limit, Retention
 
 HOUR = 3600.0
 

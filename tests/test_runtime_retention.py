@@ -11,7 +11,7 @@ import trio
 
 from framework import ConfigurationError, Session
 from framework.runtime import App, Master, MasterContext, Task, Worker
-from framework.runtime.retention import Limit, _Known
+from framework.runtime.results.retention import Limit, _Known
 from tests.test_runtime import TIMEOUT, nursery_session
 
 RUNS: Counter[str] = Counter()  # handler calls per task id

@@ -13,7 +13,8 @@ from framework import Session
 from framework.primitives.queue import WorkQueue
 from framework.primitives.queue import producer as queue_producer
 from framework.primitives.queue.view import bucket_index, is_bucket, parse_item
-from framework.runtime import App, result_index
+from framework.runtime import App
+from framework.runtime.results import result_index
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import Task
 from framework.testing import spawn
@@ -27,7 +28,8 @@ SUBMITTER = f"""
 import sys, trio
 from framework import Session
 from framework.primitives.queue import WorkQueue
-from framework.runtime import App, result_index
+from framework.runtime import App
+from framework.runtime.results import result_index
 from framework.runtime.submission import Submitter
 
 async def main(hosts, chroot):

@@ -7,7 +7,7 @@ nothing depends on how many people look):
 
 * **recent results** - children watches on ``results-log/``, its newest day and that day's
   slots of now and the previous 10 s (the time index,
-  :mod:`framework.runtime.result_index`: a busy writer makes the next slot ahead, so the
+  :mod:`framework.runtime.results.result_index`: a busy writer makes the next slot ahead, so the
   newest slot is not always the one written); older slots are listed once each.  Up to
   :data:`RECENT_RESULTS` records are read with a data watch: a succeeded one once (it is
   never rewritten), a failed or revoked one again at each re-read (a task run again after
@@ -40,7 +40,7 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.delayed import DelayedRecord, due_of
 from framework.runtime.inspect import item_of
-from framework.runtime.result_index import slot_of
+from framework.runtime.results import slot_of
 from framework.runtime.status import Watches
 from framework.runtime.tasks import Task
 from framework.zk import Session

@@ -24,7 +24,7 @@ from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue, parse_item
 from framework.runtime.app import App, ensure_result_buckets
 from framework.runtime.records import CancelRecord, JobDone, PastRun, decode_or_none
-from framework.runtime.result_index import mark_queued
+from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task, TaskResult
 from framework.zk import Session, validate_name
 

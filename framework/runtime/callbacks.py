@@ -44,7 +44,7 @@ from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.payloads import MAX_TASK_BYTES
-from framework.runtime.result_index import mark_queued
+from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.zk import Session, watch_children
 

@@ -29,7 +29,7 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
-from framework.runtime.result_index import mark_queued
+from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task
 from framework.zk import Session
 

@@ -38,7 +38,7 @@ from framework.retry import Backoff, RetryPolicy
 from framework.runtime import callbacks
 from framework.runtime.app import App
 from framework.runtime.markers import Marker
-from framework.runtime.result_index import SlotKeeper, entry_path, write_record
+from framework.runtime.results.result_index import SlotKeeper, entry_path, write_record
 from framework.runtime.task_types import TaskRules, TaskType
 from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
 from framework.zk import Session, cleanup_scope

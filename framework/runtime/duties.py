@@ -2,7 +2,7 @@
 
 A master's leader moves delayed tasks into the queue (:mod:`~framework.runtime.delayed`),
 fires periodic schedules (:mod:`~framework.runtime.schedules`) and applies retention
-(:mod:`~framework.runtime.retention`).  An app deployed with workers only (Celery's
+(:mod:`~framework.runtime.results.retention`).  An app deployed with workers only (Celery's
 ``beat``, RQ's ``worker --with-scheduler``) needs the same, so its workers elect one of
 themselves to do it: :class:`Duties`, a part of every :class:`~framework.runtime.Worker` that
 takes tasks (``duties = False`` on a worker class keeps its processes out).
@@ -21,9 +21,9 @@ expired) the holder resumes.  The holder watches only the masters' leader node (
 
 **The same code, the same guarantees.**  The holder runs the master's own
 :class:`~framework.runtime.delayed.DelayedMover`, :class:`~framework.runtime.schedules.Scheduler`
-and :class:`~framework.runtime.retention.Retention`, fenced by its term in ``duties/`` exactly
-as a master's are fenced by its term in ``masters/``: every write is a multi that checks the
-holder's election node.  So a deposed holder writes nothing (its node is gone once its session
+and :class:`~framework.runtime.results.retention.Retention`, fenced by its term in
+``duties/`` exactly as a master's are fenced by its term in ``masters/``: every write is a
+multi that checks the holder's election node.  So a deposed holder writes nothing (its node is gone once its session
 expired); a schedule's slot is fired in the same multi that moves its record on at the version
 read, so two firers - a holder and a master during a handover, or a holder resuming from a
 pause - never fire one slot twice, and with ``CatchUp.ALL`` the next firer fires every slot
@@ -58,7 +58,7 @@ from framework.runtime.canvas import CanvasDriver
 from framework.runtime.delayed import DelayedMover
 from framework.runtime.master import Master
 from framework.runtime.records import MasterIdentity
-from framework.runtime.retention import Retention, limits_of
+from framework.runtime.results.retention import Retention, limits_of
 from framework.runtime.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.zk import Session

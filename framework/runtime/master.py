@@ -42,7 +42,7 @@ from framework.runtime.cancel import is_cancelled, wait_cancelled
 from framework.runtime.delayed import DelayedMover
 from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
-from framework.runtime.retention import Retention, limits_of
+from framework.runtime.results.retention import Retention, limits_of
 from framework.runtime.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, read_result

@@ -65,7 +65,7 @@ from framework.runtime.delivery import (
 from framework.runtime.handlers import HandlerPool
 from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
 from framework.runtime.records import RunningRecord
-from framework.runtime.result_index import SlotKeeper
+from framework.runtime.results.result_index import SlotKeeper
 from framework.runtime.soft_limit import run_with_soft_limit
 from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
 from framework.runtime.tasks import DEFAULT_TASK, Outcome, Task, TaskResult

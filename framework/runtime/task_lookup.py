@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from framework import errors, records
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
-from framework.runtime.result_index import read_mark, still_queued
+from framework.runtime.results.result_index import read_mark, still_queued
 from framework.zk import Session, gather
 
 #: Reads of queued items or delayed nodes in flight at once while looking for a task id.

@@ -13,7 +13,7 @@ pass, in fenced multis (a deposed master deletes nothing).  The rules:
   records: the 10-second slot of the time index they were written in).
 
 Result records are walked through their time index and checked one by one against the
-queued markers (:mod:`framework.runtime.retention_results`): the master keeps nothing per
+queued markers (:mod:`framework.runtime.results.retention_results`): the master keeps nothing per
 record or per queued task, and never lists the queue.  What a pass knows of ``dead/`` and
 ``failures/`` (each bounded by its own limits) survives between passes of one term, so each
 of those is read once, not once per pass.
@@ -35,11 +35,11 @@ from framework.logs import get_logger
 from framework.primitives import Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
-from framework.runtime.retention_results import ResultTrimmer, bounded, commit_fenced_delete
+from framework.runtime.results.retention_results import ResultTrimmer, bounded, commit_fenced_delete
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, Stat, gather
 
-log = get_logger("framework.runtime.retention")
+log = get_logger("framework.runtime.results.retention")
 
 #: Deletions per fenced multi (well under a request's size limit: ~200 bytes each).
 DELETES_PER_MULTI = 100
@@ -138,7 +138,7 @@ class Retention:
     async def apply(self) -> dict[str, int]:
         """One pass; returns how many records of each kind it deleted.  At most ``batch``
         dead letters and failure records are deleted, then up to ``batch`` minus those
-        result records are looked at (see :mod:`framework.runtime.retention_results`)."""
+        result records are looked at (see :mod:`framework.runtime.results.retention_results`)."""
         now = time.time()
         await gather(self._scan_dead, self._scan_failures)
         budget = self.batch

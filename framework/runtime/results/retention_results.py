@@ -1,6 +1,6 @@
 """Retention of ``results/``: one pass walks the records' time index oldest first.
 
-The index (:mod:`framework.runtime.result_index`) is walked day by day, slot by slot; a
+The index (:mod:`framework.runtime.results.result_index`) is walked day by day, slot by slot; a
 pass stops at the first slot that is neither over the age limit nor needed to bring the
 count under its limit, or once it has looked at ``budget`` entries.  Each entry looked at
 costs an ``exists`` of its record and a ``get`` of its key's queued marker (sent together);
@@ -30,7 +30,7 @@ from framework import errors
 from framework.logs import get_logger
 from framework.primitives import Term
 from framework.runtime.app import App, ensure_buckets
-from framework.runtime.result_index import (
+from framework.runtime.results.result_index import (
     SLOTS_PER_DAY,
     SlotKeeper,
     day_path,
