@@ -21,7 +21,7 @@ from framework import errors, records
 from framework.primitives import Election
 from framework.runtime import Client, MasterIdentity, Task, Worker, task
 from framework.runtime.duties import duties_path
-from framework.runtime.schedules import ScheduleRecord
+from framework.runtime.scheduling.schedules import ScheduleRecord
 from framework.testing import Child, python_argv, spawn
 from framework.zk import Session, wait_exists, wait_gone
 

@@ -16,8 +16,8 @@ from framework import Session, records
 from framework.cli import parse_eta
 from framework.errors import FrameworkError
 from framework.runtime import App, Client, Master, MasterContext, every
-from framework.runtime.delayed import DelayedRecord
-from framework.runtime.schedules import NS, ScheduleRecord
+from framework.runtime.scheduling.delayed import DelayedRecord
+from framework.runtime.scheduling.schedules import NS, ScheduleRecord
 from framework.zk import watch_data
 from tests.test_cli_ops import APP, Echo, cli, serve, wait_children, zk
 

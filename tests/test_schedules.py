@@ -12,7 +12,7 @@ import trio
 
 from framework import ConfigurationError, Session, records
 from framework.runtime import CatchUp, Master, MasterContext, Task, Worker, cron, every, task
-from framework.runtime.schedules import NS, ScheduleRecord
+from framework.runtime.scheduling.schedules import NS, ScheduleRecord
 from framework.testing import python_argv, spawn
 from framework.zk import wait_exists
 

@@ -20,7 +20,7 @@ from framework import records
 from framework.metrics import TaskStats
 from framework.runtime.inspect import schedule_rows
 from framework.runtime.records import MemberStatus
-from framework.runtime.schedules import Schedule, ScheduleRecord
+from framework.runtime.scheduling import Schedule, ScheduleRecord
 from framework.runtime.status import AppState
 
 #: Samples kept for the charts (one per :data:`SAMPLE_INTERVAL`).

@@ -27,7 +27,7 @@ from framework.runtime.records import (
 )
 from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
-from framework.runtime.schedules import CatchUp, Schedule, cron, every
+from framework.runtime.scheduling.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
 from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.status import (

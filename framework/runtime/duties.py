@@ -1,7 +1,7 @@
 """The app's duties in worker-only deployments: delayed tasks, schedules and retention.
 
-A master's leader moves delayed tasks into the queue (:mod:`~framework.runtime.delayed`),
-fires periodic schedules (:mod:`~framework.runtime.schedules`) and applies retention
+A master's leader moves delayed tasks into the queue (:mod:`~framework.runtime.scheduling.delayed`),
+fires periodic schedules (:mod:`~framework.runtime.scheduling.schedules`) and applies retention
 (:mod:`~framework.runtime.results.retention`).  An app deployed with workers only (Celery's
 ``beat``, RQ's ``worker --with-scheduler``) needs the same, so its workers elect one of
 themselves to do it: :class:`Duties`, a part of every :class:`~framework.runtime.Worker` that
@@ -20,10 +20,11 @@ When the masters' election empties (the last master exited, or was killed and it
 expired) the holder resumes.  The holder watches only the masters' leader node (one watch).
 
 **The same code, the same guarantees.**  The holder runs the master's own
-:class:`~framework.runtime.delayed.DelayedMover`, :class:`~framework.runtime.schedules.Scheduler`
-and :class:`~framework.runtime.results.retention.Retention`, fenced by its term in
-``duties/`` exactly as a master's are fenced by its term in ``masters/``: every write is a
-multi that checks the holder's election node.  So a deposed holder writes nothing (its node is gone once its session
+:class:`~framework.runtime.scheduling.DelayedMover`,
+:class:`~framework.runtime.scheduling.Scheduler` and
+:class:`~framework.runtime.results.Retention`, fenced by its term in ``duties/`` exactly as a
+master's are fenced by its term in ``masters/``: every write is a multi that checks the
+holder's election node.  So a deposed holder writes nothing (its node is gone once its session
 expired); a schedule's slot is fired in the same multi that moves its record on at the version
 read, so two firers - a holder and a master during a handover, or a holder resuming from a
 pause - never fire one slot twice, and with ``CatchUp.ALL`` the next firer fires every slot
@@ -55,11 +56,11 @@ from framework.logs import get_logger
 from framework.primitives import Election, Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.canvas import CanvasDriver
-from framework.runtime.delayed import DelayedMover
 from framework.runtime.master import Master
 from framework.runtime.records import MasterIdentity
 from framework.runtime.results.retention import Retention, limits_of
-from framework.runtime.schedules import Schedule, Scheduler
+from framework.runtime.scheduling.delayed import DelayedMover
+from framework.runtime.scheduling.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.zk import Session
 

@@ -37,9 +37,9 @@ import attrs
 from framework import errors, records
 from framework.primitives.queue import WorkQueue, parse_item
 from framework.runtime.app import App
-from framework.runtime.delayed import DelayedRecord, due_of
 from framework.runtime.records import MemberState, RunningRecord, decode_or_none
-from framework.runtime.schedules import NS, Schedule, ScheduleRecord
+from framework.runtime.scheduling.delayed import DelayedRecord, due_of
+from framework.runtime.scheduling.schedules import NS, Schedule, ScheduleRecord
 from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import Task
 from framework.zk import Session, gather

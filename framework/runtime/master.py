@@ -39,11 +39,11 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, app_of, check_name, ensure_layout, process_name
 from framework.runtime.assignment import plan_assignment
 from framework.runtime.cancel import is_cancelled, wait_cancelled
-from framework.runtime.delayed import DelayedMover
 from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.replicated import ReplicatedPlacement, StepHook, commit_fenced
 from framework.runtime.results.retention import Retention, limits_of
-from framework.runtime.schedules import Schedule, Scheduler
+from framework.runtime.scheduling.delayed import DelayedMover
+from framework.runtime.scheduling.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, read_result
 from framework.zk import Session, cleanup_scope, gather, single_body_error

@@ -44,9 +44,9 @@ import trio
 from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
-from framework.runtime.delayed import delay, due_time
 from framework.runtime.payloads import PayloadStore, store_from, too_large
 from framework.runtime.results.result_index import mark_queued, read_mark, still_queued
+from framework.runtime.scheduling.delayed import delay, due_time
 from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import Task, TaskResult, new_task
 from framework.zk import Session, gather

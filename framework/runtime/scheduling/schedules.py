@@ -49,7 +49,7 @@ from framework.runtime.app import App, check_name
 from framework.runtime.tasks import new_task
 from framework.zk import Session
 
-log = get_logger("framework.runtime.schedules")
+log = get_logger("framework.runtime.scheduling.schedules")
 
 #: Most missed slots ``CatchUp.ALL`` fires after a failover.
 MAX_CATCH_UP = 1000

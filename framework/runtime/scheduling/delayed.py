@@ -33,7 +33,7 @@ from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task
 from framework.zk import Session
 
-log = get_logger("framework.runtime.delayed")
+log = get_logger("framework.runtime.scheduling.delayed")
 
 #: Seconds of one ``delayed/`` bucket.
 BUCKET_SECONDS = 60
