@@ -18,7 +18,7 @@ from framework.runtime import (
     ReplicatedPlacement,
     Worker,
 )
-from framework.runtime import replicated as replicated_module
+from framework.runtime.placement import replicated as replicated_module
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone, watch_children, watch_data
 

@@ -1,7 +1,6 @@
 """Layer 4: the master/worker runtime (subclass ``Master`` and ``Worker``)."""
 
 from framework.runtime.app import App
-from framework.runtime.assignment import plan_assignment, plan_replicas
 from framework.runtime.blocking import BlockingClient, ClientClosedError
 from framework.runtime.canvas import (
     Canvas,
@@ -17,7 +16,9 @@ from framework.runtime.canvas import (
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
 from framework.runtime.payloads import LocalDirectoryStore, PayloadMissing, PayloadStore
-from framework.runtime.placement_rules import PlacementRules, Readiness, confirmed_records
+from framework.runtime.placement.assignment import plan_assignment, plan_replicas
+from framework.runtime.placement.placement_rules import PlacementRules, Readiness, confirmed_records
+from framework.runtime.placement.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.records import (
     MasterIdentity,
     MemberState,
@@ -25,7 +26,6 @@ from framework.runtime.records import (
     Plan,
     Revocation,
 )
-from framework.runtime.replicated import ReplicatedPlacement, commit_fenced
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.scheduling.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service

@@ -164,7 +164,7 @@ class ShardServer:
         Confirmation: ``confirm_after`` seconds into the block, if the session is still
         trusted, the record is written again (version 0 -> 1).  The leader drops a replica
         of a shard only when every replica that stays has a confirmed record, checked in
-        the same transaction (:mod:`framework.runtime.replicated`): a worker that froze
+        the same transaction (:mod:`framework.runtime.placement.replicated`): a worker that froze
         right after it announced (a pause with its session still alive) is never left as
         the only replica."""
         session = self.worker.session

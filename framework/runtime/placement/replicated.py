@@ -12,7 +12,7 @@ under the app (see :mod:`framework.runtime.app`)::
 
 Its view comes from watches only: group membership (live workers), each shard's
 ``deployed/`` and ``refused/`` children.  On any change it computes the next plan with
-:func:`~framework.runtime.assignment.plan_replicas` and writes what differs - new shards with
+:func:`~framework.runtime.placement.plan_replicas` and writes what differs - new shards with
 their directories, plans, assignment changes - in one multi fenced by the leader's election
 node.  A worker that leaves still counts as live for ``node_grace`` seconds (safe mode; the
 only timer); at start the leader waits ``stable_for`` seconds and resumes from ZooKeeper.
@@ -48,8 +48,8 @@ from framework.primitives import is_fence_failure
 from framework.records import CorruptRecord
 from framework.retry import Backoff
 from framework.runtime.app import check_name
-from framework.runtime.assignment import plan_replicas
-from framework.runtime.placement_rules import (
+from framework.runtime.placement.assignment import plan_replicas
+from framework.runtime.placement.placement_rules import (
     NewShardHook,
     PlacementRules,
     Readiness,
@@ -77,7 +77,7 @@ class LeaderContext(Protocol):
     def watch_workers(self) -> AsyncIterator[dict[str, dict[str, Any]]]: ...
 
 
-log = get_logger("framework.runtime.replicated")
+log = get_logger("framework.runtime.placement.replicated")
 
 #: Delays before re-reading ZooKeeper after a failed placement step.
 STEP_RETRY = Backoff(0.1, 2.0)

@@ -1,6 +1,6 @@
 """What an application says about the replicated placement: readiness and rules.
 
-A *ready rule* tells the placement loop (:class:`~framework.runtime.replicated.
+A *ready rule* tells the placement loop (:class:`~framework.runtime.placement.replicated.
 ReplicatedPlacement`) which replicas of a shard count as ready, so that another may leave
 (:class:`Readiness`); :func:`confirmed_records` is the default (Katta's confirmed deployment
 records).  :class:`PlacementRules` constrain where replicas go and which may leave.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
-    from framework.runtime.replicated import ReplicatedPlacement
+    from framework.runtime.placement.replicated import ReplicatedPlacement
 
 
 @attrs.frozen
@@ -51,7 +51,7 @@ NewShardHook = Callable[[Any, str, list[str]], None]
 @attrs.frozen
 class PlacementRules:
     """Constraints an application puts on the placement (see
-    :func:`~framework.runtime.assignment.plan_replicas` for their exact meaning).
+    :func:`~framework.runtime.placement.assignment.plan_replicas` for their exact meaning).
 
     ``retiring``: workers on their way out - they keep their replicas until they leave the
     group, get no new one and are never the one dropped.  ``avoid``: workers that get a new

@@ -67,7 +67,7 @@ def plan_replicas(
 
     ``live`` are the workers that may hold replicas, ``serving[shard]`` the workers whose
     replica counts as *ready* (a confirmed deployment record by default; the application's
-    own rule otherwise, see :class:`~framework.runtime.replicated.ReplicatedPlacement`),
+    own rule otherwise, see :class:`~framework.runtime.placement.replicated.ReplicatedPlacement`),
     ``replication`` the number of replicas R (one for all shards, or one per shard),
     ``excluded[shard]`` workers never to choose for it (they refused it).  Every master
     computes the same plan from the same inputs (ties break by name).  Guarantees, for every
