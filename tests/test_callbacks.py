@@ -17,9 +17,10 @@ import trio
 from framework import Session, errors
 from framework.cli import main as cli_main
 from framework.primitives.queue import WorkQueue
-from framework.runtime import App, Client, Outcome, Task, TaskResult, Worker, callbacks, task
+from framework.runtime import App, Client, Outcome, Task, TaskResult, Worker, task
 from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.task_types import TaskOptions
+from framework.runtime.workflows import callbacks
 from framework.testing import Child, spawn
 from framework.testing.stub import StubApp
 
@@ -244,11 +245,11 @@ async def test_a_callback_is_queued_once_across_a_kill_9(
 
 async def test_the_stub_honours_callbacks_expires_and_soft_limits() -> None:
     app = StubApp(Hooks, app="stubbed")
-    await app.submit("double", 5, task_id="d")
-    await app.submit("boom", "x", task_id="b")
-    await app.submit("double", 1, task_id="late", eta=time.time() - 10, expires=1)
-    await app.submit("tidy", task_id="t")
-    await app.submit("stubborn", task_id="s")
+    await app.submit("double", 5, key="d")
+    await app.submit("boom", "x", key="b")
+    await app.submit("double", 1, key="late", eta=time.time() - 10, expires=1)
+    await app.submit("tidy", key="t")
+    await app.submit("stubborn", key="s")
     await app.join()
     assert app.result("d.on_success") is not None
     assert app.result("b.on_failure.1") is not None

@@ -2,17 +2,6 @@
 
 from framework.runtime.app import App
 from framework.runtime.blocking import BlockingClient, ClientClosedError
-from framework.runtime.canvas import (
-    Canvas,
-    CanvasRecord,
-    Signature,
-    apply_canvas,
-    canvas_result,
-    chain,
-    chord,
-    group,
-    sig,
-)
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
 from framework.runtime.payloads import LocalDirectoryStore, PayloadMissing, PayloadStore
@@ -43,6 +32,17 @@ from framework.runtime.submission import Existing, TaskExists
 from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
+from framework.runtime.workflows.canvas import (
+    Canvas,
+    CanvasRecord,
+    Signature,
+    apply_canvas,
+    canvas_result,
+    chain,
+    chord,
+    group,
+    sig,
+)
 
 __all__ = [
     "App",

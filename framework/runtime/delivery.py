@@ -35,12 +35,12 @@ import trio
 from framework import errors
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
 from framework.retry import Backoff, RetryPolicy
-from framework.runtime import callbacks
 from framework.runtime.app import App
 from framework.runtime.markers import Marker
 from framework.runtime.results.result_index import SlotKeeper, entry_path, write_record
 from framework.runtime.task_types import TaskRules, TaskType
 from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
+from framework.runtime.workflows import callbacks
 from framework.zk import Session, cleanup_scope
 
 #: Longest error message kept in a failure record (a record must fit in one znode).
@@ -186,7 +186,7 @@ class Delivery:
 
     def callback(self, result: TaskResult) -> Task | None:
         """The callback task ``result`` owes (the submit's ``on_success`` /
-        ``on_failure``, else its type's; see :mod:`framework.runtime.callbacks`)."""
+        ``on_failure``, else its type's; see :mod:`framework.runtime.workflows.callbacks`)."""
         task, options = self.task, self.rules.kind.options if self.rules else None
         return callbacks.callback_for(
             task, result,
@@ -199,7 +199,7 @@ class Delivery:
         version read over a failure record), the marker's delete and - ``revoked`` - the
         ``revoked/`` node go in the transaction that acks the item, combined with the
         other slots' acks, and so does the pending node of a success's callback
-        (:mod:`framework.runtime.callbacks`).  If the server refuses the record's part (a
+        (:mod:`framework.runtime.workflows.callbacks`).  If the server refuses the record's part (a
         record written meanwhile, a slot deleted), the record (and callback) are written
         alone before the ack.  Raises
         :class:`~framework.errors.PermanentFailure`, before anything is written, if the
@@ -264,7 +264,7 @@ class Delivery:
                     await ctx.session.delete(f"{ctx.app.failures}/f-{old:010d}",
                                              missing_ok=True)
                 callback = self.callback(result) if final else None
-                if callback is not None:  # before the record: see framework.runtime.callbacks
+                if callback is not None:  # before the record: see workflows.callbacks
                     await callbacks.write(ctx.session, ctx.app, callback)
                     self.callback_node = callbacks.node_of(ctx.app, callback)
                 if final:

@@ -12,7 +12,7 @@ sequential-ephemeral contenders, each watching only its predecessor).  The one e
 *duty holder*; the others stand by in line.
 
 **Canvases.** The holder also drives the app's ``chain``/``group``/``chord`` canvases
-(:class:`~framework.runtime.canvas.CanvasDriver`), whether or not a master leads.
+(:class:`~framework.runtime.workflows.canvas.CanvasDriver`), whether or not a master leads.
 
 **A leading master takes over.** While the app's masters' election has a leader, the duty
 holder stands aside (``deferred``): the master's leader does the duties, as it always did.
@@ -55,13 +55,13 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives import Election, Term
 from framework.primitives.queue import WorkQueue
-from framework.runtime.canvas import CanvasDriver
 from framework.runtime.master import Master
 from framework.runtime.records import MasterIdentity
 from framework.runtime.results.retention import Retention, limits_of
 from framework.runtime.scheduling.delayed import DelayedMover
 from framework.runtime.scheduling.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
+from framework.runtime.workflows.canvas import CanvasDriver
 from framework.zk import Session
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class Duties:
 
     async def _hold(self, session: Session, term: Term) -> None:
         """Do the duties while no master leads; stand aside while one does.  Drive the
-        app's canvases (:mod:`framework.runtime.canvas`) all along."""
+        app's canvases (:mod:`framework.runtime.workflows.canvas`) all along."""
         masters = Election(session, self.worker.app.masters)
         await session.ensure_path(self.worker.app.masters)
         async with trio.open_nursery() as nursery:

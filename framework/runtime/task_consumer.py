@@ -4,7 +4,7 @@ Options per task (the submit's, else its type's): a task past its ``expires`` ti
 slot takes it is acknowledged with outcome ``expired`` and never run; an ``async def``
 handler gets :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` at its
 ``soft_time_limit``; ``on_success`` / ``on_failure`` callbacks are written with the ack (or
-the final failure) and queued right after it (:mod:`framework.runtime.callbacks`).
+the final failure) and queued right after it (:mod:`framework.runtime.workflows.callbacks`).
 
 :class:`TaskConsumer` runs ``concurrency`` slots.  Each slot claims a task (at-least-once:
 an item is deleted only after the handler returned and its result was recorded, in the same
@@ -50,7 +50,7 @@ import trio
 from framework import errors, metrics
 from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
-from framework.runtime import callbacks, payloads
+from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
 from framework.runtime.delivery import (
     MAX_ERROR_CHARS,
@@ -69,6 +69,7 @@ from framework.runtime.results.result_index import SlotKeeper
 from framework.runtime.soft_limit import run_with_soft_limit
 from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
 from framework.runtime.tasks import DEFAULT_TASK, Outcome, Task, TaskResult
+from framework.runtime.workflows import callbacks
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 
 log = get_logger(__name__)

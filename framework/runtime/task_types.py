@@ -18,8 +18,8 @@ minute or hour (``"20/s"``, ``"100/m"``, ``"500/h"``).
 Callbacks and limits (Celery's ``link`` / ``link_error``, ``expires``, ``soft_time_limit``;
 RQ's and Dramatiq's ``on_success`` / ``on_failure``): ``on_success="report"`` queues a task
 of type ``report`` once the task succeeded, ``on_failure="alert"`` one once it failed for
-good (:mod:`framework.runtime.callbacks`); ``expires=60`` records a task not started within
-60 s of its submit as ``expired`` without running it; ``soft_time_limit=5`` raises
+good (:mod:`framework.runtime.workflows.callbacks`); ``expires=60`` records a task not
+started within 60 s of its submit as ``expired`` without running it; ``soft_time_limit=5`` raises
 :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` inside an ``async def`` handler
 after 5 s (below ``time_limit``).  A submit's own values override the type's.
 

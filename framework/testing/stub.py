@@ -59,21 +59,21 @@ import trio
 
 from framework import errors
 from framework.retry import RetryPolicy
-from framework.runtime import callbacks
-from framework.runtime.canvas import (
+from framework.runtime.handlers import HandlerPool
+from framework.runtime.master import Master
+from framework.runtime.scheduling.delayed import due_time
+from framework.runtime.soft_limit import run_with_soft_limit
+from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
+from framework.runtime.worker import Worker
+from framework.runtime.workflows import (
     FAILED,
     SUCCEEDED,
     Canvas,
     CanvasRecord,
+    callback_for,
     failure_text,
     step_key,
 )
-from framework.runtime.delayed import due_time
-from framework.runtime.handlers import HandlerPool
-from framework.runtime.master import Master
-from framework.runtime.soft_limit import run_with_soft_limit
-from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
-from framework.runtime.worker import Worker
 
 __all__ = ["StubApp", "StubMasterContext", "TaskFailed"]
 
@@ -264,10 +264,10 @@ class StubApp:
 
     def _call_back(self, task: Task, result: TaskResult) -> None:
         """Queue the callback ``result`` owes (the submit's, else the type's), as the
-        worker would (:mod:`framework.runtime.callbacks`); a callback type the worker
+        worker would (:mod:`framework.runtime.workflows.callbacks`); a callback type the worker
         lacks is a :class:`~framework.errors.ConfigurationError`."""
         options = self.worker.task_types[task.name].options
-        callback = callbacks.callback_for(
+        callback = callback_for(
             task, result, on_success=task.on_success or options.on_success,
             on_failure=task.on_failure or options.on_failure)
         if callback is not None:
@@ -312,7 +312,7 @@ class StubApp:
 
     async def run_canvas(self, canvas: Canvas, *, canvas_id: str | None = None) -> CanvasRecord:
         """Run a ``chain``/``group``/``chord`` now, as the app's driver would (the same
-        payloads, task ids and errors; see :mod:`framework.runtime.canvas`), running
+        payloads, task ids and errors; see :mod:`framework.runtime.workflows.canvas`), running
         whatever else is queued meanwhile; returns its final record."""
         cid = canvas_id or uuid.uuid4().hex
         record = CanvasRecord(canvas.kind, canvas.steps, canvas.callback, created=time.time())

@@ -15,7 +15,8 @@ import sys
 
 import trio
 
-from framework.runtime import Task, Worker, callbacks, task
+from framework.runtime import Task, Worker, task
+from framework.runtime.workflows import callbacks
 
 APP = "cb"
 EVIDENCE = f"/apps/{APP}/evidence"
