@@ -158,7 +158,7 @@ def json_default(value: Any) -> Any:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from framework.runtime import gather_status
-    from framework.runtime.actions import known_apps
+    from framework.runtime.operations import known_apps
 
     app = _app(args.app)
     if args.watch:
@@ -237,7 +237,7 @@ def _cmd_result(args: argparse.Namespace) -> int:
 
     from framework import records
     from framework.runtime import Client
-    from framework.runtime.actions import require_app
+    from framework.runtime.operations import require_app
 
     async def work(session: Any) -> Any:
         client = Client(session, args.app)
@@ -277,7 +277,7 @@ def _cmd_dead(args: argparse.Namespace) -> int:
     if args.action == "requeue" and bool(args.all) == bool(args.keys):
         raise FrameworkError("dead requeue needs the KEYs of the dead letters, or --all")
 
-    from framework.runtime.actions import require_app
+    from framework.runtime.operations import require_app
 
     async def work(session: Any) -> list[Any]:
         client = Client(session, args.app)
@@ -332,7 +332,7 @@ def _cmd_dead(args: argparse.Namespace) -> int:
 
 def _cmd_purge(args: argparse.Namespace) -> int:
     from framework.runtime import Client
-    from framework.runtime.actions import known_apps
+    from framework.runtime.operations import known_apps
 
     app = _app(args.app)
 
@@ -388,8 +388,8 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
     import socket
 
     from framework.runtime import Client, Revocation
-    from framework.runtime.actions import require_app
     from framework.runtime.client import UnknownTask
+    from framework.runtime.operations import require_app
 
     app = _app(args.app)
     by = f"{socket.gethostname()}-{os.getpid()}"
@@ -448,7 +448,7 @@ def _payload_text(args: argparse.Namespace) -> tuple[str, str]:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from framework.runtime import Client
-    from framework.runtime.actions import require_app
+    from framework.runtime.operations import require_app
 
     if args.eta is not None and args.countdown is not None:
         raise FrameworkError("give --countdown or --eta, not both")
@@ -503,8 +503,8 @@ def parse_eta(text: str, now: float | None = None) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from framework.runtime import inspect as look
-    from framework.runtime.actions import require_app
+    from framework.runtime import operations as look
+    from framework.runtime.operations import require_app
 
     app = _app(args.app)
     schedules = _schedules_of(args.schedules) if args.schedules else None

@@ -22,7 +22,7 @@ from framework.runtime import (
     TaskExists,
     Worker,
 )
-from framework.runtime.actions import UnknownApp
+from framework.runtime.operations.actions import UnknownApp
 
 APP = "blocking"
 

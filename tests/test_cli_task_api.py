@@ -19,8 +19,8 @@ from framework import Session
 from framework.dashboard.asgi import dashboard_app
 from framework.dashboard.model import Model
 from framework.runtime import App, Client, Revocation
-from framework.runtime.actions import UnknownApp
 from framework.runtime.client import UnknownTask
+from framework.runtime.operations.actions import UnknownApp
 from tests.test_cli_ops import APP, Echo, cli, serve, wait_children, zk
 
 

@@ -17,9 +17,9 @@ import trio
 
 from framework import PermanentFailure, Session, records
 from framework.runtime import App, Client, Master, MasterContext, Task, Worker
-from framework.runtime.actions import history_path, rerun
+from framework.runtime.operations.actions import history_path, rerun
+from framework.runtime.operations.status import generations
 from framework.runtime.records import JobDone, PastRun
-from framework.runtime.status import generations
 from framework.testing import spawn
 from framework.zk import wait_exists
 from tests.test_cli_ops import Idle, cli, unchecked, wait_children, zk

@@ -27,8 +27,8 @@ from framework.runtime import (
     task,
 )
 from framework.runtime.app import App
+from framework.runtime.operations.status import AppStatus, Watches, gather_status, render_status
 from framework.runtime.scheduling.delayed import BUCKET_SECONDS
-from framework.runtime.status import AppStatus, Watches, gather_status, render_status
 from framework.runtime.task_types import Catalog, RateLimit, collect
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone

@@ -5,7 +5,7 @@ workers publish), :mod:`.feed` (the watches that fill it, held once per dashboar
 :mod:`.asgi` (the page, server-sent events, JSON API, ``/metrics``, the token check),
 :mod:`.prom` (Prometheus families from the model, ``framework_app_*``), :mod:`.server`
 (hypercorn on trio; no token off loopback is refused).  Lookups and actions are
-:mod:`framework.runtime.actions`.  See ``docs/dashboard.md``.
+:mod:`framework.runtime.operations.actions`.  See ``docs/dashboard.md``.
 """
 
 from framework.dashboard.model import AppModel, Model

@@ -40,7 +40,7 @@ from framework import errors
 from framework.dashboard import prom
 from framework.dashboard.model import Model
 from framework.logs import get_logger
-from framework.runtime import actions
+from framework.runtime import operations as actions
 from framework.runtime.app import App
 from framework.zk import Session
 
@@ -134,7 +134,7 @@ def dashboard_app(model: Model, session: Session, *, token: str | None = None) -
 
 async def _revoke(session: Session, app: str, task_id: str) -> str:
     """Revoke ``task_id`` of ``app`` as ``framework revoke`` does; an unknown app or task,
-    or a bad name, is an :class:`~framework.runtime.actions.ActionError` (400)."""
+    or a bad name, is an :class:`~framework.runtime.operations.actions.ActionError` (400)."""
     from framework.runtime import Client
     from framework.runtime.client import UnknownTask
 

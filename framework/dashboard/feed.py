@@ -42,7 +42,7 @@ from framework.primitives import ConfigStore, Group
 from framework.primitives.election import contenders_of
 from framework.primitives.queue import is_bucket
 from framework.runtime.app import App
-from framework.runtime.status import result_count
+from framework.runtime.operations import result_count
 from framework.runtime.tasks import TaskResult
 from framework.zk import Session, validate_name, watch_children, watch_data
 

@@ -18,10 +18,9 @@ import trio
 
 from framework import records
 from framework.metrics import TaskStats
-from framework.runtime.inspect import schedule_rows
+from framework.runtime.operations import AppState, schedule_rows
 from framework.runtime.records import MemberStatus
 from framework.runtime.scheduling import Schedule, ScheduleRecord
-from framework.runtime.status import AppState
 
 #: Samples kept for the charts (one per :data:`SAMPLE_INTERVAL`).
 HISTORY = 300
@@ -157,7 +156,7 @@ class AppModel:
 
     @property
     def state(self) -> str:
-        """:class:`~framework.runtime.status.AppState`'s value, or ``stale``: neither done
+        """:class:`~framework.runtime.operations.AppState`'s value, or ``stale``: neither done
         nor cancelled, and no live process (no master in the election, no member)."""
         state = AppState.of(cancelled=self.cancelled is not None, done=self.done is not None,
                             led=bool(self.contenders))

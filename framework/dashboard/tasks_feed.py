@@ -38,10 +38,9 @@ from framework import errors, records
 from framework.dashboard.model import AppModel, json_doc
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
-from framework.runtime.inspect import item_of
+from framework.runtime.operations import Watches, item_of
 from framework.runtime.results import slot_of
 from framework.runtime.scheduling import DelayedRecord, due_of
-from framework.runtime.status import Watches
 from framework.runtime.tasks import Task
 from framework.zk import Session
 

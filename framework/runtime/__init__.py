@@ -4,6 +4,15 @@ from framework.runtime.app import App
 from framework.runtime.blocking import BlockingClient, ClientClosedError
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.master import Master, MasterContext
+from framework.runtime.operations.status import (
+    AppStatus,
+    AppSummary,
+    Watches,
+    gather_status,
+    list_apps,
+    render_apps,
+    render_status,
+)
 from framework.runtime.payloads import LocalDirectoryStore, PayloadMissing, PayloadStore
 from framework.runtime.placement.assignment import plan_assignment, plan_replicas
 from framework.runtime.placement.placement_rules import PlacementRules, Readiness, confirmed_records
@@ -19,15 +28,6 @@ from framework.runtime.runner import load_class, run_component
 from framework.runtime.scheduling.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
 from framework.runtime.soft_limit import SoftTimeLimitExceeded
-from framework.runtime.status import (
-    AppStatus,
-    AppSummary,
-    Watches,
-    gather_status,
-    list_apps,
-    render_apps,
-    render_status,
-)
 from framework.runtime.submission import Existing, TaskExists
 from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task

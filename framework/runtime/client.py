@@ -28,12 +28,12 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.records import CorruptRecord
-from framework.runtime import actions
 from framework.runtime.app import App, ensure_layout
+from framework.runtime.operations import actions
+from framework.runtime.operations.task_lookup import where_is
 from framework.runtime.payloads import PayloadStore
 from framework.runtime.records import CancelRecord, PastRun, Revocation, RevokeRecord
 from framework.runtime.submission import Existing, Submitter
-from framework.runtime.task_lookup import where_is
 from framework.runtime.task_types import TypeInfo
 from framework.runtime.tasks import Outcome, Task, TaskResult, read_result
 from framework.zk import Session, gather, validate_name

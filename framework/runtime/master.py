@@ -37,7 +37,7 @@ from framework.logs import get_logger
 from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, app_of, check_name, ensure_layout, process_name
-from framework.runtime.cancel import is_cancelled, wait_cancelled
+from framework.runtime.operations.cancel import is_cancelled, wait_cancelled
 from framework.runtime.placement.assignment import plan_assignment
 from framework.runtime.placement.replicated import ReplicatedPlacement, StepHook, commit_fenced
 from framework.runtime.records import JobDone, MasterIdentity, decode_or_none

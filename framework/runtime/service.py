@@ -33,7 +33,7 @@ from framework import errors
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.runtime.app import App, app_of, ensure_layout, process_name
-from framework.runtime.cancel import wait_cancelled
+from framework.runtime.operations.cancel import wait_cancelled
 from framework.zk import Session, cleanup_scope, single_body_error
 
 log = get_logger(__name__)

@@ -29,7 +29,7 @@ does not list raises :class:`~framework.errors.ConfigurationError` naming the kn
 until a worker of the app has started once, the catalog is empty and any name is accepted.
 A worker takes only tasks of its own types: a task of a type no running worker has waits in
 the queue (no delivery counted) until a worker with that type starts, and ``framework
-status`` names such types (:func:`~framework.runtime.status.types_without_worker`).
+status`` names such types (:func:`~framework.runtime.operations.status.types_without_worker`).
 """
 
 from __future__ import annotations

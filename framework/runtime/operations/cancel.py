@@ -7,7 +7,7 @@ after the cancel reads it (with ``done``) before leading, so ``lead`` never star
 ``framework resume APP`` (``Client.resume``) deletes the znode: the app takes tasks again and
 processes started after it run.  ``framework purge --force`` cancels an app this way before
 deleting it, and waits until its processes have left
-(:func:`framework.runtime.actions.purge`).
+(:func:`framework.runtime.operations.actions.purge`).
 """
 
 from __future__ import annotations
