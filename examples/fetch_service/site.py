@@ -445,12 +445,51 @@ def _label(link: Target | str) -> str:
     return link if isinstance(link, str) else f"{link.host}{link.path}"
 
 
-def _generate(spec: SiteSpec) -> dict[Target, Resource]:
-    """The link graph: deterministic in ``spec``."""
-    rng = random.Random(spec.seed)
-    resources: dict[Target, Resource] = {}
-    links: dict[Target, list[Target | str]] = {}
+@attrs.define
+class _Graph:
+    """The site while :func:`_generate` builds it: its pages, their outgoing links so far and
+    the resources decided so far.  Every step draws from the one seeded ``rng``, so the steps'
+    order is part of the site (changing it changes every site)."""
 
+    spec: SiteSpec
+    rng: random.Random
+    homes: list[Target]
+    deep: list[Target]
+    normal: list[Target]
+    #: indexes into ``normal`` of the pages only a redirect leads to
+    redirect_only: set[int]
+    links: dict[Target, list[Target | str]] = attrs.field(factory=dict)
+    resources: dict[Target, Resource] = attrs.field(factory=dict)
+
+    @property
+    def sources(self) -> list[Target]:
+        """The pages that may carry extra links: the homes and the normal pages."""
+        return self.homes + self.normal
+
+    @property
+    def linkable(self) -> list[Target]:
+        """What extra links may point to: never a redirect-only page or the deep chain."""
+        return self.homes + [t for i, t in enumerate(self.normal) if i not in self.redirect_only]
+
+
+def _generate(spec: SiteSpec) -> dict[Target, Resource]:
+    """The link graph: deterministic in ``spec`` (the module doc says what it contains)."""
+    graph = _pages(spec)
+    _grow_tree(graph)
+    _add_random_links(graph)
+    _add_deep_chain(graph)
+    _add_broken_links(graph)
+    _add_redirect_loop(graph)
+    for external in EXTERNAL_LINKS:  # links a crawler must drop
+        graph.links[graph.rng.choice(graph.sources)].append(external)
+    _finish_pages(graph)
+    return graph.resources
+
+
+def _pages(spec: SiteSpec) -> _Graph:
+    """The pages (homes, the deep chain, normal pages) and which normal pages only a
+    redirect leads to; no links yet."""
+    rng = random.Random(spec.seed)
     homes = [Target(h, "/") for h in range(spec.hosts)]
     deep = [Target(k % spec.hosts, f"/deep/{k}.html") for k in range(1, spec.deep_chain + 1)]
     normal_count = spec.pages - spec.hosts - spec.deep_chain
@@ -458,88 +497,106 @@ def _generate(spec: SiteSpec) -> dict[Target, Resource]:
         Target(rng.randrange(spec.hosts), f"/s{rng.randrange(4)}/p{i}.html")
         for i in range(normal_count)
     ]
-    # Redirect targets: pages no other page links to (reachable only through /r/K).
     redirect_count = max(2, spec.pages // 40)
     redirect_only = set(rng.sample(range(normal_count), min(redirect_count, normal_count // 4)))
-    linkable = homes + [t for i, t in enumerate(normal) if i not in redirect_only]
+    graph = _Graph(spec, rng, homes, deep, normal, redirect_only)
     for page in homes + deep + normal:
-        links[page] = []
+        graph.links[page] = []
+    return graph
 
-    # A random recursive tree over homes + normal pages keeps every page reachable.
-    tree_nodes: list[Target] = homes[: spec.seed_hosts]
-    for home in homes[spec.seed_hosts :]:
-        links[rng.choice(tree_nodes)].append(home)
+
+def _grow_tree(graph: _Graph) -> None:
+    """A random recursive tree from the seed hosts' homes over the other homes and the normal
+    pages keeps every page reachable; a redirect-only page hangs off the tree through a
+    redirect ``/r/K``."""
+    rng = graph.rng
+    tree_nodes: list[Target] = graph.homes[: graph.spec.seed_hosts]
+    for home in graph.homes[graph.spec.seed_hosts :]:
+        graph.links[rng.choice(tree_nodes)].append(home)
         tree_nodes.append(home)
-    redirect_sources: list[Target] = []
-    for index, page in enumerate(normal):
+    redirects = 0
+    for index, page in enumerate(graph.normal):
         parent = rng.choice(tree_nodes)
-        if index in redirect_only:
-            number = len(redirect_sources)
-            source = Target(rng.randrange(spec.hosts), f"/r/{number}")
-            status = (301, 302, 307, 308)[number % 4]
-            if number == 0:  # one chain with two hops
-                middle = Target(source.host, f"/r/{number}-b")
-                resources[source] = Resource("redirect", status, location=middle)
-                resources[middle] = Resource("redirect", 302, location=page)
-            else:
-                resources[source] = Resource("redirect", status, location=page)
-            redirect_sources.append(source)
-            links[parent].append(source)
+        if index in graph.redirect_only:
+            graph.links[parent].append(_redirect(graph, redirects, page))
+            redirects += 1
         else:
-            links[parent].append(page)
+            graph.links[parent].append(page)
         tree_nodes.append(page)
 
-    # Extra random links (many cross-host), never to redirect-only or deep pages.
-    for page in homes + normal:
-        for _ in range(spec.links_per_page):
-            links[page].append(rng.choice(linkable))
 
-    # The deep chain hangs off the first seed.
-    chain = [homes[0], *deep]
-    for parent, child in itertools.pairwise(chain):
-        links[parent].append(child)
-        links[child].append(homes[0])
+def _redirect(graph: _Graph, number: int, page: Target) -> Target:
+    """Redirect ``/r/NUMBER`` to ``page`` (the first one through a second hop); returns
+    where a link to it points."""
+    source = Target(graph.rng.randrange(graph.spec.hosts), f"/r/{number}")
+    status = (301, 302, 307, 308)[number % 4]
+    if number == 0:  # one chain with two hops
+        middle = Target(source.host, f"/r/{number}-b")
+        graph.resources[source] = Resource("redirect", status, location=middle)
+        graph.resources[middle] = Resource("redirect", 302, location=page)
+    else:
+        graph.resources[source] = Resource("redirect", status, location=page)
+    return source
 
-    # Broken links and traps.
-    sources = homes + normal
-    for k in range(max(1, spec.pages // 30)):
-        gone = Target(rng.randrange(spec.hosts), f"/s{rng.randrange(4)}/gone-{k}.html")
-        links[rng.choice(sources)].append(gone)
-        trap = Target(gone.host, f"/trap/gone-{k}.html")
-        resources[gone] = Resource("error", 404, links=(trap,), title="404 Not Found")
-        resources[trap] = Resource("trap", 200, title="must not be crawled")
-    for k in range(max(1, spec.pages // 50)):
-        broken = Target(rng.randrange(spec.hosts), f"/s{rng.randrange(4)}/broken-{k}.html")
-        links[rng.choice(sources)].append(broken)
-        trap = Target(broken.host, f"/trap/broken-{k}.html")
-        resources[broken] = Resource("error", 500, links=(trap,), title="500 Internal Error")
-        resources[trap] = Resource("trap", 200, title="must not be crawled")
 
-    # One redirect loop across two hosts, linked from two pages.
-    loop_a, loop_b = Target(1 % spec.hosts, "/loop/a.html"), Target(2 % spec.hosts, "/loop/b.html")
-    resources[loop_a] = Resource("redirect", 302, location=loop_b)
-    resources[loop_b] = Resource("redirect", 302, location=loop_a)
-    for page in rng.sample(sources, 2):
-        links[page].append(loop_a)
+def _add_random_links(graph: _Graph) -> None:
+    """Extra random links (many cross-host), never to redirect-only or deep pages."""
+    linkable = graph.linkable
+    for page in graph.sources:
+        for _ in range(graph.spec.links_per_page):
+            graph.links[page].append(graph.rng.choice(linkable))
 
-    # Links a crawler must drop.
-    for external in EXTERNAL_LINKS:
-        links[rng.choice(sources)].append(external)
 
-    slow = set(rng.sample(range(normal_count), int(normal_count * spec.slow_fraction)))
-    for index, page in enumerate(normal):
-        rng.shuffle(links[page])
-        # a few repeated links (same URL twice on a page)
-        if links[page] and rng.random() < 0.2:
-            links[page].append(links[page][0])
-        resources[page] = Resource(
-            "page", links=tuple(links[page]), slow=index in slow, title=f"page {index}"
+def _add_deep_chain(graph: _Graph) -> None:
+    """The deep chain hangs off the first seed; each of its pages links back home."""
+    home = graph.homes[0]
+    for parent, child in itertools.pairwise([home, *graph.deep]):
+        graph.links[parent].append(child)
+        graph.links[child].append(home)
+
+
+def _add_broken_links(graph: _Graph) -> None:
+    """Links to pages that answer 404 or 500, each error body linking to a trap."""
+    spec, rng = graph.spec, graph.rng
+    for kind, status, title, count in (("gone", 404, "404 Not Found", spec.pages // 30),
+                                       ("broken", 500, "500 Internal Error", spec.pages // 50)):
+        for k in range(max(1, count)):
+            error = Target(rng.randrange(spec.hosts), f"/s{rng.randrange(4)}/{kind}-{k}.html")
+            graph.links[rng.choice(graph.sources)].append(error)
+            trap = Target(error.host, f"/trap/{kind}-{k}.html")
+            graph.resources[error] = Resource("error", status, links=(trap,), title=title)
+            graph.resources[trap] = Resource("trap", 200, title="must not be crawled")
+
+
+def _add_redirect_loop(graph: _Graph) -> None:
+    """One redirect loop across two hosts, linked from two pages."""
+    hosts = graph.spec.hosts
+    loop_a, loop_b = Target(1 % hosts, "/loop/a.html"), Target(2 % hosts, "/loop/b.html")
+    graph.resources[loop_a] = Resource("redirect", 302, location=loop_b)
+    graph.resources[loop_b] = Resource("redirect", 302, location=loop_a)
+    for page in graph.rng.sample(graph.sources, 2):
+        graph.links[page].append(loop_a)
+
+
+def _finish_pages(graph: _Graph) -> None:
+    """The pages' resources: a normal page's links shuffled (sometimes one repeated), a
+    fraction of the normal pages slow."""
+    rng = graph.rng
+    slow = set(rng.sample(range(len(graph.normal)),
+                          int(len(graph.normal) * graph.spec.slow_fraction)))
+    for index, page in enumerate(graph.normal):
+        links = graph.links[page]
+        rng.shuffle(links)
+        if links and rng.random() < 0.2:  # a repeated link (the same URL twice on a page)
+            links.append(links[0])
+        graph.resources[page] = Resource(
+            "page", links=tuple(links), slow=index in slow, title=f"page {index}"
         )
-    for home in homes:
-        resources[home] = Resource("page", links=tuple(links[home]), title=f"home {home.host}")
-    for page in deep:
-        resources[page] = Resource("page", links=tuple(links[page]), title=page.path)
-    return resources
+    for home in graph.homes:
+        graph.resources[home] = Resource("page", links=tuple(graph.links[home]),
+                                         title=f"home {home.host}")
+    for page in graph.deep:
+        graph.resources[page] = Resource("page", links=tuple(graph.links[page]), title=page.path)
 
 
 def site_endpoint(host: str | None = None, advertise: str | None = None) -> Endpoint:
