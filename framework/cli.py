@@ -553,7 +553,7 @@ def _schedules_class(component: str) -> Any:
 
 def _schedules_of(component: str) -> list[Any]:
     """The ``schedules`` of class ``MODULE:CLASS`` (a Master or a Worker), checked."""
-    from framework.runtime.duties import check_schedules
+    from framework.runtime.worker_parts import check_schedules
 
     cls = _schedules_class(component)
     return check_schedules(cls, getattr(cls, "schedules", []))

@@ -18,8 +18,8 @@ from framework import Session, errors
 from framework.cli import main as cli_main
 from framework.primitives.queue import WorkQueue
 from framework.runtime import App, Client, Outcome, Task, TaskResult, Worker, task
-from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.task_types import TaskOptions
+from framework.runtime.worker_parts.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.workflows import callbacks
 from framework.testing import Child, spawn
 from framework.testing.stub import StubApp

@@ -30,8 +30,8 @@ from framework.runtime import (
     sig,
     task,
 )
-from framework.runtime.duties import duties_path
 from framework.runtime.tasks import read_result
+from framework.runtime.worker_parts.duties import duties_path
 from framework.runtime.workflows.canvas import CanvasRecord, canvas_root
 from framework.testing import Child, python_argv, spawn
 from framework.zk import Session, wait_exists, wait_gone

@@ -1,4 +1,4 @@
-"""A worker's task consumer through its narrow contract (framework/runtime/delivery.py):
+"""A worker's task consumer through its narrow contract (runtime/worker_parts/delivery.py):
 frozen settings read from the worker, one Delivery per claimed item, its failure records
 and give-up decision - without running a whole Worker."""
 
@@ -12,17 +12,17 @@ from framework.errors import PermanentFailure
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.retry import Backoff, RetryPolicy
 from framework.runtime import App, Task, Worker
-from framework.runtime.delivery import (
+from framework.runtime.records import RunningRecord
+from framework.runtime.results.result_index import SlotKeeper
+from framework.runtime.tasks import TaskResult
+from framework.runtime.worker_parts.delivery import (
     ClaimedTask,
     ConsumerSettings,
     Delivery,
     DeliveryContext,
     error_text,
 )
-from framework.runtime.markers import Marker
-from framework.runtime.records import RunningRecord
-from framework.runtime.results.result_index import SlotKeeper
-from framework.runtime.tasks import TaskResult
+from framework.runtime.worker_parts.markers import Marker
 
 
 class _Echo(Worker):

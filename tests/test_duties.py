@@ -20,8 +20,8 @@ import trio
 from framework import errors, records
 from framework.primitives import Election
 from framework.runtime import Client, MasterIdentity, Task, Worker, task
-from framework.runtime.duties import duties_path
 from framework.runtime.scheduling.schedules import ScheduleRecord
+from framework.runtime.worker_parts.duties import duties_path
 from framework.testing import Child, python_argv, spawn
 from framework.zk import Session, wait_exists, wait_gone
 

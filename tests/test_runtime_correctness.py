@@ -16,9 +16,9 @@ import trio
 from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
 from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
-from framework.runtime.markers import Marker as _Marker
 from framework.runtime.records import RunningRecord
 from framework.runtime.tasks import read_result
+from framework.runtime.worker_parts.markers import Marker as _Marker
 from framework.testing import TcpProxy, expire_session
 from tests.test_runtime import nursery_session
 

@@ -64,7 +64,7 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
     success resets it."""
     from contextlib import asynccontextmanager
 
-    import framework.runtime.task_consumer as consumer_module
+    import framework.runtime.worker_parts.task_consumer as consumer_module
     from framework import FrameworkError, Worker
 
     class Idle(Worker):
@@ -242,7 +242,7 @@ async def test_a_set_up_write_whose_reply_was_lost_is_retried_not_fatal(
     """A part's prepare (idempotent) that loses a write's reply under load is called again
     once connected: the worker starts instead of exiting with ConnectionLoss."""
     from framework import ConnectionLossError, Session, Worker
-    from framework.runtime.task_consumer import TaskConsumer
+    from framework.runtime.worker_parts.task_consumer import TaskConsumer
     from framework.zk import wait_exists
 
     original = TaskConsumer.prepare

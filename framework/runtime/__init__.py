@@ -27,11 +27,11 @@ from framework.runtime.records import (
 from framework.runtime.runner import load_class, run_component
 from framework.runtime.scheduling.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
-from framework.runtime.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.submission import Existing, TaskExists
 from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
+from framework.runtime.worker_parts.soft_limit import SoftTimeLimitExceeded
 from framework.runtime.workflows.canvas import (
     Canvas,
     CanvasRecord,

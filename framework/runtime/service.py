@@ -7,8 +7,8 @@ every part to drain, the service waits until the parts that drain have, then sto
 and leaves the group.
 
 What a service *does* are its parts (:class:`Part`): the pull-mode task consumer
-(:class:`~framework.runtime.task_consumer.TaskConsumer`), the push-mode shard server
-(:class:`~framework.runtime.shard_server.ShardServer`), or an application's own.  A subclass
+(:class:`~framework.runtime.worker_parts.TaskConsumer`), the push-mode shard server
+(:class:`~framework.runtime.worker_parts.ShardServer`), or an application's own.  A subclass
 says which with :meth:`Service.parts`, and holds what must outlive them (a listening socket,
 say) in :meth:`Service.lifetime`; it never overrides :meth:`Service.run`.
 

@@ -20,7 +20,7 @@ RQ's and Dramatiq's ``on_success`` / ``on_failure``): ``on_success="report"`` qu
 of type ``report`` once the task succeeded, ``on_failure="alert"`` one once it failed for
 good (:mod:`framework.runtime.workflows.callbacks`); ``expires=60`` records a task not
 started within 60 s of its submit as ``expired`` without running it; ``soft_time_limit=5`` raises
-:class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` inside an ``async def`` handler
+:class:`~framework.runtime.SoftTimeLimitExceeded` inside an ``async def`` handler
 after 5 s (below ``time_limit``).  A submit's own values override the type's.
 
 The app's catalog, ``/apps/<app>/types`` (:class:`Catalog`), lists every type its workers

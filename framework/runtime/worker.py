@@ -24,14 +24,14 @@ from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.retry import Backoff
 from framework.runtime.app import App
-from framework.runtime.duties import Duties
-from framework.runtime.handlers import HANDLER_POOLS, check_handler
 from framework.runtime.service import Part, Service
-from framework.runtime.shard_server import ShardServer
 from framework.runtime.submission import Submitter
-from framework.runtime.task_consumer import TaskConsumer
 from framework.runtime.task_types import TaskRules, collect, rules_of
 from framework.runtime.tasks import Task
+from framework.runtime.worker_parts.duties import Duties
+from framework.runtime.worker_parts.handlers import HANDLER_POOLS, check_handler
+from framework.runtime.worker_parts.shard_server import ShardServer
+from framework.runtime.worker_parts.task_consumer import TaskConsumer
 
 __all__ = ["HANDLER_POOLS", "Worker"]
 

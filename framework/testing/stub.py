@@ -17,7 +17,7 @@ What it keeps of the real runtime (the same code where it can):
 * task types and their options (``max_attempts``, ``time_limit``, the worker class's
   defaults; ``expires`` against the real clock, ``soft_time_limit`` in ``async def``
   handlers, ``on_success`` / ``on_failure`` callbacks queued as the worker queues them),
-  handlers run as the worker runs them (:class:`~framework.runtime.handlers.HandlerPool`:
+  handlers run as the worker runs them (:class:`~framework.runtime.worker_parts.HandlerPool`:
   ``async def`` in trio, a plain ``def`` in a thread or the process pool, within the time
   limit);
 * submission checks: an unknown task type is a :class:`~framework.errors.ConfigurationError`
@@ -59,12 +59,11 @@ import trio
 
 from framework import errors
 from framework.retry import RetryPolicy
-from framework.runtime.handlers import HandlerPool
 from framework.runtime.master import Master
 from framework.runtime.scheduling.delayed import due_time
-from framework.runtime.soft_limit import run_with_soft_limit
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
+from framework.runtime.worker_parts import HandlerPool, run_with_soft_limit
 from framework.runtime.workflows import (
     FAILED,
     SUCCEEDED,

@@ -126,8 +126,8 @@ class AppStatus:
     #: the catalog's task types no running worker has (their tasks wait in the queue)
     types_without_worker: list[str] = attrs.Factory(list)
     #: each worker's part in the app's duties (worker-only deployments,
-    #: :mod:`framework.runtime.duties`): off, standby, held or deferred (a master leads);
-    #: workers that publish none are left out
+    #: :mod:`~framework.runtime.worker_parts.duties`): off, standby, held or deferred (a
+    #: master leads); workers that publish none are left out
     duties: dict[str, str] = attrs.Factory(dict)
 
     @property

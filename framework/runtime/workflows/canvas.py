@@ -23,8 +23,8 @@ group and a callback queued once every member succeeded, with payload ``{"result
 ``canvas/<id>`` (:class:`CanvasRecord`: the steps, how many are queued, the members counted
 in, the state), in one create: nothing is queued by the submitter.  The driver
 (:class:`CanvasDriver`) runs in the app's elected duty holder
-(:mod:`framework.runtime.duties`, whether or not a master leads), fenced by its term.  Every
-step of a canvas is one multi that changes its record at the version read:
+(:mod:`~framework.runtime.worker_parts.duties`, whether or not a master leads), fenced by
+its term.  Every step of a canvas is one multi that changes its record at the version read:
 
 * queueing a step (or member, or the callback) is the queue item's create and the record's
   ``queued`` (``callback_queued``) moved on, together - so each is queued exactly once, by

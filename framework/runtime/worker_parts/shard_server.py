@@ -27,11 +27,11 @@ import trio
 from framework import errors, records
 from framework.logs import get_logger
 from framework.runtime.records import Refusal
-from framework.runtime.task_consumer import MAX_ERROR_CHARS
+from framework.runtime.worker_parts.task_consumer import MAX_ERROR_CHARS
 from framework.zk import Session, single_body_error, watch_children
 
 if TYPE_CHECKING:
-    from framework.runtime.worker import Worker
+    from framework.runtime.worker_parts.hosts import ShardHost
 
 log = get_logger(__name__)
 
@@ -42,7 +42,7 @@ class ShardServer:
 
     drains = False
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: ShardHost) -> None:
         self.worker = worker
         self._shards: set[str] = set()
         self._assigned: frozenset[str] = frozenset()

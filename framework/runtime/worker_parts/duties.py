@@ -65,9 +65,9 @@ from framework.runtime.workflows.canvas import CanvasDriver
 from framework.zk import Session
 
 if TYPE_CHECKING:
-    from framework.runtime.worker import Worker
+    from framework.runtime.worker_parts.hosts import DutiesHost
 
-log = get_logger("framework.runtime.duties")
+log = get_logger("framework.runtime.worker_parts.duties")
 
 _SETTINGS = ("retention_interval", "retention_batch", *(
     f"{kind}_retention_{limit}" for kind in ("result", "dead", "failure")
@@ -82,7 +82,7 @@ def duties_path(app: Any) -> str:
 class _Settings:
     """The retention settings of a worker class, or a master's defaults where it has none."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: DutiesHost) -> None:
         for name in _SETTINGS:
             setattr(self, name, getattr(worker, name, getattr(Master, name)))
 
@@ -105,7 +105,7 @@ class Duties:
 
     drains = False
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: DutiesHost) -> None:
         self.worker = worker
         self.enabled = bool(getattr(worker, "duties", True)) and worker.takes_tasks
         self.schedules = check_schedules(type(worker), getattr(worker, "schedules", []))

@@ -28,7 +28,7 @@ from framework.runtime.tasks import Task
 
 if TYPE_CHECKING:
     from framework.runtime.task_types import TaskType
-    from framework.runtime.worker import Worker
+    from framework.runtime.worker_parts.hosts import HandlerHost
 
 log = get_logger(__name__)
 
@@ -36,7 +36,7 @@ log = get_logger(__name__)
 HANDLER_POOLS = ("thread", "process")
 
 
-def check_handler(cls: type[Worker], types: dict[str, TaskType]) -> bool:
+def check_handler(cls: type[Any], types: dict[str, TaskType]) -> bool:
     """Whether any of ``cls``'s task ``types`` is a plain ``def`` (run in the handler pool);
     a mistake in the worker's async-ness or pool is a one-line :class:`ConfigurationError`
     at start (the types' own mistakes are refused by :func:`~.task_types.collect`)."""
@@ -68,7 +68,7 @@ def check_handler(cls: type[Worker], types: dict[str, TaskType]) -> bool:
     return bool(blocking)
 
 
-def returned(cls: type[Worker], method: str, value: Any) -> Any:
+def returned(cls: type[Any], method: str, value: Any) -> Any:
     """A plain-def handler's value; a coroutine (an async-ness mistake) fails for good."""
     if inspect.isawaitable(value):
         if inspect.iscoroutine(value):
@@ -80,7 +80,7 @@ def returned(cls: type[Worker], method: str, value: Any) -> Any:
     return value
 
 
-def handle_in_process(cls: type[Worker], fields: dict[str, Any], method: str,
+def handle_in_process(cls: type[Any], fields: dict[str, Any], method: str,
                       task: Task) -> Any:
     """Run ``cls.<method>`` in a pool process, on a bare copy of the worker (no session)."""
     worker = cls.__new__(cls)
@@ -105,7 +105,7 @@ class HandlerPool:
     process, ``handler_pool = "process"``) pool, within the task's time limit.
     ``stuck_threads`` counts handler threads abandoned at their limit and still running."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: HandlerHost) -> None:
         self.worker = worker
         self.stuck_threads = 0
         self._threads_lock = threading.Lock()

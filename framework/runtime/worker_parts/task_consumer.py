@@ -2,7 +2,7 @@
 
 Options per task (the submit's, else its type's): a task past its ``expires`` time when a
 slot takes it is acknowledged with outcome ``expired`` and never run; an ``async def``
-handler gets :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` at its
+handler gets :class:`~framework.runtime.worker_parts.soft_limit.SoftTimeLimitExceeded` at its
 ``soft_time_limit``; ``on_success`` / ``on_failure`` callbacks are written with the ack (or
 the final failure) and queued right after it (:mod:`framework.runtime.workflows.callbacks`).
 
@@ -52,7 +52,11 @@ from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
-from framework.runtime.delivery import (
+from framework.runtime.records import RunningRecord
+from framework.runtime.results.result_index import SlotKeeper
+from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
+from framework.runtime.tasks import DEFAULT_TASK, Outcome, Task, TaskResult
+from framework.runtime.worker_parts.delivery import (
     MAX_ERROR_CHARS,
     MAX_TRACEBACK_CHARS,
     ClaimedTask,
@@ -62,13 +66,9 @@ from framework.runtime.delivery import (
     DeliveryContext,
     error_text,
 )
-from framework.runtime.handlers import HandlerPool
-from framework.runtime.markers import Marker, earlier_delivery_of, marker_owner
-from framework.runtime.records import RunningRecord
-from framework.runtime.results.result_index import SlotKeeper
-from framework.runtime.soft_limit import run_with_soft_limit
-from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
-from framework.runtime.tasks import DEFAULT_TASK, Outcome, Task, TaskResult
+from framework.runtime.worker_parts.handlers import HandlerPool
+from framework.runtime.worker_parts.markers import Marker, earlier_delivery_of, marker_owner
+from framework.runtime.worker_parts.soft_limit import run_with_soft_limit
 from framework.runtime.workflows import callbacks
 from framework.zk import Session, cleanup_scope, validate_path, wait_gone, watch_children
 

@@ -3,7 +3,7 @@
 The marker is an ephemeral node of the running worker's session, created with the task's
 claim (or right after it), carrying the delivery's token (``worker/item name/attempt``) and
 the task's progress; it is the task id's mutual exclusion across deliveries (see
-:mod:`framework.runtime.task_consumer`).
+:mod:`framework.runtime.worker_parts.task_consumer`).
 """
 
 from __future__ import annotations

@@ -36,10 +36,10 @@ from framework import errors
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
 from framework.retry import Backoff, RetryPolicy
 from framework.runtime.app import App
-from framework.runtime.markers import Marker
 from framework.runtime.results.result_index import SlotKeeper, entry_path, write_record
 from framework.runtime.task_types import TaskRules, TaskType
 from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
+from framework.runtime.worker_parts.markers import Marker
 from framework.runtime.workflows import callbacks
 from framework.zk import Session, cleanup_scope
 
