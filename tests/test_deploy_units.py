@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from framework.cli import build_parser
-from framework.runtime.runner import load_class
+from framework.runtime.launch.runner import load_class
 
 if shutil.which("systemd-analyze") is None:
     pytest.skip("systemd-analyze is not installed (apt-get install systemd): deploy/ units "

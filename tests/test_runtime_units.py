@@ -152,7 +152,7 @@ def test_framework_run_imports_from_the_current_directory(
 ) -> None:
     import sys
 
-    from framework.runtime.runner import load_class
+    from framework.runtime.launch.runner import load_class
 
     (tmp_path / "myjobs_cwd_probe.py").write_text(
         "from framework.runtime import Worker\n"

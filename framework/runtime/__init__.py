@@ -24,7 +24,7 @@ from framework.runtime.records import (
     Plan,
     Revocation,
 )
-from framework.runtime.runner import load_class, run_component
+from framework.runtime.launch.runner import load_class, run_component
 from framework.runtime.scheduling.schedules import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
 from framework.runtime.submission import Existing, TaskExists
