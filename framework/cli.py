@@ -49,7 +49,8 @@ def _cmd_zk(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import trio
 
-    from framework.runtime import Master, load_class, run_component
+    from framework.runtime import Master, run_component
+    from framework.runtime.launch import load_class
 
     hosts, chroot = split_chroot(zk_hosts_from(args.zk), args.chroot)
     try:
@@ -157,8 +158,7 @@ def json_default(value: Any) -> Any:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from framework.runtime import gather_status
-    from framework.runtime.operations import known_apps
+    from framework.runtime.operations import gather_status, known_apps
 
     app = _app(args.app)
     if args.watch:
@@ -182,7 +182,7 @@ def _unknown(name: str, known: list[str]) -> str:
 
 
 def _show_status(status: Any, as_json: bool, console: Any = None) -> None:
-    from framework.runtime import render_status
+    from framework.runtime.operations import render_status
 
     if as_json:
         print(status.to_json(indent=None if console else 2), flush=True)
@@ -198,7 +198,7 @@ async def _watch_status(session: Any, app: Any, args: argparse.Namespace) -> int
     import trio
 
     from framework import errors
-    from framework.runtime import Watches, gather_status
+    from framework.runtime.operations import Watches, gather_status
 
     console = _console()
     watches = Watches()
@@ -222,7 +222,7 @@ async def _watch_status(session: Any, app: Any, args: argparse.Namespace) -> int
 def _cmd_apps(args: argparse.Namespace) -> int:
     import attrs
 
-    from framework.runtime import list_apps, render_apps
+    from framework.runtime.operations import list_apps, render_apps
 
     apps = _connect(args, list_apps, deadline=args.timeout)
     if args.json:
@@ -543,7 +543,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _schedules_class(component: str) -> Any:
-    from framework.runtime import load_class
+    from framework.runtime.launch import load_class
 
     try:
         return load_class(component)

@@ -13,7 +13,8 @@ import trio
 
 from framework import FrameworkError, Session
 from framework.cli import one_shot
-from framework.runtime import App, Master, MasterContext, Worker, load_class
+from framework.runtime import App, Master, MasterContext, Worker
+from framework.runtime.launch import load_class
 from framework.testing import TcpProxy, spawn
 from framework.zk import wait_exists
 

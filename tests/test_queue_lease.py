@@ -12,7 +12,8 @@ from framework import Session
 from framework.errors import ClaimLost, ConfigurationError
 from framework.primitives.queue import WorkQueue, consumer
 from framework.primitives.queue.lease import Renewal, claim_token, lease_of
-from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
+from framework.runtime import App, Master, MasterContext, Task, Worker
+from framework.runtime.operations import gather_status
 from tests.test_runtime import nursery_session
 
 LEASE = 1.0

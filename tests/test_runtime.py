@@ -10,7 +10,8 @@ import pytest
 import trio
 
 from framework import LeadershipLost, PermanentFailure, Session
-from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker, gather_status
+from framework.runtime import App, Master, MasterContext, Task, TaskResult, Worker
+from framework.runtime.operations import gather_status
 from framework.runtime.records import MemberState
 from framework.testing import expire_session
 from framework.zk import wait_exists, wait_gone

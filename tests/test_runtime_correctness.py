@@ -15,7 +15,8 @@ import trio
 
 from framework import Session, WorkQueue
 from framework.errors import ConfigurationError, ConnectionLossError
-from framework.runtime import App, Master, MasterContext, Task, Worker, gather_status
+from framework.runtime import App, Master, MasterContext, Task, Worker
+from framework.runtime.operations import gather_status
 from framework.runtime.records import RunningRecord
 from framework.runtime.tasks import read_result
 from framework.runtime.worker_parts.markers import Marker as _Marker

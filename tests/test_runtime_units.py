@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from framework import ConfigurationError
-from framework.runtime import App, Task, new_task, plan_assignment
+from framework.runtime import App, Task, new_task
+from framework.runtime.placement import plan_assignment
 
 names = st.lists(st.text("abcdefgh", min_size=1, max_size=3), unique=True, max_size=12)
 

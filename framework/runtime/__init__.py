@@ -1,22 +1,26 @@
-"""Layer 4: the master/worker runtime (subclass ``Master`` and ``Worker``)."""
+"""Layer 4: the master/worker runtime (subclass ``Master`` and ``Worker``).
+
+``__all__`` is the public API: what a user subclasses or calls (the faces at this package's
+root: ``App``, ``Client``, ``BlockingClient``, ``Master``, ``Worker``, ``Service``...) and
+the data they take or return.  The wings below (``worker_parts``, ``scheduling``,
+``placement``, ``workflows``, ``results``, ``operations``, ``launch``) are the runtime's own
+business; see docs/architecture.md, "The runtime's wings".
+"""
 
 from framework.runtime.app import App
 from framework.runtime.blocking import BlockingClient, ClientClosedError
 from framework.runtime.client import Client, DeadLetter
+from framework.runtime.launch import run_component
 from framework.runtime.master import Master, MasterContext
-from framework.runtime.operations.status import (
-    AppStatus,
-    AppSummary,
-    Watches,
-    gather_status,
-    list_apps,
-    render_apps,
-    render_status,
-)
 from framework.runtime.payloads import LocalDirectoryStore, PayloadMissing, PayloadStore
-from framework.runtime.placement.assignment import plan_assignment, plan_replicas
-from framework.runtime.placement.placement_rules import PlacementRules, Readiness, confirmed_records
-from framework.runtime.placement.replicated import ReplicatedPlacement, commit_fenced
+from framework.runtime.placement import (
+    PlacementRules,
+    Readiness,
+    ReplicatedPlacement,
+    commit_fenced,
+    confirmed_records,
+    plan_replicas,
+)
 from framework.runtime.records import (
     MasterIdentity,
     MemberState,
@@ -24,15 +28,14 @@ from framework.runtime.records import (
     Plan,
     Revocation,
 )
-from framework.runtime.launch.runner import load_class, run_component
-from framework.runtime.scheduling.schedules import CatchUp, Schedule, cron, every
+from framework.runtime.scheduling import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
 from framework.runtime.submission import Existing, TaskExists
 from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
-from framework.runtime.worker_parts.soft_limit import SoftTimeLimitExceeded
-from framework.runtime.workflows.canvas import (
+from framework.runtime.worker_parts import SoftTimeLimitExceeded
+from framework.runtime.workflows import (
     Canvas,
     CanvasRecord,
     Signature,
@@ -46,8 +49,6 @@ from framework.runtime.workflows.canvas import (
 
 __all__ = [
     "App",
-    "AppStatus",
-    "AppSummary",
     "BlockingClient",
     "Canvas",
     "CanvasRecord",
@@ -80,12 +81,8 @@ __all__ = [
     "TaskExists",
     "TaskOptions",
     "TaskResult",
-    "Watches",
     "Worker",
-    "gather_status",
     "group",
-    "list_apps",
-    "load_class",
     "apply_canvas",
     "canvas_result",
     "chain",
@@ -95,10 +92,7 @@ __all__ = [
     "cron",
     "every",
     "new_task",
-    "plan_assignment",
     "plan_replicas",
-    "render_apps",
-    "render_status",
     "run_component",
     "sig",
     "task",
