@@ -28,8 +28,8 @@ import math
 import os
 import sys
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -64,6 +64,8 @@ from framework.cli import (
 from framework.logs import configure_logging
 from framework.runtime import MasterIdentity
 from framework.zk import Session
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -409,60 +411,134 @@ async def force_leader(session: Session, topic: str, server: str, may_lose: int,
 # ---------------------------------------------------------------- command line
 
 
+@attrs.frozen
+class Verb:
+    """One command of ``broker ctl``: its ``name`` and ``help`` line (``--help`` lists the
+    verbs in the order of :data:`VERBS`), ``arguments`` adds its own arguments to its
+    sub-parser (the connection options are every verb's), and ``run`` carries it out and
+    returns the exit status.  A user mistake is raised as a
+    :class:`~framework.errors.FrameworkError` (one line on stderr, status 2)."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+def _ask(args: argparse.Namespace, work: Callable[[Session, BrokerPaths], Awaitable[T]]) -> T:
+    """``await work(session, paths)`` in a one-shot session, within ``--timeout``."""
+    hosts = zk_hosts_from(args.zk)
+    paths = BrokerPaths()
+    return one_shot(hosts, lambda session: work(session, paths), chroot=args.chroot,
+                    deadline=args.timeout)
+
+
+def _tell(args: argparse.Namespace,
+          work: Callable[[Session, BrokerPaths], Awaitable[str]]) -> int:
+    """Run ``work`` (:func:`_ask`) and print the line it returns."""
+    print(_ask(args, work))
+    return 0
+
+
+def _print_json(value: object) -> int:
+    print(json.dumps(records.unstructure(value), indent=2))
+    return 0
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    created = _ask(args, lambda session, paths: create_topics(
+        session, args.topics, mode=args.mode, paths=paths))
+    print(f"created {len(created)} topic(s): {' '.join(created)}" if created
+          else "no new topic (all exist)")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    status = _ask(args, gather_status)
+    if args.json:
+        print(json.dumps([records.unstructure(t) for t in status.topics.values()], indent=2))
+    else:
+        print(render_topics(status))
+    return 0
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    return _print_json(_ask(args, lambda session, paths: topic_info(
+        session, check_topic(args.topic), paths)))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    status = _ask(args, gather_status)
+    if args.json:
+        return _print_json(status)
+    print(render(status))
+    return 0
+
+
+def _cmd_prohibit_migration(args: argparse.Namespace) -> int:
+    async def work(session: Session, paths: BrokerPaths) -> str:
+        await session.ensure_path(paths.base)
+        try:
+            await session.create(paths.migration_prohibited)
+        except errors.NodeExistsError:
+            pass
+        return "migration prohibited"
+
+    return _tell(args, work)
+
+
+def _cmd_allow_migration(args: argparse.Namespace) -> int:
+    async def work(session: Session, paths: BrokerPaths) -> str:
+        await session.delete(paths.migration_prohibited, missing_ok=True)
+        return "migration allowed"
+
+    return _tell(args, work)
+
+
+def _cmd_shutdown(args: argparse.Namespace) -> int:
+    async def work(session: Session, paths: BrokerPaths) -> str:
+        await request_shutdown(session, args.servers, paths)
+        return f"shutdown requested for {', '.join(args.servers) or 'every server'}"
+
+    return _tell(args, work)
+
+
+def _cmd_clear_shutdown(args: argparse.Namespace) -> int:
+    async def work(session: Session, paths: BrokerPaths) -> str:
+        await session.delete(paths.shutdown, missing_ok=True)
+        return "shutdown cleared"
+
+    return _tell(args, work)
+
+
+def _cmd_force_leader(args: argparse.Namespace) -> int:
+    return _tell(args, lambda session, paths: force_leader(
+        session, args.topic, args.server, args.may_lose, paths))
+
+
 def _read_messages(args: argparse.Namespace) -> list[bytes]:
     if args.message is not None and args.message != "-":
         return [os.fsencode(args.message)]
     return sys.stdin.buffer.read().splitlines()
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def _cmd_produce(args: argparse.Namespace) -> int:
     hosts = zk_hosts_from(args.zk)
-    paths = BrokerPaths()
-    if args.command == "produce":
-        payloads = _read_messages(args)
-    if args.command in ("produce", "consume"):
-        return _cmd_data(args, hosts, paths, payloads if args.command == "produce" else [])
+    payloads = _read_messages(args)
+    count = _run_data(args, hosts, args.timeout, "acknowledged",
+                      lambda session: produce(session, args.topic, payloads, BrokerPaths()))
+    if count is not None:
+        print(f"produced {count} message(s) to {args.topic}", file=sys.stderr)
+    return 0
 
-    async def work(session: Session) -> Any:
-        if args.command == "create":
-            return await create_topics(session, args.topics, mode=args.mode, paths=paths)
-        if args.command == "list":
-            return await gather_status(session, paths)
-        if args.command == "describe":
-            return await topic_info(session, check_topic(args.topic), paths)
-        if args.command == "prohibit-migration":
-            await session.ensure_path(paths.base)
-            try:
-                await session.create(paths.migration_prohibited)
-            except errors.NodeExistsError:
-                pass
-            return "migration prohibited"
-        if args.command == "allow-migration":
-            await session.delete(paths.migration_prohibited, missing_ok=True)
-            return "migration allowed"
-        if args.command == "shutdown":
-            await request_shutdown(session, args.servers, paths)
-            return f"shutdown requested for {', '.join(args.servers) or 'every server'}"
-        if args.command == "clear-shutdown":
-            await session.delete(paths.shutdown, missing_ok=True)
-            return "shutdown cleared"
-        if args.command == "force-leader":
-            return await force_leader(session, args.topic, args.server, args.may_lose, paths)
-        return await gather_status(session, paths)
 
-    result = one_shot(hosts, work, chroot=args.chroot, deadline=args.timeout)
-    if args.command == "status" and not args.json:
-        print(render(result))
-    elif args.command == "list":
-        print(json.dumps([records.unstructure(t) for t in result.topics.values()], indent=2)
-              if args.json else render_topics(result))
-    elif args.command == "create":
-        print(f"created {len(result)} topic(s): {' '.join(result)}" if result
-              else "no new topic (all exist)")
-    elif isinstance(result, str):
-        print(result)
-    else:  # describe, status --json
-        print(json.dumps(records.unstructure(result), indent=2))
+def _cmd_consume(args: argparse.Namespace) -> int:
+    hosts = zk_hosts_from(args.zk)
+    _run_data(args, hosts, None if args.follow else args.timeout, "read to its end",
+              lambda session: consume(
+                  session, args.topic, sys.stdout, start=args.start, follow=args.follow,
+                  name=args.name, wait=not args.no_wait, offsets=args.offsets,
+                  commit_interval=args.commit_interval, paths=BrokerPaths()))
     return 0
 
 
@@ -474,7 +550,31 @@ def _broken_pipe(exc: BaseException) -> bool:
     return False
 
 
-def _run_data(hosts: str, args: argparse.Namespace, work: Any) -> int:
+def _run_data(args: argparse.Namespace, hosts: str, limit: float | None, what: str,
+              work: Callable[[Session], Awaitable[int]]) -> int | None:
+    """``produce`` and ``consume``: ``await work(session)`` within ``limit`` seconds
+    (``None``: no limit, a ``consume --follow`` runs until interrupted), past it a
+    :class:`~framework.errors.FrameworkError` saying the topic was not ``what``; returns
+    its count, or ``None`` when the reader of our stdout went away (``consume | head``)."""
+
+    async def bounded(session: Session) -> int:
+        with trio.move_on_after(math.inf if limit is None else limit):
+            return await work(session)
+        raise errors.FrameworkError(
+            f"topic {args.topic} not {what} within {limit:g}s (no primary? see `ctl describe "
+            f"{args.topic}`; --timeout sets the limit)")
+
+    try:
+        return _run_session(hosts, args, bounded)
+    except BaseException as exc:  # `consume ... | head`: the reader went away, that is all
+        if not _broken_pipe(exc):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return None
+
+
+def _run_session(hosts: str, args: argparse.Namespace,
+                 work: Callable[[Session], Awaitable[int]]) -> int:
     """``one_shot`` with the command's session timeout (a durable subscriber's name is free
     for another instance once a dead one's session expired)."""
     hosts, chroot = split_chroot(hosts, args.chroot)
@@ -488,35 +588,85 @@ def _run_data(hosts: str, args: argparse.Namespace, work: Any) -> int:
     return trio.run(run)
 
 
-def _cmd_data(args: argparse.Namespace, hosts: str, paths: BrokerPaths,
-              payloads: list[bytes]) -> int:
-    """``produce`` and ``consume``: the deadline (``--timeout``) covers the work, not a
-    ``consume --follow`` (it runs until interrupted)."""
-    limit = None if args.command == "consume" and args.follow else args.timeout
+def _create_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topics", nargs="+")
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.REFUSE.value,
+                        help="without an in-sync backup: refuse writes or ack one copy")
 
-    async def work(session: Session) -> int:
-        with trio.move_on_after(math.inf if limit is None else limit):
-            if args.command == "produce":
-                return await produce(session, args.topic, payloads, paths)
-            return await consume(session, args.topic, sys.stdout, start=args.start,
-                                 follow=args.follow, name=args.name, wait=not args.no_wait,
-                                 offsets=args.offsets, commit_interval=args.commit_interval,
-                                 paths=paths)
-        what = "acknowledged" if args.command == "produce" else "read to its end"
-        raise errors.FrameworkError(
-            f"topic {args.topic} not {what} within {limit:g}s (no primary? see `ctl describe "
-            f"{args.topic}`; --timeout sets the limit)")
 
-    try:
-        count = _run_data(hosts, args, work)
-    except BaseException as exc:  # `consume ... | head`: the reader went away, that is all
-        if not _broken_pipe(exc):
-            raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    if args.command == "produce":
-        print(f"produced {count} message(s) to {args.topic}", file=sys.stderr)
-    return 0
+def _json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+
+
+def _session_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session-timeout", type=float, default=10.0,
+                        help="ZooKeeper session timeout in seconds (default 10)")
+
+
+def _produce_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+    parser.add_argument("message", nargs="?", help="the message; - or none: stdin")
+    _session_timeout_argument(parser)
+
+
+def _consume_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+    parser.add_argument("--from", dest="start", type=int, default=None, metavar="OFFSET",
+                        help="first offset (default: 0, or the subscriber's position)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep reading new messages (until interrupted)")
+    parser.add_argument("--name", default=None,
+                        help="read as this durable, exclusive subscriber")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="with --name: refuse if the subscriber is live elsewhere")
+    parser.add_argument("--offsets", action="store_true", help="print OFFSET<TAB>MESSAGE")
+    parser.add_argument("--commit-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    _session_timeout_argument(parser)
+
+
+def _force_leader_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+    parser.add_argument("server")
+    parser.add_argument("--may-lose", type=int, required=True, metavar="N",
+                        help="refuse if more than N acknowledged messages are known lost")
+
+
+def _topic_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+
+
+def _shutdown_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("servers", nargs="*", help="only these servers (default: all)")
+
+
+#: The verbs of ``broker ctl``, in the order ``--help`` lists them.
+VERBS: tuple[Verb, ...] = (
+    Verb("create", "create topics (the controller places them)", _cmd_create,
+         _create_arguments),
+    Verb("list", "topics: mode, primary, replicas, in-sync set, subscribers", _cmd_list,
+         _json_argument),
+    Verb("produce", "publish MESSAGE, or one message per line of stdin", _cmd_produce,
+         _produce_arguments),
+    Verb("consume", "print a topic's messages, one per line", _cmd_consume,
+         _consume_arguments),
+    Verb("force-leader", "unclean takeover by a replica outside the in-sync set",
+         _cmd_force_leader, _force_leader_arguments),
+    Verb("describe", "one topic's placement, in-sync set, primary", _cmd_describe,
+         _topic_argument),
+    Verb("prohibit-migration", "create migration_prohibited", _cmd_prohibit_migration),
+    Verb("allow-migration", "delete migration_prohibited", _cmd_allow_migration),
+    Verb("shutdown", "servers hand primaries over, drain and exit", _cmd_shutdown,
+         _shutdown_arguments),
+    Verb("clear-shutdown", "delete the shutdown znode", _cmd_clear_shutdown),
+    Verb("status", "servers, topics, lag, subscribers", _cmd_status, _json_argument),
+)
+
+_BY_NAME = {verb.name: verb for verb in VERBS}
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    """Run the verb ``args.command`` names."""
+    return _BY_NAME[args.command].run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -529,50 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="broker ctl", parents=[common],
                                      description="Control the YMB-style message broker.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help)
-
-    create = command("create", "create topics (the controller places them)")
-    create.add_argument("topics", nargs="+")
-    create.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.REFUSE.value,
-                        help="without an in-sync backup: refuse writes or ack one copy")
-    listing = command("list", "topics: mode, primary, replicas, in-sync set, subscribers")
-    listing.add_argument("--json", action="store_true")
-    produce_cmd = command("produce", "publish MESSAGE, or one message per line of stdin")
-    produce_cmd.add_argument("topic")
-    produce_cmd.add_argument("message", nargs="?", help="the message; - or none: stdin")
-    consume_cmd = command("consume", "print a topic's messages, one per line")
-    consume_cmd.add_argument("topic")
-    consume_cmd.add_argument("--from", dest="start", type=int, default=None, metavar="OFFSET",
-                             help="first offset (default: 0, or the subscriber's position)")
-    consume_cmd.add_argument("--follow", action="store_true",
-                             help="keep reading new messages (until interrupted)")
-    consume_cmd.add_argument("--name", default=None,
-                             help="read as this durable, exclusive subscriber")
-    consume_cmd.add_argument("--no-wait", action="store_true",
-                             help="with --name: refuse if the subscriber is live elsewhere")
-    consume_cmd.add_argument("--offsets", action="store_true",
-                             help="print OFFSET<TAB>MESSAGE")
-    consume_cmd.add_argument("--commit-interval", type=float, default=1.0,
-                             help=argparse.SUPPRESS)
-    for data_cmd in (produce_cmd, consume_cmd):
-        data_cmd.add_argument("--session-timeout", type=float, default=10.0,
-                              help="ZooKeeper session timeout in seconds (default 10)")
-    force = command("force-leader", "unclean takeover by a replica outside the in-sync set")
-    force.add_argument("topic")
-    force.add_argument("server")
-    force.add_argument("--may-lose", type=int, required=True, metavar="N",
-                       help="refuse if more than N acknowledged messages are known lost")
-    describe = command("describe", "one topic's placement, in-sync set, primary")
-    describe.add_argument("topic")
-    command("prohibit-migration", "create migration_prohibited")
-    command("allow-migration", "delete migration_prohibited")
-    shutdown = command("shutdown", "servers hand primaries over, drain and exit")
-    shutdown.add_argument("servers", nargs="*", help="only these servers (default: all)")
-    command("clear-shutdown", "delete the shutdown znode")
-    status = command("status", "servers, topics, lag, subscribers")
-    status.add_argument("--json", action="store_true")
+    for verb in VERBS:
+        verb_parser = sub.add_parser(verb.name, parents=[common], help=verb.help)
+        if verb.arguments is not None:
+            verb.arguments(verb_parser)
     return parser
 
 
