@@ -72,7 +72,7 @@ class Boss(Master):
             await ctx.publish_config({"greeting": "hello", "batch": 4})
             keys = [f"t{i:03d}" for i in range(12)]
             await ctx.submit_many("handle", [{"n": i} for i in range(12)], keys=keys)
-            await ctx.submit("handle", {"poison": True}, task_id="poison", idempotency_key="poison")
+            await ctx.submit("handle", {"poison": True}, key="poison")
             await ctx.term.commit(lambda txn: txn.create(SUBMITTED, b""))
         await trio.sleep_forever()
 

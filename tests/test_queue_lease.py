@@ -211,7 +211,7 @@ async def test_a_worker_stuck_past_its_time_limit_hands_the_task_over(
 
     class Once(Master):
         async def lead(self, ctx: MasterContext) -> None:
-            await ctx.submit("handle", {}, task_id="t0", time_limit=0.3)
+            await ctx.submit("handle", {}, key="t0", time_limit=0.3)
             await ctx.wait_idle()
             self.result = await ctx.result("t0")
 

@@ -28,7 +28,7 @@ class Jobs(Master):
         self.results: dict[str, TaskResult | None] = {}
 
     async def lead(self, ctx: MasterContext) -> None:
-        tasks = [await ctx.submit("handle", p, task_id=f"t{i}", time_limit=p.get("limit"))
+        tasks = [await ctx.submit("handle", p, key=f"t{i}", time_limit=p.get("limit"))
                  for i, p in enumerate(self.payloads)]
         await ctx.wait_idle()
         self.results = {t.id: await ctx.result(t.id) for t in tasks}
@@ -155,9 +155,9 @@ async def test_duplicate_delivery_is_skipped_by_idempotency_key(zk_hosts: str,
                                                                 chroot: str) -> None:
     class Twice(Master):
         async def lead(self, ctx: MasterContext) -> None:
-            await ctx.submit("handle", {"n": 1}, task_id="a", idempotency_key="same")
+            await ctx.submit("handle", {"n": 1}, key="same")
             await ctx.wait_idle()
-            await ctx.submit("handle", {"n": 2}, task_id="b", idempotency_key="same")
+            await ctx.submit("handle", {"n": 2}, key="same")
             await ctx.wait_idle()
             self.record = await ctx.result("same")
 
@@ -170,7 +170,7 @@ async def test_duplicate_delivery_is_skipped_by_idempotency_key(zk_hosts: str,
                 await master.run(s)
             worker.request_stop()
             nursery.cancel_scope.cancel()
-    assert master.record.task_id == "a" and master.record.result == 1
+    assert master.record.task_id == "same" and master.record.result == 1
     assert worker.tasks_done == 1
 
 

@@ -34,7 +34,7 @@ class Tasks(Master):
 
     async def lead(self, ctx: MasterContext) -> None:
         for task_id, (payload, limit) in self.specs.items():
-            await ctx.submit("handle", payload, task_id=task_id, time_limit=limit)
+            await ctx.submit("handle", payload, key=task_id, time_limit=limit)
         await ctx.wait_idle()
         for task_id in self.specs:
             result = await ctx.result(task_id)

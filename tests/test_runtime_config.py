@@ -52,7 +52,7 @@ async def test_a_configuration_published_mid_job_reaches_running_workers(
 
         async def lead(self, ctx: MasterContext) -> None:
             await ctx.publish_config({"greeting": "before"})
-            await ctx.submit("handle", {}, task_id="t0")
+            await ctx.submit("handle", {}, key="t0")
             await started.wait()
             self.running_then = await ctx.is_running("t0")
             await ctx.publish_config({"greeting": "after"})

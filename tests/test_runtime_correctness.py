@@ -99,7 +99,7 @@ class Jobs(Master):
     async def lead(self, ctx: MasterContext) -> None:
         self.leads += 1
         for task_id, payload in self.submit:
-            await ctx.submit("handle", payload, task_id=task_id)
+            await ctx.submit("handle", payload, key=task_id)
         await ctx.wait_idle()
         self.results = {task_id: await ctx.result(task_id) for task_id, _ in self.submit}
 

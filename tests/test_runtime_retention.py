@@ -86,13 +86,13 @@ async def test_retention_keeps_the_record_of_a_queued_task_and_drops_superseded_
         session = ctx.session
         app = ctx.app
         await ctx.submit_many("handle", ["ok"] * 5, keys=[f"k{n}" for n in range(5)])
-        await ctx.submit("handle", "fail", task_id="bad")
-        await ctx.submit("handle", "fail", task_id="bad2")
+        await ctx.submit("handle", "fail", key="bad")
+        await ctx.submit("handle", "fail", key="bad2")
         await work_until_idle(ctx, Counting(app, name="w1"))
         assert len(await children(session, app.dead)) == 2
         assert len(await children(session, app.failures)) == 2
         # no worker now: a resubmission of k0 stays queued, so its record must stay
-        await ctx.submit("handle", "ok", task_id="k0")
+        await ctx.submit("handle", "ok", key="k0")
         original = session._call
 
         async def counted(request: Any) -> Any:
@@ -112,7 +112,7 @@ async def test_retention_keeps_the_record_of_a_queued_task_and_drops_superseded_
         session._call = original  # type: ignore[method-assign]
         index.append(await index_listings(session, app))
         # "bad" is resubmitted and succeeds: its dead letter goes; the queued k0 is skipped
-        await ctx.submit("handle", "now ok", task_id="bad")
+        await ctx.submit("handle", "now ok", key="bad")
         await work_until_idle(ctx, Counting(app, name="w2"))
         assert (await ctx.result("bad")).ok
         assert await ctx.apply_retention() == {"dead": 1, "failures": 0, "results": 2}

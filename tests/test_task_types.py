@@ -336,7 +336,7 @@ async def test_a_delayed_task_is_queued_at_its_time_and_not_before(zk_hosts: str
                 submitted = time.time()
                 await client.submit("handle", "soon", key="soon", countdown=0.6)
                 eta = datetime.now(UTC) + timedelta(seconds=0.8)
-                await contexts[0].submit("resize", {"size": 8}, task_id="at", eta=eta)
+                await contexts[0].submit("resize", {"size": 8}, key="at", eta=eta)
                 buckets = await session.children("/apps/later/delayed")
                 assert await client.result("soon") is None  # waiting, not queued
                 soon = await client.result("soon", wait=True)

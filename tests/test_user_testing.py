@@ -101,7 +101,7 @@ class Flaky(Worker):
     @task
     async def fan_out(self, job: Task) -> int:
         for n in range(job.payload):
-            await self.submit("blocking", n, task_id=f"child-{n}")
+            await self.submit("blocking", n, key=f"child-{n}")
         await self.report_progress(job, 1, 1, "queued")
         return job.payload
 
@@ -123,11 +123,11 @@ class Flaky(Worker):
 
 async def test_retries_dead_letters_and_time_limits_follow_the_types_options() -> None:
     app = StubApp(Flaky)
-    await app.submit("wobbly", {"succeed_on": 3}, task_id="third-time")
-    await app.submit("wobbly", {"succeed_on": 9}, task_id="never")
-    await app.submit("refuse", task_id="refused")
-    await app.submit("slow", task_id="slow")
-    await app.submit("bad_result", task_id="bad")
+    await app.submit("wobbly", {"succeed_on": 3}, key="third-time")
+    await app.submit("wobbly", {"succeed_on": 9}, key="never")
+    await app.submit("refuse", key="refused")
+    await app.submit("slow", key="slow")
+    await app.submit("bad_result", key="bad")
     await app.join()
     assert app.result("third-time").ok and app.result("third-time").attempts == 3  # type: ignore[union-attr]
     never = app.result("never")
@@ -145,7 +145,7 @@ async def test_follow_ups_progress_keys_delays_and_revokes() -> None:
     app = StubApp(Flaky)
     later = await app.submit("blocking", 100, countdown=60)
     parent = await app.submit("fan_out", 3)
-    await app.submit("blocking", 1, task_id="child-1")  # the same key: runs once
+    await app.submit("blocking", 1, key="child-1")  # the same key: runs once
     gone = await app.submit("blocking", 5)
     app.revoke(gone.id)
     await app.join()
@@ -159,7 +159,7 @@ async def test_follow_ups_progress_keys_delays_and_revokes() -> None:
 
 async def test_fail_fast_raises_the_handlers_error() -> None:
     app = StubApp(Flaky)
-    await app.submit("refuse", task_id="refused")
+    await app.submit("refuse", key="refused")
     with pytest.raises(TaskFailed, match="refused failed: never works") as caught:
         await app.join(fail_fast=True)
     assert isinstance(caught.value.__cause__, errors.PermanentFailure)

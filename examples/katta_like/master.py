@@ -155,7 +155,7 @@ class KattaMaster(Master):
                        if not _ok(await ctx.result(_build_key(record.name, incarnation, s)))]
             for shard in missing:
                 await ctx.submit("handle", records.unstructure(BuildTask(record, shard)),
-                                 idempotency_key=_build_key(record.name, incarnation, shard))
+                                 key=_build_key(record.name, incarnation, shard))
             log.info("katta.build_submitted", index=record.name, tasks=len(missing))
             await ctx.wait_idle()
             failed = []

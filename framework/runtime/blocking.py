@@ -35,9 +35,11 @@ Guarantees and limits:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import trio
 
@@ -45,10 +47,14 @@ from framework import errors
 from framework.runtime.app import App
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.payloads import PayloadStore
+from framework.runtime.records import CancelRecord, PastRun, Revocation
+from framework.runtime.submission import Existing
+from framework.runtime.task_types import TypeInfo
 from framework.runtime.tasks import Task, TaskResult
 from framework.zk import Session
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class ClientClosedError(errors.NotConnectedError):
@@ -71,7 +77,7 @@ class BlockingClient:
         # built here, so a bad argument raises in the caller before any thread starts
         self._session = Session(hosts, chroot=chroot, session_timeout=session_timeout,
                                 connect_timeout=connect_timeout)
-        self._client_options = {"create": create, "payload_store": payload_store}
+        self._create, self._payload_store = create, payload_store
         self._client: Client | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
@@ -102,7 +108,8 @@ class BlockingClient:
 
     async def _serve(self) -> None:
         async with self._session as session:
-            self._client = Client(session, self.app, **self._client_options)
+            self._client = Client(session, self.app, create=self._create,
+                                  payload_store=self._payload_store)
             self._stop = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
             self._ready.set()
@@ -134,7 +141,10 @@ class BlockingClient:
         raise ClientClosedError(f"the BlockingClient of {self.app.name!r} was closed "
                                 "during the call")
 
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, operation: Callable[Concatenate[Client, P], Awaitable[T]],
+              *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``Client``'s ``operation`` with these arguments in the loop thread (typed:
+        the arguments and the result are checked against the async method's)."""
         if threading.current_thread() is self._thread:
             raise errors.ConfigurationError(
                 "BlockingClient called from its own event loop: use the async Client there")
@@ -145,8 +155,9 @@ class BlockingClient:
             token, client = self._token, self._client
         assert token is not None and client is not None
         try:
-            return trio.from_thread.run(self._run, getattr(client, name), args, kwargs,
-                                        trio_token=token)
+            bound = functools.partial(operation, client)
+            functools.update_wrapper(bound, operation)  # its name for the timeout's error
+            return trio.from_thread.run(self._run, bound, args, kwargs, trio_token=token)
         except (trio.RunFinishedError, trio.Cancelled):
             raise ClientClosedError(
                 f"the BlockingClient of {self.app.name!r} was closed during the call"
@@ -184,57 +195,62 @@ class BlockingClient:
 
     def submit(self, name: str, payload: Any = None, *, key: str | None = None,
                time_limit: float | None = None, priority: int | None = None,
-               countdown: float | None = None, eta: Any = None,
+               countdown: float | None = None, eta: float | datetime | None = None,
                expires: float | None = None, soft_time_limit: float | None = None,
                on_success: str | None = None, on_failure: str | None = None) -> Task:
-        """:meth:`Client.submit <framework.runtime.Client.submit>`."""
-        return self._call("submit", name, payload, key=key, time_limit=time_limit,
+        """:meth:`Client.submit <framework.runtime.Client.submit>` (its options are
+        :class:`~framework.runtime.submission.SubmitOptions`)."""
+        return self._call(Client.submit, name, payload, key=key, time_limit=time_limit,
                           priority=priority, countdown=countdown, eta=eta, expires=expires,
                           soft_time_limit=soft_time_limit, on_success=on_success,
                           on_failure=on_failure)
 
-    def existing(self, key: str) -> Any:
+    def task_types(self) -> dict[str, TypeInfo]:
+        """:meth:`Client.task_types <framework.runtime.Client.task_types>`."""
+        return self._call(Client.task_types)
+
+    def existing(self, key: str) -> Existing | None:
         """:meth:`Client.existing <framework.runtime.Client.existing>`."""
-        return self._call("existing", key)
+        return self._call(Client.existing, key)
 
     def result(self, key: str, *, wait: bool = False,
                timeout: float | None = None) -> TaskResult | None:
         """:meth:`Client.result <framework.runtime.Client.result>`
         (:class:`trio.TooSlowError` after ``timeout`` with ``wait``)."""
-        return self._call("result", key, wait=wait, timeout=timeout)
+        return self._call(Client.result, key, wait=wait, timeout=timeout)
 
-    def revoke(self, task_id: str, **options: Any) -> Any:
+    def revoke(self, task_id: str, *, by: str = "") -> Revocation:
         """:meth:`Client.revoke <framework.runtime.Client.revoke>`."""
-        return self._call("revoke", task_id, **options)
+        return self._call(Client.revoke, task_id, by=by)
 
     def cancel(self, *, by: str = "") -> bool:
         """:meth:`Client.cancel <framework.runtime.Client.cancel>`."""
-        return self._call("cancel", by=by)
+        return self._call(Client.cancel, by=by)
 
-    def resume(self) -> Any:
+    def resume(self) -> CancelRecord | None:
         """:meth:`Client.resume <framework.runtime.Client.resume>`."""
-        return self._call("resume")
+        return self._call(Client.resume)
 
-    def rerun(self, *, by: str = "") -> Any:
+    def rerun(self, *, by: str = "") -> PastRun:
         """:meth:`Client.rerun <framework.runtime.Client.rerun>`."""
-        return self._call("rerun", by=by)
+        return self._call(Client.rerun, by=by)
 
     def processes(self) -> tuple[int, int]:
         """:meth:`Client.processes <framework.runtime.Client.processes>`."""
-        return self._call("processes")
+        return self._call(Client.processes)
 
-    def purge(self, *, force: bool = False, grace: float = 30.0) -> bool:
+    def purge(self, *, force: bool = False, grace: float = 30.0, by: str = "") -> bool:
         """:meth:`Client.purge <framework.runtime.Client.purge>`."""
-        return self._call("purge", force=force, grace=grace)
-
-    def dead_letters(self) -> list[DeadLetter]:
-        """:meth:`Client.dead_letters <framework.runtime.Client.dead_letters>`."""
-        return self._call("dead_letters")
+        return self._call(Client.purge, force=force, grace=grace, by=by)
 
     def requeue(self, dead_letter: str) -> str:
         """:meth:`Client.requeue <framework.runtime.Client.requeue>`."""
-        return self._call("requeue", dead_letter)
+        return self._call(Client.requeue, dead_letter)
 
     def discard(self, dead_letter: str) -> None:
         """:meth:`Client.discard <framework.runtime.Client.discard>`."""
-        self._call("discard", dead_letter)
+        self._call(Client.discard, dead_letter)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """:meth:`Client.dead_letters <framework.runtime.Client.dead_letters>`."""
+        return self._call(Client.dead_letters)

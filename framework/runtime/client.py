@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -33,7 +34,7 @@ from framework.runtime.operations import actions
 from framework.runtime.operations.task_lookup import where_is
 from framework.runtime.payloads import PayloadStore
 from framework.runtime.records import CancelRecord, PastRun, Revocation, RevokeRecord
-from framework.runtime.submission import Existing, Submitter
+from framework.runtime.submission import Existing, SubmitOptions, Submitter
 from framework.runtime.task_types import TypeInfo
 from framework.runtime.tasks import Outcome, Task, TaskResult, read_result
 from framework.zk import Session, gather, validate_name
@@ -105,7 +106,7 @@ class Client:
 
     async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
                      time_limit: float | None = None, priority: int | None = None,
-                     countdown: float | None = None, eta: Any = None,
+                     countdown: float | None = None, eta: float | datetime | None = None,
                      expires: float | None = None, soft_time_limit: float | None = None,
                      on_success: str | None = None, on_failure: str | None = None) -> Task:
         """Queue one task of type ``name`` (``payload``: any JSON value), now or at its time
@@ -121,8 +122,10 @@ class Client:
         :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an
         ``async def`` handler; ``on_success`` / ``on_failure``: task types queued with its
         result or final error (:mod:`framework.runtime.callbacks`).  Each defaults to the
-        task type's (``@task(...)``).  Raises
-        :class:`ConfigurationError` for a task type the app's workers do not have (once one
+        task type's (``@task(...)``).  These options are
+        :class:`~framework.runtime.submission.SubmitOptions`, the same for every submit
+        surface.  Raises :class:`ConfigurationError` for a bad option (one line naming it),
+        for a task type the app's workers do not have (once one
         has registered its types) and for an app that was cancelled (``framework cancel``);
         :class:`~framework.errors.DataTooLargeError` for a task over the queue's 64 KiB
         without a payload store; :class:`~framework.runtime.actions.UnknownApp` for a
@@ -135,12 +138,12 @@ class Client:
                 f"application {self.app.name!r} is cancelled: it takes no new tasks "
                 f"(framework resume {self.app.name}, or purge the app to start again)"
             )
+        options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
+                                countdown=countdown, eta=eta, expires=expires,
+                                soft_time_limit=soft_time_limit, on_success=on_success,
+                                on_failure=on_failure)
         submitter = await self._submitter()
-        task = await submitter.submit(name, payload, task_id=key, idempotency_key=key,
-                                      time_limit=time_limit, priority=priority,
-                                      countdown=countdown, eta=eta, check_existing=True,
-                                      expires=expires, soft_time_limit=soft_time_limit,
-                                      on_success=on_success, on_failure=on_failure)
+        task = await submitter.submit(name, payload, options, check_existing=True)
         if not self._types_seen and not await self.task_types():
             self.unchecked(self.app.name, name)
         return task

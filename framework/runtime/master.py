@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
 from typing import Any, ClassVar, NoReturn
 
 import attrs
@@ -44,7 +45,7 @@ from framework.runtime.records import JobDone, MasterIdentity, decode_or_none
 from framework.runtime.results.retention import Retention, limits_of
 from framework.runtime.scheduling.delayed import DelayedMover
 from framework.runtime.scheduling.schedules import Schedule, Scheduler
-from framework.runtime.submission import Submitter
+from framework.runtime.submission import SubmitOptions, Submitter
 from framework.runtime.tasks import FAILURE_RING, Task, TaskResult, read_result
 from framework.zk import Session, cleanup_scope, gather, single_body_error
 
@@ -72,17 +73,23 @@ class MasterContext:
 
     # ------------------------------------------------------------ tasks (pull mode)
 
-    async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
-                     idempotency_key: str | None = None, time_limit: float | None = None,
-                     priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None) -> Task:
+    async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
+                     time_limit: float | None = None, priority: int | None = None,
+                     countdown: float | None = None, eta: float | datetime | None = None,
+                     expires: float | None = None, soft_time_limit: float | None = None,
+                     on_success: str | None = None, on_failure: str | None = None) -> Task:
         """Queue one task of type ``name`` (JSON payload) for the workers, now or at its
-        time (``countdown`` seconds, ``eta``); returns it with its id.  An unknown type is
-        a :class:`~framework.errors.ConfigurationError` (see
-        :mod:`framework.runtime.submission`); ``priority`` defaults to the type's."""
-        return await self.submitter.submit(
-            name, payload, task_id=task_id, idempotency_key=idempotency_key,
-            time_limit=time_limit, priority=priority, countdown=countdown, eta=eta)
+        time; returns it with its id.  The options are those of ``Client.submit``
+        (:class:`~framework.runtime.submission.SubmitOptions`; each ``None`` defaults to
+        the task type's), but a ``key`` that exists is queued again without a word (a new
+        leader resubmitting its job; the worker skips a key whose success is recorded).
+        An unknown type or a bad option is a :class:`~framework.errors.ConfigurationError`
+        (see :mod:`framework.runtime.submission`)."""
+        options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
+                                countdown=countdown, eta=eta, expires=expires,
+                                soft_time_limit=soft_time_limit, on_success=on_success,
+                                on_failure=on_failure)
+        return await self.submitter.submit(name, payload, options)
 
     async def submit_many(self, name: str, payloads: list[Any], *,
                           priority: int | None = None,

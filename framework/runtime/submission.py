@@ -1,7 +1,13 @@
-"""Submitting one task: the one path behind ``Master``, ``Worker`` and ``Client.submit`` and
-``framework submit``.
+"""Submitting one task: the one path behind ``MasterContext.submit``, ``Worker.submit``,
+``Client.submit`` (and so ``BlockingClient.submit`` and ``framework submit``).
 
-``submit(name, payload, ...)`` checks ``name`` against the app's task types
+What a submit can say is one type, :class:`SubmitOptions` (``key``, ``time_limit``,
+``priority``, ``countdown``/``eta``, ``expires``, ``soft_time_limit``, ``on_success``,
+``on_failure``), validated once when made; every submit surface takes exactly these as
+keyword arguments (``tests/test_submit_contract.py`` holds them to it).  ``key`` is the
+task's id and idempotency key, the one spelling everywhere.
+
+``submit(name, payload, options)`` checks ``name`` against the app's task types
 (:class:`~framework.runtime.task_types.Catalog`: an unknown name is a
 :class:`~framework.errors.ConfigurationError` naming the known ones), builds the task, and
 queues it now, or at its time (``countdown=`` seconds, ``eta=`` an aware datetime or epoch
@@ -36,6 +42,7 @@ import json
 import os
 import re
 import time
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -87,6 +94,66 @@ class TaskExists(errors.FrameworkError):
                 else f"framework status {app.name}")
         super().__init__(f"task {existing.key!r} of {app.name!r} {existing.describe()}: not "
                          f"queued again ({hint})")
+
+
+@attrs.frozen
+class SubmitOptions:
+    """What one submit can say besides its task type and payload: the one contract of
+    ``Client.submit``, ``BlockingClient.submit``, ``MasterContext.submit``,
+    ``Worker.submit`` and ``StubApp.submit`` (each takes these as keyword arguments, in
+    this order, with these defaults, and builds one of these).
+
+    ``key``: the task's id and idempotency key (its result record is ``results/<key>``;
+    default: a new id).  ``time_limit``: seconds before its handler is cancelled.
+    ``priority``: lower values are taken first (default: the task type's).
+    ``countdown`` (seconds from now) or ``eta`` (epoch seconds or an aware datetime): when
+    it is due (default: now).  ``expires``: seconds from its due time by which it must have
+    started, else it is recorded ``expired`` and never run (default: the type's).
+    ``soft_time_limit``: seconds before
+    :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an ``async
+    def`` handler.  ``on_success`` / ``on_failure``: task types queued with its result or
+    final error (:mod:`framework.runtime.callbacks`).  ``None`` leaves each to the task
+    type's (``@task(...)``).
+
+    Validated once, when made: :class:`~framework.errors.ConfigurationError` (one line,
+    naming the option) for a key or callback that is not a valid name, a limit that is not
+    positive, a priority that is not an int below 10**9, both ``countdown`` and ``eta``, or
+    an ``eta`` that is not a time.  What needs the app (an unknown task type, a key that
+    exists) is checked by the submit."""
+
+    key: str | None = None
+    time_limit: float | None = None
+    priority: int | None = None
+    countdown: float | None = None
+    eta: float | datetime | None = None
+    expires: float | None = None
+    soft_time_limit: float | None = None
+    on_success: str | None = None
+    on_failure: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.key is not None:
+            check_name("task key", self.key)
+        for option in ("on_success", "on_failure"):
+            callback = getattr(self, option)
+            if callback is not None:
+                check_name(f"{option} task name", callback)
+        for option in ("time_limit", "expires", "soft_time_limit"):
+            _check_positive(option, getattr(self, option))
+        if self.priority is not None:
+            WorkQueue._check_priority(self.priority)
+        due_time(self.countdown, self.eta)  # raises for a bad countdown or eta
+
+    def due(self) -> float | None:
+        """When the task is due (seconds since the epoch), ``None`` for now."""
+        return due_time(self.countdown, self.eta)
+
+
+def _check_positive(option: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise errors.ConfigurationError(f"{option} must be positive seconds, got {value!r}")
 
 
 class Submitter:
@@ -155,39 +222,34 @@ class Submitter:
         task = attrs.evolve(task, payload=None, payload_ref=ref)
         return task, task.encode()
 
-    async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
-                     idempotency_key: str | None = None, time_limit: float | None = None,
-                     priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None, check_existing: bool = False,
-                     expires: float | None = None, soft_time_limit: float | None = None,
-                     on_success: str | None = None, on_failure: str | None = None) -> Task:
-        """Queue task ``name`` (see the module doc); returns it with its id.
-        ``check_existing``: :class:`TaskExists` if its key exists (see the module doc).
-        ``expires`` (default: the type's): seconds from its due time (now, or its
-        countdown/eta) by which it must have started, else it is recorded ``expired``;
-        ``soft_time_limit``, ``on_success``, ``on_failure``: see
-        :mod:`framework.runtime.task_types`."""
-        due = due_time(countdown, eta)
+    async def submit(self, name: str, payload: Any = None,
+                     options: SubmitOptions = SubmitOptions(), *,
+                     check_existing: bool = False) -> Task:
+        """Queue task ``name`` with ``options`` (see the module doc and
+        :class:`SubmitOptions`); returns it with its id.  ``check_existing``:
+        :class:`TaskExists` if its key exists (see the module doc).  ``expires`` counts
+        from its due time (now, or its countdown/eta)."""
+        due = options.due()
         info = await self.catalog.check(name)
-        expires = info.expires if expires is None else expires
-        if expires is not None and (isinstance(expires, bool) or not expires > 0):
-            raise errors.ConfigurationError(f"expires must be positive seconds, got {expires!r}")
-        task = new_task(payload, name=name, task_id=task_id,
-                        idempotency_key=idempotency_key, time_limit=time_limit,
+        expires = info.expires if options.expires is None else options.expires
+        _check_positive("expires", expires)
+        key = options.key
+        task = new_task(payload, name=name, task_id=key, idempotency_key=key,
+                        time_limit=options.time_limit,
                         expires=None if expires is None else (due or time.time()) + expires,
-                        soft_time_limit=soft_time_limit, on_success=on_success,
-                        on_failure=on_failure)
-        level = info.priority if priority is None else priority
+                        soft_time_limit=options.soft_time_limit,
+                        on_success=options.on_success, on_failure=options.on_failure)
+        level = info.priority if options.priority is None else options.priority
         WorkQueue._check_priority(level)
-        explicit = task_id is not None or idempotency_key is not None
-        if check_existing and explicit:
-            found = await self.existing(task.key)
+        if check_existing and key is not None:
+            found = await self.existing(key)
             if found is not None and found.state not in ("failed", "revoked", "expired"):
                 raise TaskExists(self.app, found)
-            if found is not None and found.state == "revoked" and task_id is not None:
+            if found is not None and found.state == "revoked":
                 # submitted again on purpose: a revoke left behind must not stop it
-                await self.session.delete(f"{self.app.revoked}/{task_id}", missing_ok=True)
+                await self.session.delete(f"{self.app.revoked}/{key}", missing_ok=True)
         task, data = await self._stored(task)
+        explicit = key is not None
         if due is not None and due > time.time():
             await delay(self.session, self.app, task, level, due, explicit=explicit)
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import trio
@@ -25,7 +26,7 @@ from framework.primitives.queue import WorkQueue
 from framework.retry import Backoff
 from framework.runtime.app import App
 from framework.runtime.service import Part, Service
-from framework.runtime.submission import Submitter
+from framework.runtime.submission import SubmitOptions, Submitter
 from framework.runtime.task_types import TaskRules, collect, rules_of
 from framework.runtime.tasks import Task
 from framework.runtime.worker_parts.duties import Duties
@@ -144,20 +145,25 @@ class Worker(Service):
         """Publish progress of a running task (shown by ``framework status``)."""
         await self.tasks.report_progress(task, done, total, message)
 
-    async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
-                     idempotency_key: str | None = None, time_limit: float | None = None,
-                     priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None) -> Task:
+    async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
+                     time_limit: float | None = None, priority: int | None = None,
+                     countdown: float | None = None, eta: float | datetime | None = None,
+                     expires: float | None = None, soft_time_limit: float | None = None,
+                     on_success: str | None = None, on_failure: str | None = None) -> Task:
         """Queue a follow-up task of type ``name`` (a crawler queues the links it found,
-        say); the same options and errors as ``MasterContext.submit``."""
+        say); the same options (:class:`~framework.runtime.submission.SubmitOptions`) and
+        errors as ``MasterContext.submit``; :class:`~framework.errors.NotConnectedError`
+        while the worker is not running."""
+        options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
+                                countdown=countdown, eta=eta, expires=expires,
+                                soft_time_limit=soft_time_limit, on_success=on_success,
+                                on_failure=on_failure)
         if self.session is None:
             raise errors.NotConnectedError("the worker is not running")
         if self._submitter is None or self._submitter.session is not self.session:
             self._submitter = Submitter(self.session, self.app,
                                         WorkQueue(self.session, self.app.tasks))
-        return await self._submitter.submit(
-            name, payload, task_id=task_id, idempotency_key=idempotency_key,
-            time_limit=time_limit, priority=priority, countdown=countdown, eta=eta)
+        return await self._submitter.submit(name, payload, options)
 
     @property
     def backoff(self) -> Backoff:

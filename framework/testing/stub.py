@@ -52,6 +52,7 @@ import itertools
 import time
 import traceback
 import uuid
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -60,7 +61,7 @@ import trio
 from framework import errors
 from framework.retry import RetryPolicy
 from framework.runtime.master import Master
-from framework.runtime.scheduling.delayed import due_time
+from framework.runtime.submission import SubmitOptions
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
 from framework.runtime.worker_parts import HandlerPool, run_with_soft_limit
@@ -142,20 +143,24 @@ class StubApp:
         """The worker's task type names."""
         return sorted(self.worker.task_types)
 
-    async def submit(self, name: str, payload: Any = None, *, task_id: str | None = None,
-                     idempotency_key: str | None = None, time_limit: float | None = None,
-                     priority: int | None = None, countdown: float | None = None,
-                     eta: Any = None, expires: float | None = None,
-                     soft_time_limit: float | None = None, on_success: str | None = None,
-                     on_failure: str | None = None) -> Task:
-        """Queue one task (the options and errors of ``Client.submit``); it runs at
-        the next :meth:`join`."""
+    async def submit(self, name: str, payload: Any = None, *, key: str | None = None,
+                     time_limit: float | None = None, priority: int | None = None,
+                     countdown: float | None = None, eta: float | datetime | None = None,
+                     expires: float | None = None, soft_time_limit: float | None = None,
+                     on_success: str | None = None, on_failure: str | None = None) -> Task:
+        """Queue one task (the options of ``Client.submit``:
+        :class:`~framework.runtime.submission.SubmitOptions`, and its errors for a bad
+        option or an unknown type; a key that exists is queued again, as a master's
+        submit does); it runs at the next :meth:`join`."""
+        options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
+                                countdown=countdown, eta=eta, expires=expires,
+                                soft_time_limit=soft_time_limit, on_success=on_success,
+                                on_failure=on_failure)
         self._check_type(name)
-        due = due_time(countdown, eta)
-        expires = self.worker.task_types[name].options.expires if expires is None else expires
-        if expires is not None and (isinstance(expires, bool) or not expires > 0):
-            raise errors.ConfigurationError(f"expires must be positive seconds, got {expires!r}")
-        task = new_task(payload, name=name, task_id=task_id, idempotency_key=idempotency_key,
+        due = options.due()
+        if expires is None:
+            expires = self.worker.task_types[name].options.expires
+        task = new_task(payload, name=name, task_id=key, idempotency_key=key,
                         time_limit=time_limit, soft_time_limit=soft_time_limit,
                         expires=None if expires is None else (due or time.time()) + expires,
                         on_success=on_success, on_failure=on_failure)
@@ -328,8 +333,8 @@ class StubApp:
                         "previous": result.result, "payload": after.payload}
             return _ended(record, SUCCEEDED, result=result.result)
         for index, step in enumerate(canvas.steps):
-            await self.submit(step.name, step.payload, task_id=step_key(cid, index),
-                              idempotency_key=step_key(cid, index), priority=step.priority)
+            await self.submit(step.name, step.payload, key=step_key(cid, index),
+                              priority=step.priority)
         await self.join()
         record = attrs.evolve(record, queued=len(canvas.steps))
         results = []
@@ -353,7 +358,7 @@ class StubApp:
     async def _run_step(self, cid: str, index: int | None, name: str, payload: Any,
                         priority: int | None) -> TaskResult:
         key = step_key(cid, index)
-        await self.submit(name, payload, task_id=key, idempotency_key=key, priority=priority)
+        await self.submit(name, payload, key=key, priority=priority)
         await self.join()
         return self.results[key]
 

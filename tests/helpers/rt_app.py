@@ -27,8 +27,7 @@ class BatchMaster(Master):
         marker = f"/apps/{APP}/submitted"
         if await ctx.session.exists(marker) is None:
             for i in range(total):
-                await ctx.submit("handle", {"n": i}, task_id=f"t{i:04d}",
-                                 idempotency_key=f"t{i:04d}")
+                await ctx.submit("handle", {"n": i}, key=f"t{i:04d}")
             await ctx.term.commit(lambda txn: txn.create(marker, b"%d" % total))
         await ctx.wait_idle()
 
