@@ -174,14 +174,3 @@ def test_a_call_timeout_and_connection_errors(zk_hosts: str, chroot: str) -> Non
     with pytest.raises(FrameworkError):
         BlockingClient(f"127.0.0.1:{port}", APP, connect_timeout=0.5)
 
-
-def test_the_blocking_submit_takes_what_the_async_one_takes() -> None:
-    """BlockingClient.submit mirrors Client.submit: the same parameters, in the same order."""
-    import inspect
-
-    from framework.runtime import BlockingClient, Client
-
-    ours = inspect.signature(BlockingClient.submit).parameters
-    theirs = inspect.signature(Client.submit).parameters
-    assert [(p.name, p.kind, p.default) for p in ours.values()] == [
-        (p.name, p.kind, p.default) for p in theirs.values()]
