@@ -7,8 +7,8 @@ Per application (``/apps/<name>``) the feed holds:
   ``shards/``, ``assignments/`` and each ``assignments/<worker>/``;
 * the membership watch on ``workers/`` and on ``running/`` (one children watch and one data
   watch per member: status and progress updates);
-* children watches on the queue's ``items/``, each bucket and ``claims/`` (a bucket is listed
-  again only after its own watch fired);
+* the queue's watched counts (:func:`~framework.primitives.queue.watch_queue_counts`: its
+  layout is the queue's business);
 * the ready-znode watch on ``config/`` and data watches on ``done``, ``cancel`` and
   ``counters``;
 * the task views' watches (recent results, delayed tasks, schedules, revoked ids, running
@@ -40,7 +40,7 @@ from framework.dashboard.tasks_feed import TaskViews
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Group
 from framework.primitives.election import contenders_of
-from framework.primitives.queue import is_bucket
+from framework.primitives.queue import watch_queue_counts
 from framework.runtime.app import App
 from framework.runtime.operations import result_count
 from framework.runtime.tasks import TaskResult
@@ -213,59 +213,12 @@ class AppFeed:
             return None
 
     async def _queue(self) -> None:
-        """Queue depth (items in every bucket) and claimed items; each list is read again
-        only after its own watch fired (one callback object per path: the session keeps watch
-        callbacks in a set, so re-arming never piles them up)."""
-        session = self.session
-        items, claims = f"{self.app.tasks}/items", f"{self.app.tasks}/claims"
-        dirty: set[str] = set()
-        wake = trio.Event()
-        callbacks: dict[str, Callable[[Any], None]] = {}
-
-        def mark(path: str) -> None:
-            nonlocal wake
-            dirty.add(path)
-            wake.set()
-
-        def callback(path: str) -> Callable[[Any], None]:
-            if path not in callbacks:
-                def fire(_event: Any, path: str = path) -> None:
-                    mark(path)
-                callbacks[path] = fire
-            return callbacks[path]
-
-        counts: dict[str, int] = {}
-        dirty |= {items, claims}
-        while True:
-            while dirty:
-                path = dirty.pop()
-                try:
-                    names = await session.children(path, watch=callback(path))
-                except errors.NoNodeError:
-                    names = []
-                    if await session.exists(path, watch=callback(path)) is not None:
-                        dirty.add(path)  # created meanwhile
-                except (errors.ConnectionLossError, errors.SessionExpiredError):
-                    dirty |= {items, claims, *counts}
-                    await session.wait_connected()
-                    continue
-                if path == items:
-                    buckets = {f"{items}/{b}" for b in names if is_bucket(b)}
-                    for gone in set(counts) - buckets:
-                        del counts[gone]
-                        callbacks.pop(gone, None)
-                    dirty |= buckets - set(counts)
-                    for new in buckets - set(counts):
-                        counts[new] = 0
-                elif path == claims:
-                    self.view.claimed = len(names)
-                elif path in counts:
-                    counts[path] = len(names)
-            self.view.depth = sum(counts.values())
+        """Queue depth (claimed items included) and claimed items, as the queue's watched
+        counts give them (throttled)."""
+        async for counts in watch_queue_counts(self.session, self.app.tasks,
+                                               throttle=QUEUE_THROTTLE):
+            self.view.depth, self.view.claimed = counts.queued, counts.claimed or 0
             self._changed()
-            await wake.wait()
-            wake = trio.Event()
-            await trio.sleep(QUEUE_THROTTLE)
 
     async def _config(self) -> None:
         store: ConfigStore[Any] = ConfigStore(self.session, self.app.config)

@@ -38,7 +38,7 @@ from framework import errors
 from framework.errors import ConfigurationError
 from framework.primitives.queue.claims import FOREIGN_PRUNE
 from framework.primitives.queue.consumer import Consumer
-from framework.primitives.queue.counts import QueueCounts, queue_counts
+from framework.primitives.queue.counts import QueueCounts, queue_counts, watch_queue_counts
 from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.lease import LeaseBreaker, Renewal
 from framework.primitives.queue.line import WaitingLine
@@ -48,7 +48,7 @@ from framework.retry import RetryPolicy
 from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
 
 __all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueCounts", "QueueItem",
-           "WorkQueue", "is_bucket", "parse_item", "queue_counts"]
+           "WorkQueue", "is_bucket", "parse_item", "queue_counts", "watch_queue_counts"]
 
 #: Largest ``bucket_size``: a bucket's listing must stay under ZooKeeper's 1 MB reply limit
 #: (Java clients cannot read more) with names of up to ~45 bytes.
