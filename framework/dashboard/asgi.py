@@ -24,7 +24,7 @@ import binascii
 import enum
 import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,79 +57,108 @@ NO_STORE = {"cache-control": "no-store"}
 def dashboard_app(model: Model, session: Session, *, token: str | None = None) -> Any:
     """The ASGI application serving ``model``; ``session`` is used only for lookups and
     actions; ``token``: required of every request (see the module doc)."""
-    registry = prom.registry_for(model)
-
-    async def page(request: Request) -> Response:
-        return Response((STATIC / "index.html").read_bytes(), headers=NO_STORE,
-                        media_type="text/html; charset=utf-8")
-
-    async def state(request: Request) -> Response:
-        return Response(model.snapshot_bytes(), media_type="application/json",
-                        headers=NO_STORE)
-
-    async def metrics(request: Request) -> Response:
-        return Response(prom.render(registry), media_type=prom.CONTENT_TYPE, headers=NO_STORE)
-
-    async def events(request: Request) -> Response:
-        return StreamingResponse(_pushes(model), media_type="text/event-stream", headers={
-            "cache-control": "no-cache", "x-accel-buffering": "no"})
-
-    async def result(request: Request) -> Response:
-        app, key = request.query_params.get("app", ""), request.query_params.get("key", "")
-        if not app or not key:
-            raise actions.ActionError("give app and key")
-        record = await actions.lookup_result(session, app, key)
-        return _json({"app": app, "key": key, "found": record is not None, "result": record})
-
-    async def act(request: Request) -> Response:
-        if not model.allow_actions:
-            return _error(403, "read-only dashboard: start it with --allow-actions")
-        if request.headers.get("x-dashboard-action") != "1":
-            return _error(403, "missing X-Dashboard-Action header")
-        try:
-            doc = json.loads(await _body(request))
-            app, name = str(doc["app"]), str(doc["name"])
-        except (ValueError, KeyError, TypeError):
-            raise actions.ActionError('expected JSON {"app": ..., "name": ...}') from None
-        action = request.path_params["action"]
-        if action == "requeue":
-            return _json({"ok": True, "item": await actions.requeue(session, app, name)})
-        if action == "revoke":
-            return _json({"ok": True, "revocation": await _revoke(session, app, name)})
-        if action != "discard":
-            return _error(404, f"no route POST {request.url.path}")
-        await actions.discard(session, app, name)
-        return _json({"ok": True})
-
-    async def bad_request(request: Request, exc: Exception) -> Response:
-        return _error(400, str(exc))
-
-    async def unavailable(request: Request, exc: Exception) -> Response:
-        return _error(503, f"ZooKeeper: {type(exc).__name__}: {exc}")
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        if exc.status_code == 404:
-            return _error(404, f"no route {request.method} {request.url.path}")
-        return _error(exc.status_code, str(exc.detail))
-
+    endpoints = _Endpoints(model, session)
     app = Starlette(
         routes=[
-            Route("/", page),
+            Route("/", endpoints.page),
             Mount("/static", StaticFiles(directory=STATIC)),
-            Route("/events", events),
-            Route("/api/state", state),
-            Route("/api/result", result),
-            Route("/metrics", metrics),
-            Route("/api/{action:str}", act, methods=["POST"]),
+            Route("/events", endpoints.events),
+            Route("/api/state", endpoints.state),
+            Route("/api/result", endpoints.result),
+            Route("/metrics", endpoints.metrics),
+            Route("/api/{action:str}", endpoints.act, methods=["POST"]),
         ],
         exception_handlers={
-            actions.ActionError: bad_request,
-            errors.ZooKeeperError: unavailable,
-            HTTPException: http_error,
+            actions.ActionError: _bad_request,
+            errors.ZooKeeperError: _unavailable,
+            HTTPException: _http_error,
         },
     )
     return app if token is None else _guarded(app, token)
+
+
+class _Endpoints:
+    """The routes' handlers: ``model`` is what they show, ``session`` serves lookups and
+    actions (``POST /api/<action>`` with JSON ``{"app": ..., "name": ...}``)."""
+
+    def __init__(self, model: Model, session: Session) -> None:
+        self.model = model
+        self.session = session
+        self.registry = prom.registry_for(model)
+        self.actions: dict[str, Callable[[str, str], Awaitable[dict[str, Any]]]] = {
+            "requeue": self._requeue, "revoke": self._revocation, "discard": self._discard,
+        }
+
+    async def page(self, request: Request) -> Response:
+        return Response((STATIC / "index.html").read_bytes(), headers=NO_STORE,
+                        media_type="text/html; charset=utf-8")
+
+    async def state(self, request: Request) -> Response:
+        return Response(self.model.snapshot_bytes(), media_type="application/json",
+                        headers=NO_STORE)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(prom.render(self.registry), media_type=prom.CONTENT_TYPE,
+                        headers=NO_STORE)
+
+    async def events(self, request: Request) -> Response:
+        return StreamingResponse(_pushes(self.model), media_type="text/event-stream", headers={
+            "cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def result(self, request: Request) -> Response:
+        app, key = request.query_params.get("app", ""), request.query_params.get("key", "")
+        if not app or not key:
+            raise actions.ActionError("give app and key")
+        record = await actions.lookup_result(self.session, app, key)
+        return _json({"app": app, "key": key, "found": record is not None, "result": record})
+
+    async def act(self, request: Request) -> Response:
+        """An action: refused (403) unless allowed and asked for by the page's header; its
+        target read from the body (400 if malformed) before the action is looked up (404
+        if unknown)."""
+        if not self.model.allow_actions:
+            return _error(403, "read-only dashboard: start it with --allow-actions")
+        if request.headers.get("x-dashboard-action") != "1":
+            return _error(403, "missing X-Dashboard-Action header")
+        app, name = await _action_target(request)
+        perform = self.actions.get(request.path_params["action"])
+        if perform is None:
+            return _error(404, f"no route POST {request.url.path}")
+        return _json(await perform(app, name))
+
+    async def _requeue(self, app: str, name: str) -> dict[str, Any]:
+        return {"ok": True, "item": await actions.requeue(self.session, app, name)}
+
+    async def _revocation(self, app: str, name: str) -> dict[str, Any]:
+        return {"ok": True, "revocation": await _revoke(self.session, app, name)}
+
+    async def _discard(self, app: str, name: str) -> dict[str, Any]:
+        await actions.discard(self.session, app, name)
+        return {"ok": True}
+
+
+async def _action_target(request: Request) -> tuple[str, str]:
+    """The ``app`` and ``name`` an action's body names (an ``ActionError`` if it does not)."""
+    try:
+        doc = json.loads(await _body(request))
+        return str(doc["app"]), str(doc["name"])
+    except (ValueError, KeyError, TypeError):
+        raise actions.ActionError('expected JSON {"app": ..., "name": ...}') from None
+
+
+async def _bad_request(request: Request, exc: Exception) -> Response:
+    return _error(400, str(exc))
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    return _error(503, f"ZooKeeper: {type(exc).__name__}: {exc}")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _error(404, f"no route {request.method} {request.url.path}")
+    return _error(exc.status_code, str(exc.detail))
 
 
 async def _revoke(session: Session, app: str, task_id: str) -> str:

@@ -63,6 +63,53 @@ async def _children(session: Session, path: str, watches: Watches | None) -> lis
         return []
 
 
+class _ResultsIndex:
+    """The keys of the newest results, from the results log's listings (days, their slots,
+    a slot's keys): the newest day and its live slots (those that may still be written)
+    are listed again at each read, with a watch; older listings are kept while still
+    shown, and forgotten once not."""
+
+    def __init__(self, session: Session, log: str) -> None:
+        self.session = session
+        self.log = log
+        self.listed: dict[str, list[str]] = {}  # a day's slots or a slot's keys, kept
+        self._keys: dict[str, None] = {}  # newest slot first, in listing order within a slot
+        self._visited: set[str] = set()
+
+    async def newest(self, watches: Watches, count: int) -> list[str]:
+        """The newest ``count`` keys (fewer if the log holds fewer)."""
+        self._keys, self._visited = {}, set()
+        live = slot_of(time.time()) - 1  # slots from here on may still be written
+        newest = True  # the newest day is watched, and its live slots
+        for day in reversed(await _children(self.session, self.log, watches)):
+            await self._read_day(f"{self.log}/{day}", watches if newest else None, live, count)
+            newest = False
+            if len(self._keys) >= count:
+                break
+        for gone in set(self.listed) - self._visited:
+            del self.listed[gone]
+        return list(self._keys)[:count]
+
+    async def _read_day(self, day_path: str, watches: Watches | None, live: int,
+                        count: int) -> None:
+        """Add a day's keys, newest slot first, until ``count`` are known (``watches``:
+        the newest day's, else ``None``)."""
+        self._visited.add(day_path)
+        for slot in reversed(await self._listing(day_path, watches)):
+            path = f"{day_path}/{slot}"
+            self._visited.add(path)
+            watched = watches is not None and slot.isdigit() and int(slot) >= live
+            self._keys.update(dict.fromkeys(await self._listing(path, watches if watched
+                                                                else None)))
+            if len(self._keys) >= count:
+                break
+
+    async def _listing(self, path: str, watches: Watches | None) -> list[str]:
+        if watches is not None or path not in self.listed:
+            self.listed[path] = await _children(self.session, path, watches)
+        return self.listed[path]
+
+
 class TaskViews:
     """The task views of one application, written into ``view`` (``changed`` after each
     update)."""
@@ -87,38 +134,13 @@ class TaskViews:
     # ------------------------------------------------------------ recent results
 
     async def recent(self) -> None:
-        listed: dict[str, list[str]] = {}  # a day's slots or a slot's keys, but the newest
-
-        async def listing(path: str, watches: Watches | None) -> list[str]:
-            if watches is not None or path not in listed:
-                listed[path] = await _children(self.session, path, watches)
-            return listed[path]
-
+        """The newest :data:`RECENT_RESULTS` results (newest slot first), each record read
+        once unless it may still be rewritten; read again after each watched change."""
+        index = _ResultsIndex(self.session, self.app.results_log)
         cache: dict[str, dict[str, Any]] = {}
 
         async def read(watches: Watches) -> None:
-            log = self.app.results_log
-            keys: dict[str, None] = {}  # newest slot first, in listing order within a slot
-            visited: set[str] = set()
-            live = slot_of(time.time()) - 1  # slots from here on may still be written
-            newest = True  # the newest day is watched, and its live slots
-            for day in reversed(await _children(self.session, log, watches)):
-                day_path = f"{log}/{day}"
-                visited.add(day_path)
-                for slot in reversed(await listing(day_path, watches if newest else None)):
-                    path = f"{day_path}/{slot}"
-                    visited.add(path)
-                    watched = newest and slot.isdigit() and int(slot) >= live
-                    keys.update(dict.fromkeys(await listing(path, watches if watched
-                                                            else None)))
-                    if len(keys) >= RECENT_RESULTS:
-                        break
-                newest = False
-                if len(keys) >= RECENT_RESULTS:
-                    break
-            for gone in set(listed) - visited:
-                del listed[gone]
-            shown = list(keys)[:RECENT_RESULTS]
+            shown = await index.newest(watches, RECENT_RESULTS)
             for key in shown:
                 # a failed or revoked task's record is rewritten in place if it runs again
                 # (its index entry stays): those are watched and read again
