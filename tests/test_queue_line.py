@@ -148,13 +148,18 @@ async def test_a_head_does_not_list_the_line_again(
     """A lone idle take is a head.  Each time the queue's lists change without work for
     it, it looks at the queue again and waits again, without listing the line (nodes ahead
     of a head only ever go); a later put still reaches it.  With three takes of one object,
-    a claim still takes the object out of the line: its node is deleted with the claim."""
+    a claim still takes the object out of the line: its node is deleted with the claim.
+
+    Listings are counted from the moment the first take has listed the line once (its join):
+    its node showing up in the line does not mean it has listed it yet (under load it may
+    not have, and that listing is the join's, not a head listing again)."""
     queue = WorkQueue(session, "/q")
     await queue.size()
     await session.ensure_path("/q/waiting")
     async with Session(zk_hosts, chroot=chroot) as own:
         line_reads: list[str] = []
         claims_read = trio.Event()
+        line_listed = trio.Event()
         real_children = Session.children
 
         async def counting_children(self: Session, path: str, **kwargs: object) -> object:
@@ -163,7 +168,12 @@ async def test_a_head_does_not_list_the_line_again(
                 line_reads.append(path)
             if self is own and path == "/q/claims":
                 claims_read.set()
-            return await real_children(self, path, **kwargs)  # type: ignore[arg-type]
+            names = await real_children(self, path, **kwargs)  # type: ignore[arg-type]
+            if self is own and path == "/q/waiting":
+                line_listed.set()  # its caller sees the names before any other task runs
+            return names
+
+        monkeypatch.setattr(Session, "children", counting_children)
 
         taken: list[bytes] = []
         got = trio.Event()
@@ -179,7 +189,9 @@ async def test_a_head_does_not_list_the_line_again(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(take)
                 await wait_for_line(session, 1)
-                monkeypatch.setattr(Session, "children", counting_children)
+                await line_listed.wait()  # the join's listing: from here on it is a head
+                assert len(line_reads) == 1
+                line_reads.clear()
                 for _ in range(3):  # a change of claims/ wakes the head: nothing for it
                     claims_read = trio.Event()
                     await session.create("/q/claims/not-an-item")
