@@ -25,8 +25,9 @@ from examples.message_broker.layout import (
     decode,
 )
 from framework import Session, records
+from framework.cli.render import render_status
 from framework.runtime import App
-from framework.runtime.operations import gather_status, render_status
+from framework.runtime.operations import gather_status
 from framework.runtime.records import MemberState
 from framework.testing import spawn
 from framework.zk import watch_data

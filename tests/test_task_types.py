@@ -15,6 +15,7 @@ import trio
 from rich.console import Console
 
 from framework import ConfigurationError, Session
+from framework.cli.render import render_status
 from framework.primitives.queue import WorkQueue
 from framework.runtime import (
     Client,
@@ -27,7 +28,7 @@ from framework.runtime import (
     task,
 )
 from framework.runtime.app import App
-from framework.runtime.operations.status import AppStatus, Watches, gather_status, render_status
+from framework.runtime.operations.status import AppStatus, Watches, gather_status
 from framework.runtime.scheduling.delayed import BUCKET_SECONDS
 from framework.runtime.task_types import Catalog, RateLimit, collect
 from framework.testing import expire_session

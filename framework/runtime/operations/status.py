@@ -21,13 +21,10 @@ from __future__ import annotations
 import enum
 import functools
 import json
-import time
 from typing import Any, Callable, TypeVar
 
 import attrs
 import trio
-from rich.console import Group as RichGroup
-from rich.table import Table
 
 from framework import errors, records
 from framework.primitives import Election
@@ -389,104 +386,3 @@ async def _generation(session: Session, app: App) -> int:
     """1, plus one per generation kept in ``history/`` (one read: its child count)."""
     stat = await session.exists(app.history)
     return 1 + (stat.numChildren if stat is not None else 0)
-
-
-def render_apps(apps: list[AppSummary]) -> Table | str:
-    if not apps:
-        return "No applications in this ZooKeeper."
-    table = _table(None, "app", "state", "generation", "leader", "masters", "workers",
-                   "queue depth")
-    for a in apps:
-        table.add_row(a.name, a.state, str(a.generation), a.leader or "-", str(a.masters),
-                      str(a.workers), str(a.queue_depth))
-    return table
-
-
-def _table(title: str | None, *columns: str) -> Table:
-    """A table that folds long cells instead of cutting them."""
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    return table
-
-
-def _master(who: Contender) -> str:
-    address = f" {who.address}" if who.address else ""
-    return f"{who.name} ({who.host or '?'}:{who.pid or '?'}){address} token {who.token}"
-
-
-def _progress(marker: RunningRecord) -> str:
-    done, total = marker.done, marker.total
-    if done is None:
-        return "-"
-    text = f"{done:g}/{total:g} ({done / total:.0%})" if total else f"{done:g}"
-    return f"{text} {marker.message or ''}".strip()
-
-
-def _ago(now: float, at: Any) -> str:
-    return f"{now - at:.0f}s ago" if isinstance(at, (int, float)) else "-"
-
-
-def render_status(status: AppStatus) -> RichGroup | str:
-    """A human-readable view (rich tables; long cells fold, nothing is cut)."""
-    if not status.exists:
-        return f"No application {status.app!r} in this ZooKeeper."
-    now = time.time()
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(no_wrap=True)
-    summary.add_column(overflow="fold")
-    summary.add_row("application", status.app)
-    summary.add_row("state", status.state)
-    if status.past_runs:
-        last = status.past_runs[-1].done
-        summary.add_row("generation", f"{status.generation} (rerun {len(status.past_runs)} "
-                        f"time(s); the last finished {_ago(now, last.at)} by "
-                        f"{last.master or '?'}: {last.results:,} results, "
-                        f"{last.dead_letters:,} dead-lettered)")
-    summary.add_row("leader", _master(status.leader) if status.leader else "(none)")
-    for doc in status.standbys:
-        summary.add_row("standby", _master(doc))
-    if status.duties:
-        holder = status.duty_holder
-        summary.add_row("duties", (
-            "no worker holds them" if holder is None else
-            f"{holder} (deferred: the leading master does them)"
-            if status.duties[holder] == "deferred" else
-            f"{holder} (moves delayed tasks, fires schedules, applies retention)"))
-    summary.add_row("queue depth", str(status.queue_depth))
-    summary.add_row("running", str(len(status.running)))
-    summary.add_row("results", str(status.results))
-    summary.add_row("dead letters", str(status.dead_letters))
-    if status.types_without_worker:
-        summary.add_row("types with no worker",
-                        f"{', '.join(status.types_without_worker)} (their tasks wait in the "
-                        "queue until a worker that has them runs)")
-    workers = _table("workers", "name", "address", "state", "load", "done", "failed",
-                     "shards", "duties", "health", "changed")
-    for name, member in sorted(status.workers.items()):
-        workers.add_row(
-            name, member.address or "", member.state.value, f"{member.load:.0%}",
-            str(member.done), str(member.failed), ",".join(member.shards) or "-",
-            status.duties.get(name, "-"),
-            "ok" if member.health.get("ok", True) else json.dumps(member.health),
-            _ago(now, member.at),
-        )
-    parts: list[Any] = [summary, workers]
-    if status.running:
-        running = _table("running tasks", "task", "worker", "attempt", "progress", "started")
-        for task_id, marker in sorted(status.running.items()):
-            running.add_row(task_id, marker.worker or "?", str(marker.attempt),
-                            _progress(marker), _ago(now, marker.started))
-        parts.append(running)
-    if status.assignments:
-        shards = _table("assignments", "shard", "worker")
-        for shard, worker in sorted(status.assignments.items()):
-            shards.add_row(shard, worker)
-        parts.append(shards)
-    if status.failures:
-        failures = _table("recent failures", "task", "worker", "attempt", "error")
-        for failure in status.failures:
-            failures.add_row(failure.task_id, failure.worker, str(failure.attempts),
-                             str(failure.error))
-        parts.append(failures)
-    return RichGroup(*parts)
