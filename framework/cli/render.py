@@ -7,22 +7,23 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group as RichGroup
 from rich.table import Table
 
-from framework.runtime.operations import (
-    ActiveTask,
-    AppStatus,
-    AppSummary,
-    Contender,
-    DelayedReport,
-    QueueReport,
-    ScheduleState,
-    TypeRow,
-)
-from framework.runtime.records import RunningRecord
+if TYPE_CHECKING:
+    from framework.runtime.operations import (
+        ActiveTask,
+        AppStatus,
+        AppSummary,
+        Contender,
+        DelayedReport,
+        QueueReport,
+        ScheduleState,
+        TypeRow,
+    )
+    from framework.runtime.records import RunningRecord
 
 
 def _table(title: str | None, *columns: str) -> Table:

@@ -10,7 +10,6 @@ import argparse
 import sys
 from typing import Any
 
-from framework.cli import render
 from framework.cli.common import (
     app_named,
     connect,
@@ -44,6 +43,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _show_status(status: Any, as_json: bool, console: Any = None) -> None:
+    from framework.cli import render
+
     if as_json:
         print(status.to_json(indent=None if console else 2), flush=True)
     else:
@@ -83,6 +84,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
     """``framework apps``: every application with its leader, counts and state."""
     import attrs
 
+    from framework.cli import render
     from framework.runtime.operations import list_apps
 
     apps = connect(args, list_apps, deadline=args.timeout)
@@ -95,6 +97,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``framework inspect APP WHAT``: active, scheduled, delayed, types or queues."""
+    from framework.cli import render
     from framework.runtime import operations as look
     from framework.runtime.operations import require_app
 

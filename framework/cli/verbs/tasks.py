@@ -8,7 +8,6 @@ import os
 import sys
 from typing import Any
 
-from framework.cli import render
 from framework.cli.common import app_named, connect, new_console, print_json
 from framework.cli.dispatch import user_error
 from framework.errors import FrameworkError
@@ -189,6 +188,8 @@ def _show_dead(args: argparse.Namespace, done: list[Any]) -> None:
         elif not done:
             print(f"No dead letters in {args.app!r}.")
         else:
+            from framework.cli import render
+
             new_console().print(render.render_dead_letters(args.app, done))
     elif args.action == "purge":
         print(f"deleted {len(done)} dead letter(s) of {args.app!r}")
