@@ -18,6 +18,7 @@ from examples.katta_like.layout import IndexRecord, IndexState, KattaPaths
 from examples.katta_like.load import LoadStats, reference, run_load
 from examples.katta_like.master import KattaMaster
 from examples.katta_like.node import SearchNode
+from examples.katta_like.wire import Answer, Kind, ShardRequest
 from framework import Session
 from framework.runtime import App, Plan
 from framework.testing import TcpProxy
@@ -74,10 +75,17 @@ async def test_kill9_node_under_query_load(zk_hosts: str, chroot: str, session: 
 
 async def test_stopped_node_times_out_and_another_replica_answers(
         zk_hosts: str, chroot: str, session: Session, tmp_path: Path) -> None:
-    """A node process frozen with SIGSTOP accepts connections and never answers: the
-    client hedges (asks another replica once a request is slower than recent ones allow,
-    long before its ``shard_timeout``); no query fails, none is partial or wrong; once its
-    session expires it is replaced."""
+    """A node process frozen with SIGSTOP accepts connections and never answers: a query
+    that asked it is hedged (its shards are also asked of another replica once the request
+    is slower than recent ones allow, long before its ``shard_timeout``) and is complete and
+    right; no query of the load fails, none is partial or wrong; once its session expires
+    the node is replaced.
+
+    The node is frozen by a probe client of its own, right before that client's call to it
+    goes out: the probe's query certainly meets the frozen replica.  (Frozen first, a probe
+    sharing the load's client could miss it for good: the first query to meet it marks it
+    suspect for 5 s, longer than the 4 s until its session expires and nobody routes to it.)
+    """
     queries = sample_queries(SPEC, 40)
     expected = reference(SPEC, tmp_path, list(dict.fromkeys(queries)), 10)
     async with Cluster(zk_hosts, chroot, tmp_path) as cluster:
@@ -85,18 +93,30 @@ async def test_stopped_node_times_out_and_another_replica_answers(
             await start(cluster, session, tmp_path)
             stats, stop = LoadStats(), trio.Event()
             async with SearchClient.open(session, shard_timeout=5.0) as client, \
+                    SearchClient.open(session, shard_timeout=5.0) as probe, \
                     trio.open_nursery() as nursery:
                 nursery.start_soon(run_load, client, queries, expected, stats, stop)
-                cluster.procs["n2"].pause()
-                # query until one of them met the stopped replica (the client picks replicas
-                # at random): that query hedged to another replica, which answered
-                hedged, n = 0, 0
-                while not hedged:
+                await probe.wait_routable("docs", 2)
+                stopped = {nodes["n2"] for nodes in (await probe.deployment("docs")).values()
+                           if "n2" in nodes}
+                met: list[str] = []  # the probe's calls to n2, once frozen
+                call = probe._call
+
+                async def freezing(address: str, kind: Kind, request: ShardRequest) -> Answer:
+                    if address in stopped:
+                        if not met:
+                            cluster.procs["n2"].pause()
+                        met.append(address)
+                    return await call(address, kind, request)
+
+                probe._call = freezing  # type: ignore[method-assign]
+                n = 0
+                while not met:  # the probe picks replicas at random: until it picks n2
                     query = queries[n % len(queries)]
                     n += 1
-                    result = await client.search(query, index="docs")
+                    result = await probe.search(query, index="docs")
                     assert not result.partial and result.count == expected[query].count
-                    hedged = result.hedged
+                assert result.hedged  # the query that met the frozen node hedged
                 await wait_replicated(session, "docs", 2, exclude={"n2"})
                 stop.set()
             checked(stats)
