@@ -623,52 +623,77 @@ class Subscriber:
             await self.commit()
 
     async def _follow(self, topic: str, offset: int) -> None:
-        refusals = 0
+        """Run for the subscriber's life: stream ``topic`` from ``offset`` into the channel
+        from whichever server is its primary.  When a subscription ends, wait for a newer
+        primary if the link failed, or look the primary up again after a back-off if the
+        server refused (a stale route); :class:`BrokerError` for a permanent refusal."""
+        cursor = _Cursor(offset)
         while True:
             address, epoch = await self.router.primary(topic)
-            link_failed = True
-            try:
-                with trio.fail_after(LINK_RETRY):
-                    conn = await protocol.connect(address)
-            except (OSError, trio.TooSlowError):
-                conn = None
-            try:
-                if conn is not None:
-                    await conn.send(Subscribe(1, topic, offset))
-                    while True:
-                        frame = await conn.read()
-                        if isinstance(frame, ErrorReply):
-                            code = frame.code
-                            if code is ErrorCode.UNKNOWN_TOPIC and \
-                                    await self.router.topic_exists(topic):
-                                code = ErrorCode.NOT_PRIMARY  # a stale route
-                            if code.permanent:
-                                raise BrokerError(code, frame.message)
-                            link_failed = False
-                            break
-                        if isinstance(frame, Subscribed):
-                            self._set_head(topic, frame.hw)
-                            refusals = 0
-                        if not isinstance(frame, Msgs) or frame.start != offset:
-                            continue
-                        for record in frame.records:
-                            await self._send.send(Message(topic, offset, record.producer,
-                                                          record.seq, record.payload))
-                            offset += 1
-            except (protocol.PeerClosed, protocol.ProtocolError, OSError,
-                    trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            finally:
-                if conn is not None:
-                    await conn.aclose()
+            refused = await self._subscribe_once(topic, address, cursor)
             self.resubscribes += 1
-            if link_failed:  # the server died or is out of reach: wait for a newer primary
+            if not refused:  # the server died or is out of reach: wait for a newer primary
                 with trio.move_on_after(LINK_RETRY):
                     await self.router.primary(topic, not_epoch=epoch)
             else:  # refused (not_primary): look the primary up again after a back-off
                 self.router.forget(topic)
-                refusals += 1
-                await RETRY_BACKOFF.sleep(refusals)
+                cursor.refusals += 1
+                await RETRY_BACKOFF.sleep(cursor.refusals)
+
+    async def _subscribe_once(self, topic: str, address: str, cursor: _Cursor) -> bool:
+        """One subscription at ``address``, from ``cursor.offset``, until it ends: ``True``
+        when the server refused it in a way asking again may change, ``False`` when the
+        link could not be opened (within :data:`LINK_RETRY`) or broke."""
+        try:
+            with trio.fail_after(LINK_RETRY):
+                conn = await protocol.connect(address)
+        except (OSError, trio.TooSlowError):
+            return False
+        try:
+            await conn.send(Subscribe(1, topic, cursor.offset))
+            await self._stream(conn, topic, cursor)
+            return True
+        except (protocol.PeerClosed, protocol.ProtocolError, OSError,
+                trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        finally:
+            await conn.aclose()
+
+    async def _stream(self, conn: protocol.Connection, topic: str, cursor: _Cursor) -> None:
+        """Hand a subscription's messages to the channel in log order, moving
+        ``cursor.offset`` past each one handed out (a batch that does not start there is
+        skipped); returns at a refusal that is not permanent."""
+        while True:
+            frame = await conn.read()
+            if isinstance(frame, ErrorReply):
+                await self._check_refusal(topic, frame)
+                return
+            if isinstance(frame, Subscribed):
+                self._set_head(topic, frame.hw)
+                cursor.refusals = 0
+            elif isinstance(frame, Msgs) and frame.start == cursor.offset:
+                for record in frame.records:
+                    await self._send.send(Message(topic, cursor.offset, record.producer,
+                                                  record.seq, record.payload))
+                    cursor.offset += 1
+
+    async def _check_refusal(self, topic: str, frame: ErrorReply) -> None:
+        """:class:`BrokerError` if ``frame`` refuses for good; ``unknown_topic`` from a
+        server while the topic exists is a stale route (``not_primary``), not permanent."""
+        code = frame.code
+        if code is ErrorCode.UNKNOWN_TOPIC and await self.router.topic_exists(topic):
+            code = ErrorCode.NOT_PRIMARY  # a stale route
+        if code.permanent:
+            raise BrokerError(code, frame.message)
+
+
+@attrs.define
+class _Cursor:
+    """Where one topic's subscription stands: the next offset to hand out, and the
+    refusals in a row since a server last accepted the subscription."""
+
+    offset: int
+    refusals: int = 0
 
 
 class _NoLock:
