@@ -388,49 +388,63 @@ class PrimaryTopic:
         until the append that woke it."""
         if self.lag_limit is None:
             return
-        tick = self.lag_limit / 4
+        limit = self.lag_limit
         while not self.closed:
             self._appended = trio.Event()
             now = trio.current_time()
             deadline = math.inf
             for backup in sorted(self.synced):
-                if self.followers.get(backup, 0) >= self.log.end:
-                    if self.dropped.get(backup) is DropReason.SLOW:  # caught up after all
-                        self._report(backup, None)
-                    continue  # holds everything: not behind
-                since = self.caught_up.get(backup, now)
-                mark = self.last_fetch.get(backup)
-                silent = now - (now if mark is None else mark.at)
-                if since + self.lag_limit / 2 <= now and silent >= self.lag_limit / 2 \
-                        and backup not in self.dropped:
-                    log.info("broker.backup_slow", topic=self.name, backup=backup,
-                             silent=round(silent, 3), lag_limit=self.lag_limit)
-                    self._report(backup, DropReason.SLOW)
-                if since + self.lag_limit <= now:
-                    log.warning("broker.backup_lagging", topic=self.name, backup=backup,
-                                behind=self.log.end - self.followers.get(backup, 0),
-                                seconds=round(now - since, 3), lag_limit=self.lag_limit)
-                    await self._drop(backup, DropReason.LAG)
-                else:
-                    deadline = min(deadline, since + self.lag_limit)
+                deadline = min(deadline, await self._check_backup(backup, now, limit))
             if math.isinf(deadline):
-                end = self.log.end
-                await self._appended.wait()
-                now = trio.current_time()
-                for backup in self.synced:
-                    if self.followers.get(backup, 0) >= end:
-                        self.caught_up[backup] = max(self.caught_up.get(backup, now), now)
+                await self._idle_until_append()
             else:
-                wake = min(deadline, now + tick)
-                await trio.sleep_until(wake)
-                late = trio.current_time() - wake
-                if late > tick:  # this process did not run: not the backups' lag
-                    log.info("broker.lag_clock_credit", topic=self.name,
-                             seconds=round(late, 3))
-                    for backup in self.caught_up:
-                        self.caught_up[backup] += late
-                    for backup, mark in self.last_fetch.items():
-                        self.last_fetch[backup] = FetchMark(mark.end, mark.at + late)
+                await self._sleep_uncounting_pauses(min(deadline, now + limit / 4), limit / 4)
+
+    async def _check_backup(self, backup: str, now: float, limit: float) -> float:
+        """One counted backup at ``now``: report it slow (silent and behind for half the
+        limit), or drop it (not caught up for the whole limit).  Returns when it must next
+        be caught up by (``inf``: it holds the whole log, or was dropped)."""
+        if self.followers.get(backup, 0) >= self.log.end:
+            if self.dropped.get(backup) is DropReason.SLOW:  # caught up after all
+                self._report(backup, None)
+            return math.inf  # holds everything: not behind
+        since = self.caught_up.get(backup, now)
+        mark = self.last_fetch.get(backup)
+        silent = now - (now if mark is None else mark.at)
+        if since + limit / 2 <= now and silent >= limit / 2 and backup not in self.dropped:
+            log.info("broker.backup_slow", topic=self.name, backup=backup,
+                     silent=round(silent, 3), lag_limit=limit)
+            self._report(backup, DropReason.SLOW)
+        if since + limit <= now:
+            log.warning("broker.backup_lagging", topic=self.name, backup=backup,
+                        behind=self.log.end - self.followers.get(backup, 0),
+                        seconds=round(now - since, 3), lag_limit=limit)
+            await self._drop(backup, DropReason.LAG)
+            return math.inf
+        return since + limit
+
+    async def _idle_until_append(self) -> None:
+        """Every counted backup holds the whole log: wait for the next append; the backups
+        that held the log end of now count as caught up until then."""
+        end = self.log.end
+        await self._appended.wait()
+        now = trio.current_time()
+        for backup in self.synced:
+            if self.followers.get(backup, 0) >= end:
+                self.caught_up[backup] = max(self.caught_up.get(backup, now), now)
+
+    async def _sleep_uncounting_pauses(self, wake: float, tick: float) -> None:
+        """Sleep until ``wake``; a wake-up later than that by more than ``tick`` means this
+        process did not run (not the backups' lag): every catch-up and fetch time moves
+        forward by the delay."""
+        await trio.sleep_until(wake)
+        late = trio.current_time() - wake
+        if late > tick:
+            log.info("broker.lag_clock_credit", topic=self.name, seconds=round(late, 3))
+            for backup in self.caught_up:
+                self.caught_up[backup] += late
+            for backup, mark in self.last_fetch.items():
+                self.last_fetch[backup] = FetchMark(mark.end, mark.at + late)
 
     def _report(self, backup: str, reason: DropReason | None) -> None:
         """Set or clear ``backup``'s entry in :attr:`dropped` and tell the server."""
