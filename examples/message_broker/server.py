@@ -661,6 +661,10 @@ class BrokerServer(Worker):
     # ------------------------------------------------------------ connections
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        """One client or replication link: read requests until the link ends, answering
+        each (produces and subscriptions run beside the reading, a fetch in turn); a
+        replication link silent for longer than the lag limit ends (a hung or half-open
+        backup), and its backups leave the in-sync sets of their topics when it does."""
         protocol.keep_alive(stream)
         conn = protocol.Connection(tls_server_stream(stream, self._server_tls), self.secret)
         followers: set[Follower] = set()
@@ -688,35 +692,47 @@ class BrokerServer(Worker):
                         break
                     except (protocol.PeerClosed, OSError, trio.BrokenResourceError):
                         break
-                    if isinstance(request, Produce):
-                        nursery.start_soon(_quietly, self._produce, conn, request)
-                    elif isinstance(request, Fetch):
-                        if self.secret is not None and not conn.reader.authenticated:
-                            log.warning("broker.unauthenticated_fetch", topic=request.topic,
-                                        server=request.server)
-                            await conn.send(ErrorReply(
-                                request.id, ErrorCode.UNAUTHENTICATED,
-                                "fetch needs a frame signed with the servers' secret"))
-                            continue
-                        conn.sign = conn.reader.authenticated  # answer a server in kind
-                        followers.add(Follower(request.topic, request.server, request.copy))
-                        await _quietly(self._fetch, conn, request)
-                    elif isinstance(request, Subscribe):
-                        nursery.start_soon(_quietly, self._subscribe, conn, request)
-                    else:
-                        await conn.send(ErrorReply(
-                            getattr(request, "id", None), ErrorCode.BAD_REQUEST,
-                            f"a {request.op.value} frame is not a request"))
+                    await self._dispatch(conn, request, nursery, followers)
                 nursery.cancel_scope.cancel()
         except (protocol.PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                for follower in followers:
-                    state = self.primaries.get(follower.topic)
-                    if state is not None:
-                        await state.follower_gone(follower.server, follower.copy)
+                await self._followers_gone(followers)
             await conn.aclose()
+
+    async def _dispatch(self, conn: protocol.Connection, request: protocol.Message,
+                        nursery: trio.Nursery, followers: set[Follower]) -> None:
+        """Answer one request read from ``conn``: a produce or a subscription in a task of
+        its own, a fetch before the link's next request (a backup pulls one at a time);
+        a fetch adds its backup to the link's ``followers``."""
+        if isinstance(request, Produce):
+            nursery.start_soon(_quietly, self._produce, conn, request)
+        elif isinstance(request, Fetch):
+            if self.secret is not None and not conn.reader.authenticated:
+                log.warning("broker.unauthenticated_fetch", topic=request.topic,
+                            server=request.server)
+                await conn.send(ErrorReply(
+                    request.id, ErrorCode.UNAUTHENTICATED,
+                    "fetch needs a frame signed with the servers' secret"))
+                return
+            conn.sign = conn.reader.authenticated  # answer a server in kind
+            followers.add(Follower(request.topic, request.server, request.copy))
+            await _quietly(self._fetch, conn, request)
+        elif isinstance(request, Subscribe):
+            nursery.start_soon(_quietly, self._subscribe, conn, request)
+        else:
+            await conn.send(ErrorReply(
+                getattr(request, "id", None), ErrorCode.BAD_REQUEST,
+                f"a {request.op.value} frame is not a request"))
+
+    async def _followers_gone(self, followers: set[Follower]) -> None:
+        """A replication link ended: its backups leave the in-sync sets of the topics this
+        server is primary of."""
+        for follower in followers:
+            state = self.primaries.get(follower.topic)
+            if state is not None:
+                await state.follower_gone(follower.server, follower.copy)
 
     def _primary_for(self, topic: str) -> PrimaryTopic:
         state = self.primaries.get(topic)
