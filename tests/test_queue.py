@@ -718,36 +718,44 @@ CRASH_POINTS = ("claimed", "body", "cancel", "before_ack", "during_ack")
 class CrashingQueue(WorkQueue):
     """A WorkQueue that records every applied ack on the server, in the ack's own
     transaction, and hits a planned fault at a chosen point of a chosen delivery
-    (``points``: item data -> the fault still to hit in its block or ack)."""
+    (``points``: item data -> the fault still to hit in its block or ack).  The faults are
+    wrapped around its parts' calls: the claimer's ``claim``, the acker's ``ack`` and the
+    operations it acks with."""
 
     def __init__(self, session: Session, path: str, plan: dict[int, str], claims: list[bytes],
                  nursery: trio.Nursery, **kwargs: Any) -> None:
         super().__init__(session, path, **kwargs)
         self.plan, self.claims, self.nursery = plan, claims, nursery
         self.points: dict[bytes, str] = {}
+        acker, claimer = self._acker, self._claimer
+        ack_operations, claim, ack = acker.ack_operations, claimer.claim, acker.ack
 
-    def _ack_operations(self, claim: Any, finisher: Any, txn: Transaction) -> Transaction:
-        return super()._ack_operations(claim, finisher, txn).create(
-            f"/acks/{claim.data.decode()}-", b"", sequence=True
-        )
+        def recorded_ack_operations(claim: Any, finisher: Any, txn: Transaction) -> Transaction:
+            return ack_operations(claim, finisher, txn).create(
+                f"/acks/{claim.data.decode()}-", b"", sequence=True
+            )
 
-    async def _claim(self) -> Any:
-        claim = await super()._claim()
-        point = self.plan.get(len(self.claims))
-        self.claims.append(claim.data)
-        if point == "claimed":  # expired between the claim and the block
-            await expire_session(self.session)
-        elif point is not None:
-            self.points[claim.data] = point
-        return claim
+        async def faulty_claim() -> Any:
+            made = await claim()
+            point = self.plan.get(len(self.claims))
+            self.claims.append(made.data)
+            if point == "claimed":  # expired between the claim and the block
+                await expire_session(self.session)
+            elif point is not None:
+                self.points[made.data] = point
+            return made
 
-    async def _ack(self, claim: Any, finisher: Any = None) -> None:
-        point = self.points.pop(claim.data, None)
-        if point == "before_ack":  # expired between the block and the ack
-            await expire_session(self.session)
-        elif point == "during_ack":  # expired while the (combined) ack is in flight
-            self.nursery.start_soon(expire_session, self.session)
-        await super()._ack(claim, finisher)
+        async def faulty_ack(claim: Any, finisher: Any = None) -> None:
+            point = self.points.pop(claim.data, None)
+            if point == "before_ack":  # expired between the block and the ack
+                await expire_session(self.session)
+            elif point == "during_ack":  # expired while the (combined) ack is in flight
+                self.nursery.start_soon(expire_session, self.session)
+            await ack(claim, finisher)
+
+        acker.ack_operations = recorded_ack_operations  # type: ignore[method-assign]
+        claimer.claim = faulty_claim  # type: ignore[method-assign]
+        acker.ack = faulty_ack  # type: ignore[method-assign]
 
 
 @example(  # two slots expiring one session at once (a past failure of the test's harness)

@@ -60,7 +60,7 @@ async def test_a_consumer_claims_only_the_items_it_accepts(session: Session) -> 
             nursery.cancel_scope.cancel()
     assert len(names) == 2 and versions == [0, 0]  # passed over, never claimed
     assert taken == [(b"a1", 1), (b"a2", 1)]
-    assert len(bees._foreign) == 2  # each read once, remembered
+    assert len(bees._claimer._foreign) == 2  # each read once, remembered
 
 
 @pytest.mark.parametrize("line", ["", "a/b", "w-1"])

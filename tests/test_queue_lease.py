@@ -11,7 +11,7 @@ import trio
 from framework import Session
 from framework.errors import ClaimLost, ConfigurationError
 from framework.primitives.queue import WorkQueue, consumer
-from framework.primitives.queue.lease import Renewal, claim_token, lease_of
+from framework.primitives.queue.lease import Renewals, claim_token, lease_of
 from framework.runtime import App, Master, MasterContext, Task, Worker
 from framework.runtime.operations import gather_status
 from tests.test_runtime import nursery_session
@@ -249,17 +249,15 @@ async def _run_stuck(zk_hosts: str, chroot: str, app: App, master: Master,
     assert status.dead_letters == 0
 
 
-async def test_a_lapsed_or_superseded_renewal_is_not_counted_as_renewing(
-    session: Session,
-) -> None:
+async def test_a_lapsed_or_superseded_renewal_is_not_counted_as_renewing() -> None:
     """The breaker skips only claims a take of ours still renews: not one whose renewal
     lapsed (a later renew_for cannot restart it), and a delivery that ends forgets only its
     own renewal, not a later delivery's of the same item."""
-    consumer_of = WorkQueue(session, "/q", lease=LEASE)
-    lapsed, live, later = Renewal(stopped=True), Renewal(), Renewal()
-    consumer_of._renewals.update({"b-0000000000/i+0-a-0000000001": lapsed,
-                                  "b-0000000000/i+0-b-0000000002": live})
-    assert set(consumer_of._renewing()) == {"b-0000000000.i+0-b-0000000002"}
-    consumer_of._renewals["b-0000000000/i+0-b-0000000002"] = later  # redelivered to us
-    consumer_of._forget_renewal("b-0000000000/i+0-b-0000000002", live)
-    assert consumer_of._renewals["b-0000000000/i+0-b-0000000002"] is later
+    renewals = Renewals()
+    lapsed = renewals.start("b-0000000000/i+0-a-0000000001")
+    lapsed.stopped = True
+    live = renewals.start("b-0000000000/i+0-b-0000000002")
+    assert set(renewals.renewing()) == {"b-0000000000.i+0-b-0000000002"}
+    later = renewals.start("b-0000000000/i+0-b-0000000002")  # redelivered to us
+    renewals.forget("b-0000000000/i+0-b-0000000002", live)
+    assert renewals.held("b-0000000000/i+0-b-0000000002") is later

@@ -53,14 +53,21 @@ class Commands:
 
 
 class RecordingQueue(WorkQueue):
-    """A WorkQueue that keeps its claims, so the acknowledgement can be sent again."""
+    """A WorkQueue that keeps its claims (its claimer's, as they are made), so the
+    acknowledgement can be sent again."""
 
     claims: dict[str, Claim]
 
-    async def _claim(self) -> Claim:
-        claim = await super()._claim()
-        self.claims[claim.entry.key] = claim
-        return claim
+    def __init__(self, session: Session, path: str) -> None:
+        super().__init__(session, path)
+        claim = self._claimer.claim
+
+        async def recorded() -> Claim:
+            made = await claim()
+            self.claims[made.entry.key] = made
+            return made
+
+        self._claimer.claim = recorded  # type: ignore[method-assign]
 
 
 async def work(queue: WorkQueue, commands: Commands) -> None:
@@ -94,7 +101,7 @@ async def hold(session: Session, queue: RecordingQueue, commands: Commands) -> N
     await commands.expect("replay")
     claim = queue.claims[name]
     try:
-        await queue._ack_operations(claim, None, queue.session.transaction()).commit()
+        await queue._acker.ack_operations(claim, None, queue.session.transaction()).commit()
     except TransactionFailedError as exc:
         say("REFUSED", exc.failed_index, type(exc.cause).__name__)
     else:

@@ -18,11 +18,16 @@ Guarantees:
   :class:`ClaimLost` is also raised when an acknowledgement cannot be proven.
 * Idle consumers wait in a line and never poll: a put wakes two of them, not all.
 
-Design, costs and measurements: ``docs/architecture.md`` ("The work queue").  Modules:
-:mod:`.items` (records), :mod:`.state` (what the halves share), :mod:`.producer` (puts),
-:mod:`.consumer` (takes), :mod:`.claims` (claim rounds), :mod:`.acks` (acks, releases, dead
-letters), :mod:`.line` (idle consumers), :mod:`.view` (the watched view and the names),
-:mod:`.lease` (leases); inspection (``size``, ``dead_letters``) is here.
+Design, costs and measurements: ``docs/architecture.md`` ("The work queue").  A
+:class:`WorkQueue` is composed of parts, each an object with its own state, all built on one
+:class:`~.core.QueueCore` (session, paths, settings: :mod:`.core`): a
+:class:`~.producer.Producer` (puts), and for takes a :class:`~.consumer.Consumer` that asks a
+:class:`~.claims.Claimer` (claim rounds; its place in :mod:`.line`, the line of idle
+consumers) for a claim and an :class:`~.acks.Acker` (acks, releases, dead letters, undone
+claims) to end it, while :class:`~.lease.Renewals` keeps its lease.  The claimer uses only
+the acker's ``finish``/``restore_transaction``/``dead_path`` and the renewals; the producer
+uses none of the others.  :mod:`.items` holds the records, :mod:`.view` the watched view and
+the names, :mod:`.counts` the public counts; inspection (``size``, ``dead_letters``) is here.
 """
 from __future__ import annotations
 
@@ -30,22 +35,24 @@ import functools
 import math
 import os
 import socket
-from typing import Any, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Callable, Iterable
 
 import trio
 
 from framework import errors
 from framework.errors import ConfigurationError
-from framework.primitives.queue.claims import FOREIGN_PRUNE
+from framework.primitives.queue.acks import Acker
+from framework.primitives.queue.claims import Claimer
 from framework.primitives.queue.consumer import Consumer
+from framework.primitives.queue.core import QueueCore
 from framework.primitives.queue.counts import QueueCounts, queue_counts, watch_queue_counts
 from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
-from framework.primitives.queue.lease import LeaseBreaker, Renewal
-from framework.primitives.queue.line import WaitingLine
+from framework.primitives.queue.lease import Renewals
 from framework.primitives.queue.producer import Producer
-from framework.primitives.queue.view import QueueView, bucket_order, is_bucket, parse_item
+from framework.primitives.queue.view import bucket_order, is_bucket, parse_item
 from framework.retry import RetryPolicy
-from framework.zk import MAX_DATA_BYTES, Session, gather, validate_path
+from framework.zk import MAX_DATA_BYTES, Session, Transaction, gather, validate_path
 
 __all__ = ["MAX_BUCKET_SIZE", "ClaimExtras", "Finisher", "QueueCounts", "QueueItem",
            "WorkQueue", "is_bucket", "parse_item", "queue_counts", "watch_queue_counts"]
@@ -64,7 +71,7 @@ def _whole(name: str, value: object, low: int, high: int | None = None) -> int:
     return value
 
 
-class WorkQueue(Producer, Consumer):
+class WorkQueue:
     """A distributed work queue at ``path`` (the recipe owns that subtree).
 
     ``bucket_size`` (2..20,000) bounds the items per bucket (see the module doc).
@@ -140,14 +147,8 @@ class WorkQueue(Producer, Consumer):
             or not 0 < lease < math.inf
         ):
             raise ConfigurationError(f"lease must be a positive number of seconds: {lease!r}")
-        self.session = session
-        self.path = path
-        self.lease = float(lease) if lease is not None else None
         if fence is not None:
             validate_path(fence[0], allow_root=False)
-        self.fence = fence
-        self.claim_with = claim_with
-        self.accept = accept
         waiting = f"{path}/waiting"
         if line is not None:
             if not line or "/" in line or line.startswith("w-"):
@@ -155,51 +156,138 @@ class WorkQueue(Producer, Consumer):
                     f"line must be a name without '/' nor the prefix 'w-', got {line!r}")
             waiting = f"{waiting}/{line}"
             validate_path(waiting)
-        self.bucket_size = bucket_size
-        self.max_item_bytes = max_item_bytes
-        self.max_attempts = max_attempts
-        # the give-up rule (attempts used up, or a permanent error), the same as a task's
-        self._retry = RetryPolicy(max_attempts)
-        self.dead_letter = dead_letter or f"{path}/dead"
-        self.items_root = f"{path}/items"
-        self.claims_root = f"{path}/claims"
-        self.puts_root = f"{path}/puts"
-        self._owner = f"{socket.gethostname()}:{os.getpid()}"
-        self._ready = False
-        self._view: QueueView | None = None
-        self._claiming: set[str] = set()
-        self._contended = 0  # claim rounds left to start at a random place (races lost)
-        self._breaker = LeaseBreaker(session, self.claims_root)
-        self._renewals: dict[str, Renewal] = {}
-        self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
-        self._tickets: list[Any] = []  # takes waiting for a claim round
-        self._round: Any = None  # the claim round in flight
-        self._line = WaitingLine(session, waiting)  # our place among idle takes
-        self._foreign: set[str] = set()  # items ``accept`` refused (keys), passed over
-        self._foreign_bound = FOREIGN_PRUNE  # forget those no longer listed past this many
-        self._misses = 0  # items ``accept`` refused in the last claim round
-        self._turn: Any = None  # the line check in flight, shared by the idle takes
-        self._acks: list[Any] = []  # acks waiting for a combined commit
-        self._committing: trio.Event | None = None  # set when the commit in flight ends
-        self._bucket_of: dict[int, str] = {}  # per priority lane: where this producer puts
-        self._hint_of: dict[int, int] = {}  # highest sequence number known taken in it
+        self._core = core = QueueCore(
+            session=session, path=path, items_root=f"{path}/items",
+            claims_root=f"{path}/claims", puts_root=f"{path}/puts", waiting=waiting,
+            dead_letter=dead_letter or f"{path}/dead", bucket_size=bucket_size,
+            max_item_bytes=max_item_bytes, max_attempts=max_attempts,
+            retry=RetryPolicy(max_attempts),
+            lease=float(lease) if lease is not None else None, fence=fence,
+            claim_with=claim_with, accept=accept,
+            owner=f"{socket.gethostname()}:{os.getpid()}",
+        )
+        self._producer = Producer(core)
+        self._acker = Acker(core)
+        self._renewals = Renewals()
+        self._claimer = Claimer(core, self._acker, self._renewals)
+        self._consumer = Consumer(core, self._claimer, self._acker, self._renewals)
 
-    async def _setup(self) -> None:
-        if not self._ready:
-            await gather(
-                lambda: self.session.ensure_path(self.items_root),
-                lambda: self.session.ensure_path(self.claims_root),
-                lambda: self.session.ensure_path(self._line.root),
-            )
-            self._ready = True
+    # ------------------------------------------------------------ settings (read-only)
+
+    @property
+    def session(self) -> Session:
+        return self._core.session
+
+    @property
+    def path(self) -> str:
+        return self._core.path
+
+    @property
+    def items_root(self) -> str:
+        return self._core.items_root
+
+    @property
+    def claims_root(self) -> str:
+        return self._core.claims_root
+
+    @property
+    def puts_root(self) -> str:
+        return self._core.puts_root
+
+    @property
+    def dead_letter(self) -> str:
+        return self._core.dead_letter
+
+    @property
+    def bucket_size(self) -> int:
+        return self._core.bucket_size
+
+    @property
+    def max_item_bytes(self) -> int:
+        return self._core.max_item_bytes
+
+    @property
+    def max_attempts(self) -> int | None:
+        return self._core.max_attempts
+
+    @property
+    def lease(self) -> float | None:
+        return self._core.lease
+
+    @property
+    def fence(self) -> tuple[str, int] | None:
+        return self._core.fence
+
+    @property
+    def claim_with(self) -> Callable[[QueueItem], ClaimExtras | None] | None:
+        return self._core.claim_with
+
+    @property
+    def accept(self) -> Callable[[QueueItem], bool] | None:
+        return self._core.accept
+
+    # ------------------------------------------------------------ producing
+
+    #: Raises :class:`ConfigurationError` unless ``priority`` is an int below 10**9 in size.
+    _check_priority = staticmethod(Producer._check_priority)
+
+    async def put(self, data: bytes, *, priority: int = 0,
+                  also: Callable[[Transaction], None] | None = None) -> str:
+        """Add one item; return its name.
+
+        ``also`` adds the caller's operations to the multi that creates the item (after the
+        create, before the queue's fence): the item and they are applied together or not at
+        all, once, even across lost replies.  If one of them is refused, nothing is applied
+        and :class:`~framework.errors.TransactionFailedError` is raised with ``failed_index``
+        counted from the first of them."""
+        return (await self._producer.put_many([data], priority=priority, also=also))[0]
+
+    async def put_many(self, items: Iterable[bytes], *, priority: int = 0,
+                       also: Callable[[Transaction], None] | None = None) -> list[str]:
+        """Add items in order; return their names.
+
+        Items are written in multi-op batches (up to 1,000 items or about 512 KiB a request),
+        across buckets (the first batch into a bucket creates it), and up to four batches
+        are in flight at once.  Order still holds: each batch also bumps
+        an ephemeral node of this call at the version the batch before it left, so batches
+        are applied in order or not at all, and those after a lost one are sent again after
+        it.  Each batch is atomic; if the call fails, a prefix of the items stays queued.
+        After a lost reply whose batch was applied but entirely consumed before it could be
+        found, names of that batch come back without their sequence number.
+        """
+        return await self._producer.put_many(items, priority=priority, also=also)
+
+    # ------------------------------------------------------------ consuming
+
+    def take(self, *, renew_for: float | None = None) -> AbstractAsyncContextManager[QueueItem]:
+        """``async with queue.take() as item:`` wait for an item, claim it and run the block
+        with it (see the module doc).
+
+        With a ``lease``, the claim is renewed while the block runs, for at most
+        ``renew_for`` seconds (default: as long as it runs); a claim not renewed for a whole
+        lease is broken by an idle consumer, the block is cancelled with :class:`ClaimLost`
+        and the item is delivered again (:mod:`framework.primitives.queue.lease`)."""
+        return self._consumer.take(renew_for=renew_for)
+
+    def finish_with(self, item: QueueItem, finisher: Finisher) -> None:
+        """Commit ``finisher``'s operations in the same transaction as the acknowledgement
+        of ``item`` (held by this queue object), when its block ends without an error: a
+        result record written atomically with the ack, say.  If that transaction is refused
+        while the claim is still ours, ``finisher.fallback()`` runs instead and the item is
+        acknowledged alone after it; ``finisher.applied`` tells which happened."""
+        self._consumer.finish_with(item, finisher)
+
+    def renew_for(self, item: QueueItem, seconds: float) -> None:
+        """Renew the lease of ``item`` (held by this queue object) for at most ``seconds``
+        more: a holder that cannot stop a stuck handler still lets the item go."""
+        self._renewals.extend(item.name, seconds)
 
     def reconsider(self) -> None:
         """What ``accept`` takes changed: read again the items it refused, and wake this
         object's idle takes that wait on the queue (the heads of its line) to look."""
-        self._foreign.clear()
-        self._misses = 0
-        if self._view is not None:
-            self._view.wake()
+        self._claimer.reconsider()
+
+    # ------------------------------------------------------------ inspecting
 
     async def size(self, *, changed: trio.Event | None = None) -> int:
         """Items in the queue, including those being processed (claimed, not yet acked).

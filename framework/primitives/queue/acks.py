@@ -18,14 +18,17 @@ import trio
 from framework import errors
 from framework.errors import ClaimLost
 from framework.logs import get_logger
+from framework.primitives.queue.core import QueueCore
 from framework.primitives.queue.items import BATCH as _BATCH
 from framework.primitives.queue.items import Claim, Finisher
-from framework.primitives.queue.state import QueueState
+from framework.primitives.queue.view import Entry
 from framework.zk import Transaction, cleanup_scope
 
 log = get_logger(__name__)
 
-
+#: An abandoned claim restores its item's delivery count exactly up to this many deliveries
+#: (one operation per delivery); beyond that the lost delivery stays counted.
+_RESTORE_MAX = 64
 
 def failure_text(exc: BaseException) -> str:
     """``Type: message`` of the failure behind ``exc``: an exception without a message of
@@ -76,10 +79,17 @@ class _Ack:
         self.stage, self.ending = AckStage.SETTLED, ending
 
 
-class Acker(QueueState):
-    """Acks, releases and dead letters (see the module doc)."""
+class Acker:
+    """Acks, releases, dead letters and undone claims of one queue object (see the module
+    doc); its state: the acks waiting for a combined commit."""
 
-    async def _finish(self, claim: Claim, build: Callable[[], Transaction], *,
+    def __init__(self, core: QueueCore) -> None:
+        self.core = core
+        self.session = core.session
+        self._acks: list[_Ack] = []  # acks waiting for a combined commit
+        self._committing: trio.Event | None = None  # set when the commit in flight ends
+
+    async def finish(self, claim: Claim, build: Callable[[], Transaction], *,
                       sent: bool = False,
                       refused: Callable[[errors.TransactionFailedError], Ending] | None = None,
                       ) -> Ending:
@@ -122,17 +132,17 @@ class Acker(QueueState):
             if stat.ephemeralOwner != claim.session_id:
                 return Ending.ENDED
 
-    def _ack_operations(self, claim: Claim, finisher: Finisher | None,
+    def ack_operations(self, claim: Claim, finisher: Finisher | None,
                         txn: Transaction) -> Transaction:
         """Add to ``txn`` the finisher's operations, then the ack: delete claim and item,
         which holds only while the claim is ours (the item at our version)."""
         if finisher is not None:
             finisher.build(txn)
         return txn.delete(claim.claim_path).delete(
-            f"{self.items_root}/{claim.entry.key}", version=claim.version
+            f"{self.core.items_root}/{claim.entry.key}", version=claim.version
         )
 
-    async def _ack(self, claim: Claim, finisher: Finisher | None = None) -> None:
+    async def ack(self, claim: Claim, finisher: Finisher | None = None) -> None:
         """Acknowledge (with ``finisher``'s operations); raise :class:`ClaimLost` unless the
         ack is proven applied.
 
@@ -171,7 +181,7 @@ class Acker(QueueState):
             self.session.delete_later(claim.claim_path, data=claim.token,
                                       session_id=claim.session_id)
         if why is Ending.APPLIED:
-            log.debug("queue.acked", path=self.path, item=claim.entry.key)
+            log.debug("queue.acked", path=self.core.path, item=claim.entry.key)
             return
         reason = {
             Ending.LOST: "the session ended before the item was acknowledged; it will be "
@@ -184,7 +194,7 @@ class Acker(QueueState):
                            "could have expired (ZooKeeper unreachable); unless it was "
                            "applied, the item is delivered again",
         }[why]
-        log.warning("queue.claim_lost", path=self.path, item=claim.entry.key, during="ack",
+        log.warning("queue.claim_lost", path=self.core.path, item=claim.entry.key, during="ack",
                     why=why.value)
         raise ClaimLost(reason)
 
@@ -200,7 +210,7 @@ class Acker(QueueState):
         txn = self.session.transaction()
         ends = []
         for ack in batch:
-            self._ack_operations(ack.claim, ack.finisher, txn)
+            self.ack_operations(ack.claim, ack.finisher, txn)
             ends.append(len(txn.operations))
         try:
             await txn.commit()
@@ -235,8 +245,8 @@ class Acker(QueueState):
             return (Ending.FINISHER if 0 <= exc.failed_index < len(txn.operations)
                     else Ending.ENDED)
 
-        why = await self._finish(
-            claim, lambda: self._ack_operations(claim, finisher, self.session.transaction()),
+        why = await self.finish(
+            claim, lambda: self.ack_operations(claim, finisher, self.session.transaction()),
             sent=sent, refused=refused,
         )
         if why is Ending.APPLIED and finisher is not None:
@@ -244,11 +254,11 @@ class Acker(QueueState):
         if why is Ending.FINISHER:
             assert finisher is not None
             await finisher.fallback()
-            why = await self._finish(
-                claim, lambda: self._ack_operations(claim, None, self.session.transaction()))
+            why = await self.finish(
+                claim, lambda: self.ack_operations(claim, None, self.session.transaction()))
         return why
 
-    async def _fail(self, claim: Claim, exc: BaseException, *, started: bool) -> None:
+    async def fail(self, claim: Claim, exc: BaseException, *, started: bool) -> None:
         """End a delivery that did not succeed: release the claim (the item is delivered
         again), dead-letter the item after ``max_attempts``, or - if the block never started
         - undo the delivery altogether."""
@@ -257,44 +267,65 @@ class Acker(QueueState):
             started
             and isinstance(exc, Exception)
             and not isinstance(exc, ClaimLost)
-            and self._retry.gives_up(claim.version, exc)
+            and self.core.retry.gives_up(claim.version, exc)
         )
         why = Ending.UNCONFIRMED
         with cleanup_scope(self.session) as scope:
             try:
                 if bury:
-                    await self.session.ensure_path(self.dead_letter)
+                    await self.session.ensure_path(self.core.dead_letter)
                     build = self._bury_transaction
                 elif started:
                     build = self._release_transaction
                 else:
-                    build = self._restore_transaction
-                why = await self._finish(claim, functools.partial(build, claim))
+                    build = self.restore_transaction
+                why = await self.finish(claim, functools.partial(build, claim))
             except errors.ZooKeeperError:
                 why = Ending.LOST
         if scope.cancelled_caught:  # the release was not confirmed: free the item later
             self.session.delete_later(claim.claim_path, data=claim.token,
                                       session_id=claim.session_id)
         if why is not Ending.APPLIED:
-            log.info("queue.claim_already_ended", path=self.path, item=entry.key,
+            log.info("queue.claim_already_ended", path=self.core.path, item=entry.key,
                      why=why.value,
                      error=type(exc).__name__)
         elif bury:
-            log.warning("queue.dead_lettered", path=self.path, item=entry.key,
+            log.warning("queue.dead_lettered", path=self.core.path, item=entry.key,
                         attempts=claim.version, error=failure_text(exc))
         else:
-            log.info("queue.released", path=self.path, item=entry.key,
+            log.info("queue.released", path=self.core.path, item=entry.key,
                      attempt=claim.version, error=type(exc).__name__, restored=not started)
 
     def _release_transaction(self, claim: Claim) -> Transaction:
         txn = self.session.transaction()
-        return txn.check(f"{self.items_root}/{claim.entry.key}", claim.version).delete(
+        return txn.check(f"{self.core.items_root}/{claim.entry.key}", claim.version).delete(
             claim.claim_path
         )
 
     def _bury_transaction(self, claim: Claim) -> Transaction:
         txn = self.session.transaction()
         txn.delete(claim.claim_path)
-        txn.delete(f"{self.items_root}/{claim.entry.key}", version=claim.version)
-        return txn.create(self._dead_path(claim.entry, claim.version), claim.data)
+        txn.delete(f"{self.core.items_root}/{claim.entry.key}", version=claim.version)
+        return txn.create(self.dead_path(claim.entry, claim.version), claim.data)
 
+    def restore_transaction(self, claim: Claim) -> Transaction:
+        """Delete our claim and put the item back as it was before it: a node's version
+        cannot go down, so the item is recreated (same name, same data) and set again up to
+        the delivery count it had.  Atomic, and valid only while the item is at our
+        version (so only while the claim is ours)."""
+        item_path = f"{self.core.items_root}/{claim.entry.key}"
+        before = claim.version - 1
+        txn = self.session.transaction()
+        if claim.extras is not None and claim.extras.applied:
+            claim.extras.undo(txn)
+        if before > _RESTORE_MAX:
+            return txn.check(item_path, claim.version).delete(claim.claim_path)
+        txn.delete(claim.claim_path).delete(item_path, version=claim.version)
+        txn.create(item_path, claim.data if before == 0 else b"")
+        for version in range(before):
+            txn.set(item_path, claim.data if version == before - 1 else b"", version=version)
+        return txn
+
+    def dead_path(self, entry: Entry, attempts: int) -> str:
+        """Where item ``entry`` goes once dead after ``attempts`` deliveries."""
+        return f"{self.core.dead_letter}/{entry.claim_name}.{attempts}"

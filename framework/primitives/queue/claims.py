@@ -17,11 +17,12 @@ import trio
 
 from framework import errors
 from framework.logs import get_logger
-from framework.primitives.queue.acks import Ending
+from framework.primitives.queue.acks import Acker, Ending
+from framework.primitives.queue.core import QueueCore
 from framework.primitives.queue.items import BATCH as _BATCH
 from framework.primitives.queue.items import Claim, ClaimExtras, QueueItem
-from framework.primitives.queue.lease import Renewal, claim_token
-from framework.primitives.queue.state import QueueState
+from framework.primitives.queue.lease import LeaseBreaker, Renewal, Renewals, claim_token
+from framework.primitives.queue.line import WaitingLine
 from framework.primitives.queue.view import Entry, QueueView
 from framework.zk import Transaction, cleanup_scope, gather
 
@@ -34,15 +35,45 @@ FOREIGN_PRUNE = 1024
 #: Most items a claim round reads while passing over items ``accept`` refuses.
 _PROBE = 64
 
-#: An abandoned claim restores its item's delivery count exactly up to this many deliveries
-#: (one operation per delivery); beyond that the lost delivery stays counted.
-_RESTORE_MAX = 64
+class Claimer:
+    """The claim rounds of one queue object (see the module doc).  Its state: the takes
+    waiting, the round in flight, the watched view of the queue, its place in the line of
+    idle consumers, the items ``accept`` refused, how contended the head is.  It asks
+    ``acker`` to undo a claim nobody wants any more and ``renewals`` which claims of ours
+    are renewed (those it hands out with a lease start renewing)."""
 
+    def __init__(self, core: QueueCore, acker: Acker, renewals: Renewals) -> None:
+        self.core = core
+        self.session = core.session
+        self.acker = acker
+        self.renewals = renewals
+        self._view: QueueView | None = None
+        self._claiming: set[str] = set()  # keys of the round in flight
+        self._contended = 0  # claim rounds left to start at a random place (races lost)
+        self._breaker = LeaseBreaker(core.session, core.claims_root)
+        self._tickets: list[_Ticket] = []  # takes waiting for a claim round
+        self._round: _Round | None = None  # the claim round in flight
+        self._line = WaitingLine(core.session, core.waiting)  # our place among idle takes
+        self._foreign: set[str] = set()  # items ``accept`` refused (keys), passed over
+        self._foreign_bound = FOREIGN_PRUNE  # forget those no longer listed past this many
+        self._misses = 0  # items ``accept`` refused in the last claim round
+        # the line check in flight, shared by the idle takes
+        self._turn: tuple[trio.Event, list[bool]] | None = None
 
-class Claimer(QueueState):
-    """The claim rounds (see the module doc)."""
+    def reconsider(self) -> None:
+        """What ``accept`` takes changed: read again the items it refused, and wake the
+        idle takes that wait on the queue (the heads of its line) to look."""
+        self._foreign.clear()
+        self._misses = 0
+        if self._view is not None:
+            self._view.wake()
 
-    async def _claim(self) -> Claim:
+    def _get_view(self) -> QueueView:
+        if self._view is None:
+            self._view = QueueView(self.session, self.core.items_root, self.core.claims_root)
+        return self._view
+
+    async def claim(self) -> Claim:
         """Claim the first unclaimed item of an up-to-date list, for this task.
 
         Concurrent takes of one queue object are combined: the first to arrive while no
@@ -86,7 +117,7 @@ class Claimer(QueueState):
             if ticket in self._tickets:
                 self._tickets.remove(ticket)
             if ticket.claim is not None:  # handed to us as we were cancelled: undo it
-                self._forget_renewal(ticket.claim.entry.key, ticket.renewal)
+                self.renewals.forget(ticket.claim.entry.key, ticket.renewal)
                 await self._abandon(ticket.claim)
             if not any(t.claim is None for t in self._tickets):
                 await self._line.leave()  # no take of ours waits any more
@@ -126,9 +157,9 @@ class Claimer(QueueState):
                 # nothing to take: the moment to break leases that ran out (if any
                 # can run out, wake up when the next one could)
                 current.idle = changed
-                if self.lease is not None:
+                if self.core.lease is not None:
                     current.expiry = await self._breaker.check(await view.claims(),
-                                                               self._renewing())
+                                                               self.renewals.renewing())
                 return
             waiting = [t for t in self._tickets if t.claim is None][:_BATCH]
             # after a round that met items we do not take, read twice as many more ahead
@@ -151,8 +182,8 @@ class Claimer(QueueState):
                 break
             if ticket.claim is None:
                 ticket.claim = claims.pop(0)
-                if self.lease is not None:  # renewed from now on: no breaker reads it
-                    ticket.renewal = self._renewals[ticket.claim.entry.key] = Renewal()
+                if self.core.lease is not None:  # renewed from now on: no breaker reads it
+                    ticket.renewal = self.renewals.start(ticket.claim.entry.key)
                 if ticket.idle is not None:
                     ticket.idle.cancel()
         for claim in claims:  # the takes that wanted them left meanwhile
@@ -188,7 +219,7 @@ class Claimer(QueueState):
 
         async def read(entry: Entry) -> None:
             try:
-                found[entry.key] = await self.session.get(f"{self.items_root}/{entry.key}")
+                found[entry.key] = await self.session.get(f"{self.core.items_root}/{entry.key}")
             except errors.NoNodeError:
                 view.forget(entry)
 
@@ -209,14 +240,14 @@ class Claimer(QueueState):
                 self._foreign.add(entry.key)  # never claimed: no delivery counted
                 self._misses += 1
                 continue
-            if self._retry.gives_up(stat.version):
+            if self.core.retry.gives_up(stat.version):
                 await self._bury_unclaimed(entry, data, stat.version)
                 continue
             extras = self._extras_for(QueueItem(entry.key, data, entry.priority,
                                                 stat.version + 1))
             claims.append(Claim(
-                entry, data, stat.version + 1, f"{self.claims_root}/{entry.claim_name}",
-                session_id, claim_token(self._owner, uuid.uuid4().hex[:16], self.lease),
+                entry, data, stat.version + 1, f"{self.core.claims_root}/{entry.claim_name}",
+                session_id, claim_token(self.core.owner, uuid.uuid4().hex[:16], self.core.lease),
                 extras,
             ))
         return claims
@@ -229,7 +260,7 @@ class Claimer(QueueState):
         spans = []
         for claim in claims:
             txn.create(claim.claim_path, claim.token, ephemeral=True)
-            txn.set(f"{self.items_root}/{claim.entry.key}", claim.data,
+            txn.set(f"{self.core.items_root}/{claim.entry.key}", claim.data,
                     version=claim.version - 1)
             extras_at = len(txn.operations)
             if claim.extras is not None:
@@ -285,7 +316,7 @@ class Claimer(QueueState):
                 self._line.left()
             _applied(claims)
             for claim in claims:
-                log.debug("queue.claimed", path=self.path, item=claim.entry.key,
+                log.debug("queue.claimed", path=self.core.path, item=claim.entry.key,
                           attempt=claim.version)
             return list(claims)
         return []
@@ -293,12 +324,12 @@ class Claimer(QueueState):
     def _accepts(self, item: QueueItem) -> bool:
         """Whether ``accept`` takes ``item`` (any item without it; an ``accept`` that
         raises takes it: its holder sees the problem, where a failure is counted)."""
-        if self.accept is None:
+        if self.core.accept is None:
             return True
         try:
-            return bool(self.accept(item))
+            return bool(self.core.accept(item))
         except Exception as exc:
-            log.warning("queue.accept_failed", path=self.path, item=item.name,
+            log.warning("queue.accept_failed", path=self.core.path, item=item.name,
                         error=f"{type(exc).__name__}: {exc}")
             return True
 
@@ -314,14 +345,14 @@ class Claimer(QueueState):
         claimed without extras, and its holder's block sees the problem, where a failure is
         counted and the item can be dead-lettered, instead of every claim round failing
         on it before anything is sent."""
-        if self.claim_with is None:
+        if self.core.claim_with is None:
             return None
         try:
-            extras = self.claim_with(item)
+            extras = self.core.claim_with(item)
             if extras is not None:
                 extras.build(self.session.transaction())
         except Exception as exc:
-            log.warning("queue.claim_extras_refused", path=self.path, item=item.name,
+            log.warning("queue.claim_extras_refused", path=self.core.path, item=item.name,
                         error=f"{type(exc).__name__}: {exc}")
             return None
         return extras
@@ -345,56 +376,35 @@ class Claimer(QueueState):
             try:
                 if await self._holds(claim):
                     _applied([claim])  # made in one transaction with the claim
-                    why = await self._finish(
-                        claim, functools.partial(self._restore_transaction, claim)
+                    why = await self.acker.finish(
+                        claim, functools.partial(self.acker.restore_transaction, claim)
                     )
             except errors.ZooKeeperError:
                 why = Ending.LOST  # the session ended: so did the claim
         if scope.cancelled_caught:
-            log.warning("queue.claim_left", path=self.path, item=claim.entry.key,
+            log.warning("queue.claim_left", path=self.core.path, item=claim.entry.key,
                         note="not removed in time: deleted when the connection is back, "
                              "or with the session")
             self.session.delete_later(claim.claim_path, data=claim.token,
                                       session_id=claim.session_id)
         elif why is Ending.APPLIED:
-            log.info("queue.claim_abandoned", path=self.path, item=claim.entry.key)
-
-    def _restore_transaction(self, claim: Claim) -> Transaction:
-        """Delete our claim and put the item back as it was before it: a node's version
-        cannot go down, so the item is recreated (same name, same data) and set again up to
-        the delivery count it had.  Atomic, and valid only while the item is at our
-        version (so only while the claim is ours)."""
-        item_path = f"{self.items_root}/{claim.entry.key}"
-        before = claim.version - 1
-        txn = self.session.transaction()
-        if claim.extras is not None and claim.extras.applied:
-            claim.extras.undo(txn)
-        if before > _RESTORE_MAX:
-            return txn.check(item_path, claim.version).delete(claim.claim_path)
-        txn.delete(claim.claim_path).delete(item_path, version=claim.version)
-        txn.create(item_path, claim.data if before == 0 else b"")
-        for version in range(before):
-            txn.set(item_path, claim.data if version == before - 1 else b"", version=version)
-        return txn
+            log.info("queue.claim_abandoned", path=self.core.path, item=claim.entry.key)
 
     async def _bury_unclaimed(self, entry: Entry, data: bytes, deliveries: int) -> None:
         """Dead-letter an item already delivered ``max_attempts`` times (its last consumer
         crashed), atomically and only if nobody holds a claim on it."""
-        await self.session.ensure_path(self.dead_letter)
-        claim_path = f"{self.claims_root}/{entry.claim_name}"
+        await self.session.ensure_path(self.core.dead_letter)
+        claim_path = f"{self.core.claims_root}/{entry.claim_name}"
         txn = self.session.transaction()
-        txn.create(claim_path, self._owner.encode(), ephemeral=True).delete(claim_path)
-        txn.delete(f"{self.items_root}/{entry.key}", version=deliveries)
-        txn.create(self._dead_path(entry, deliveries), data)
+        txn.create(claim_path, self.core.owner.encode(), ephemeral=True).delete(claim_path)
+        txn.delete(f"{self.core.items_root}/{entry.key}", version=deliveries)
+        txn.create(self.acker.dead_path(entry, deliveries), data)
         try:
             await txn.commit()
-            log.warning("queue.dead_lettered", path=self.path, item=entry.key,
+            log.warning("queue.dead_lettered", path=self.core.path, item=entry.key,
                         attempts=deliveries, error="consumer crashed")
         except errors.TransactionFailedError:
             pass
-
-    def _dead_path(self, entry: Entry, attempts: int) -> str:
-        return f"{self.dead_letter}/{entry.claim_name}.{attempts}"
 
 
 def _applied(claims: list[Claim]) -> None:

@@ -1,6 +1,7 @@
-"""The consumer half of :class:`~framework.primitives.queue.WorkQueue`: ``take`` (a claim
-held for the block, renewed with a lease), and what its end commits.  Claim rounds are in
-:mod:`.claims`, acknowledgements, releases and dead letters in :mod:`.acks`."""
+"""The consumer part of :class:`~framework.primitives.queue.WorkQueue`: ``take`` (a claim
+held for the block, renewed with a lease), and what its end commits.  Claim rounds are
+:mod:`.claims`' (a :class:`~.claims.Claimer`), acknowledgements, releases and dead letters
+:mod:`.acks`' (an :class:`~.acks.Acker`), leases' renewals :mod:`.lease`'s."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from framework.errors import ClaimLost
 from framework.primitives.holding import node_scope
 from framework.primitives.queue.acks import Acker
 from framework.primitives.queue.claims import Claimer
+from framework.primitives.queue.core import QueueCore
 from framework.primitives.queue.items import Finisher, QueueItem
-from framework.primitives.queue.lease import Renewal, renew
-from framework.primitives.queue.view import QueueView, claim_name_of
+from framework.primitives.queue.lease import Renewals, renew
 
 #: A claim's node is watched (for a deletion by someone else) only once its block has run
 #: this long.  Nobody else deletes a younger claim: a lease breaker waits a whole lease
@@ -25,36 +26,42 @@ from framework.primitives.queue.view import QueueView, claim_name_of
 _CLAIM_WATCH_AFTER = 1.0
 
 
-class Consumer(Claimer, Acker):
-    """Takes (see the package doc for the guarantees)."""
+class Consumer:
+    """The takes of one queue object (see the package doc for the guarantees): ``claimer``
+    claims an item for each, ``acker`` ends the claim when its block ends, ``renewals``
+    keeps its lease.  Its own state: the finishers to ack each item held with."""
+
+    def __init__(self, core: QueueCore, claimer: Claimer, acker: Acker,
+                 renewals: Renewals) -> None:
+        self.core = core
+        self.claimer = claimer
+        self.acker = acker
+        self.renewals = renewals
+        self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
 
     @asynccontextmanager
     async def take(self, *, renew_for: float | None = None) -> AsyncIterator[QueueItem]:
-        """Wait for an item, claim it and run the block with it (see the module doc).
-
-        With a ``lease``, the claim is renewed while the block runs, for at most
-        ``renew_for`` seconds (default: as long as it runs); a claim not renewed for a whole
-        lease is broken by an idle consumer, the block is cancelled with :class:`ClaimLost`
-        and the item is delivered again (:mod:`framework.primitives.queue.lease`)."""
-        await self._setup()
-        claim = await self._claim()
+        """Wait for an item, claim it and run the block with it (``WorkQueue.take``)."""
+        core = self.core
+        await core.ensure_layout()
+        claim = await self.claimer.claim()
         entry = claim.entry
         extras = claim.extras if claim.extras is not None and claim.extras.applied else None
         item = QueueItem(entry.key, claim.data, entry.priority, claim.version, extras)
         self._finishers.pop(entry.key, None)
         keepalive = None
         renewal = None
-        if self.lease is not None:  # made when the claim was handed to this take (_lead_round)
-            renewal = self._renewals.setdefault(entry.key, Renewal())
+        if core.lease is not None:  # made when the claim was handed to this take
+            renewal = self.renewals.held(entry.key)
             if renew_for is not None:
                 renewal.until = trio.current_time() + renew_for
             keepalive = functools.partial(
-                renew, self.session, claim.claim_path, claim.token, self.lease, renewal
+                renew, core.session, claim.claim_path, claim.token, core.lease, renewal
             )
         started = False
         try:
             async with node_scope(
-                self.session, claim.claim_path, session_id=claim.session_id, error=ClaimLost,
+                core.session, claim.claim_path, session_id=claim.session_id, error=ClaimLost,
                 keepalive=keepalive, watch_after=_CLAIM_WATCH_AFTER,
             ):
                 started = True
@@ -62,45 +69,15 @@ class Consumer(Claimer, Acker):
         except BaseException as exc:
             self._finishers.pop(entry.key, None)
             try:
-                await self._fail(claim, exc, started=started)
+                await self.acker.fail(claim, exc, started=started)
             finally:
-                self._forget_renewal(entry.key, renewal)
+                self.renewals.forget(entry.key, renewal)
             raise
         try:  # until the ack is done, no breaker of ours reads the claim we are deleting
-            await self._ack(claim, self._finishers.pop(entry.key, None))
+            await self.acker.ack(claim, self._finishers.pop(entry.key, None))
         finally:
-            self._forget_renewal(entry.key, renewal)
+            self.renewals.forget(entry.key, renewal)
 
     def finish_with(self, item: QueueItem, finisher: Finisher) -> None:
-        """Commit ``finisher``'s operations in the same transaction as the acknowledgement
-        of ``item`` (held by this queue object), when its block ends without an error: a
-        result record written atomically with the ack, say.  If that transaction is refused
-        while the claim is still ours, ``finisher.fallback()`` runs instead and the item is
-        acknowledged alone after it; ``finisher.applied`` tells which happened."""
+        """Ack ``item`` with ``finisher``'s operations (``WorkQueue.finish_with``)."""
         self._finishers[item.name] = finisher
-
-    def renew_for(self, item: QueueItem, seconds: float) -> None:
-        """Renew the lease of ``item`` (held by this queue object) for at most ``seconds``
-        more: a holder that cannot stop a stuck handler still lets the item go."""
-        renewal = self._renewals.get(item.name)
-        if renewal is not None:
-            renewal.until = trio.current_time() + seconds
-
-    def _forget_renewal(self, key: str, renewal: Renewal | None) -> None:
-        """Drop this delivery's renewal (a later delivery of the same item to another take
-        of ours has its own, which stays)."""
-        if renewal is not None and self._renewals.get(key) is renewal:
-            del self._renewals[key]
-
-    def _renewing(self) -> dict[str, float]:
-        """The claims this object holds and renews now, each with the trio time its
-        renewal stops (see ``renew``)."""
-        now = trio.current_time()
-        return {claim_name_of(key): renewal.until for key, renewal in self._renewals.items()
-                if now < renewal.until and not renewal.stopped}
-
-    def _get_view(self) -> QueueView:
-        if self._view is None:
-            self._view = QueueView(self.session, self.items_root, self.claims_root)
-        return self._view
-

@@ -29,6 +29,7 @@ import trio
 
 from framework import errors, records
 from framework.logs import get_logger
+from framework.primitives.queue.view import claim_name_of
 from framework.zk import Session
 
 log = get_logger(__name__)
@@ -66,6 +67,42 @@ class Renewal:
 
     until: float = math.inf
     stopped: bool = False  # renew() let the lease lapse: nothing renews the claim any more
+
+
+class Renewals:
+    """The renewals of the claims one queue object holds, by item name: made when a claim
+    round hands a claim to a take, changed by ``renew_for``, forgotten when the delivery
+    ends (a later delivery of the same item to another take of the object has its own)."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, Renewal] = {}
+
+    def start(self, key: str) -> Renewal:
+        """A new renewal for the claim of item ``key`` (replacing any)."""
+        renewal = self._of[key] = Renewal()
+        return renewal
+
+    def held(self, key: str) -> Renewal:
+        """The renewal of item ``key``'s claim (made now if it has none)."""
+        return self._of.setdefault(key, Renewal())
+
+    def extend(self, key: str, seconds: float) -> None:
+        """Renew item ``key``'s claim for at most ``seconds`` more (nothing if none)."""
+        renewal = self._of.get(key)
+        if renewal is not None:
+            renewal.until = trio.current_time() + seconds
+
+    def forget(self, key: str, renewal: Renewal | None) -> None:
+        """Drop this delivery's ``renewal`` (not a later delivery's of the same item)."""
+        if renewal is not None and self._of.get(key) is renewal:
+            del self._of[key]
+
+    def renewing(self) -> dict[str, float]:
+        """The claims renewed now (claim names), each with the trio time its renewal
+        stops (see :func:`renew`): the lease breaker does not read those."""
+        now = trio.current_time()
+        return {claim_name_of(key): renewal.until for key, renewal in self._of.items()
+                if now < renewal.until and not renewal.stopped}
 
 
 async def renew(

@@ -1,4 +1,4 @@
-"""The producer half of :class:`~framework.primitives.queue.WorkQueue`: puts, batched and
+"""The producer part of :class:`~framework.primitives.queue.WorkQueue`: puts, batched and
 pipelined, recovered after lost replies by the GUIDs in item names, and the bucket chain.
 
 A ``put_many`` goes in rounds.  A round plans the items into the rest of the lane's current
@@ -25,8 +25,8 @@ import trio
 from framework import errors
 from framework.errors import ConfigurationError, DataTooLargeError
 from framework.logs import get_logger
+from framework.primitives.queue.core import QueueCore
 from framework.primitives.queue.items import Batch, Chain
-from framework.primitives.queue.state import QueueState
 from framework.primitives.queue.view import (
     bucket_index,
     bucket_lane,
@@ -79,18 +79,27 @@ class _Then(enum.Enum):
     NEW_BUCKET = enum.auto()  # the bucket is gone (a consumer dropped an old one): find the newest
 
 
-class Producer(QueueState):
-    """Puts (see the package doc for the guarantees)."""
+class Producer:
+    """The puts of one queue object (see the package doc for the guarantees).  Its own
+    state: per priority lane, the bucket it puts into and the highest sequence number
+    known taken in it."""
+
+    def __init__(self, core: QueueCore) -> None:
+        self.core = core
+        self.session = core.session
+        self._bucket_of: dict[int, str] = {}  # per priority lane: where this producer puts
+        self._hint_of: dict[int, int] = {}  # highest sequence number known taken in it
 
     def _check(self, data: bytes) -> bytes:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DataTooLargeError(
                 f"queue items must be bytes, got {type(data).__name__} (encode it first)"
             )
-        if len(data) > self.max_item_bytes:
+        limit = self.core.max_item_bytes
+        if len(data) > limit:
             raise DataTooLargeError(
                 f"queue item is {len(data):,} bytes; this queue accepts at most "
-                f"{self.max_item_bytes:,} (store large payloads elsewhere and queue a reference)"
+                f"{limit:,} (store large payloads elsewhere and queue a reference)"
             )
         return bytes(data)
 
@@ -99,30 +108,9 @@ class Producer(QueueState):
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 10**9:
             raise ConfigurationError(f"priority must be an int below 10**9 in size: {priority!r}")
 
-    async def put(self, data: bytes, *, priority: int = 0,
-                  also: Callable[[Transaction], None] | None = None) -> str:
-        """Add one item; return its name.
-
-        ``also`` adds the caller's operations to the multi that creates the item (after the
-        create, before the queue's fence): the item and they are applied together or not at
-        all, once, even across lost replies.  If one of them is refused, nothing is applied
-        and :class:`~framework.errors.TransactionFailedError` is raised with ``failed_index``
-        counted from the first of them."""
-        return (await self.put_many([data], priority=priority, also=also))[0]
-
     async def put_many(self, items: Iterable[bytes], *, priority: int = 0,
                        also: Callable[[Transaction], None] | None = None) -> list[str]:
-        """Add items in order; return their names.
-
-        Items are written in multi-op batches (up to 1,000 items or about 512 KiB a request),
-        across buckets (the first batch into a bucket creates it), and up to four batches
-        are in flight at once.  Order still holds: each batch also bumps
-        an ephemeral node of this call at the version the batch before it left, so batches
-        are applied in order or not at all, and those after a lost one are sent again after
-        it.  Each batch is atomic; if the call fails, a prefix of the items stays queued.
-        After a lost reply whose batch was applied but entirely consumed before it could be
-        found, names of that batch come back without their sequence number.
-        """
+        """Add items in order; return their names (``WorkQueue.put_many``)."""
         if isinstance(items, (bytes, bytearray, memoryview, str)):
             raise ConfigurationError(
                 "put_many() takes an iterable of items (bytes each); use put() for one item"
@@ -131,7 +119,7 @@ class Producer(QueueState):
         payloads = [self._check(d) for d in items]
         if also is not None and len(payloads) != 1:
             raise ConfigurationError("put_many(also=...) takes exactly one item; use put()")
-        await self._setup()
+        await self.core.ensure_layout()
         names: list[str] = []
         chain: Chain | None = None
         try:
@@ -153,7 +141,7 @@ class Producer(QueueState):
             if chain is not None:
                 await self._close_chain(chain)
         if names:
-            log.debug("queue.put", path=self.path, items=len(names), priority=priority)
+            log.debug("queue.put", path=self.core.path, items=len(names), priority=priority)
         return names
 
     async def _plan_round(self, lane: int, payloads: list[bytes], start: int) -> list[_Put]:
@@ -166,7 +154,7 @@ class Producer(QueueState):
         opens = False
         batches: list[_Put] = []
         for _ in range(_ROUND_BUCKETS):
-            room = self.bucket_size - 1 - hint
+            room = self.core.bucket_size - 1 - hint
             if room > 0:
                 batches += _plan(payloads, start, room, bucket, hint, opens)
                 start = batches[-1].end
@@ -181,14 +169,14 @@ class Producer(QueueState):
         while True:
             try:
                 path = await create_protected(
-                    self.session, self.puts_root, "p-", b"", guid=guid, ephemeral=True,
+                    self.session, self.core.puts_root, "p-", b"", guid=guid, ephemeral=True,
                     sequence=False, makepath=True,
                 )
                 return Chain(guid, path)
             except errors.SessionExpiredError:
                 await self.session.wait_connected()
             except BaseException:
-                await delete_guid_nodes(self.session, self.puts_root, guid)
+                await delete_guid_nodes(self.session, self.core.puts_root, guid)
                 raise
 
     async def _close_chain(self, chain: Chain) -> None:
@@ -203,9 +191,9 @@ class Producer(QueueState):
                     errors.NotConnectedError):
                 pass
         if scope.cancelled_caught:
-            self.session.delete_guid_later(self.puts_root, chain.guid)
+            self.session.delete_guid_later(self.core.puts_root, chain.guid)
         else:
-            await delete_guid_nodes(self.session, self.puts_root, chain.guid)
+            await delete_guid_nodes(self.session, self.core.puts_root, chain.guid)
 
     async def _send_round(
         self, batches: list[_Put], payloads: list[bytes], chain: Chain | None,
@@ -241,9 +229,9 @@ class Producer(QueueState):
         self, batch: _Put, payloads: list[bytes], chain: Chain | None, k: int,
         also: Callable[[Transaction], None] | None = None,
     ) -> list[str] | Exception:
-        parent = f"{self.items_root}/{batch.bucket}"
+        parent = f"{self.core.items_root}/{batch.bucket}"
         data = payloads[batch.start:batch.end]
-        fence = self.fence
+        fence = self.core.fence
         extra = 0
         head = (chain is not None) + batch.opens  # operations before the items'
         priority = bucket_lane(batch.bucket)
@@ -334,10 +322,10 @@ class Producer(QueueState):
                 applied = max(applied, k + 1)
         for batch in batches[first:applied]:
             if not isinstance(batch.outcome, list):
-                batch.outcome = _recovered_paths(f"{self.items_root}/{batch.bucket}", priority,
+                batch.outcome = _recovered_paths(f"{self.core.items_root}/{batch.bucket}", priority,
                                                  batch.tokens, found.get(batch.bucket, {}))
         if applied > first:
-            log.info("queue.put_recovered", path=self.path, buckets=buckets,
+            log.info("queue.put_recovered", path=self.core.path, buckets=buckets,
                      batches=applied - first)
         return applied
 
@@ -352,11 +340,11 @@ class Producer(QueueState):
                 await self.session.wait_connected()
                 listed: dict[str, list[str]] = {}
                 if buckets:
-                    await self.session.sync(self.items_root)
+                    await self.session.sync(self.core.items_root)
                 for bucket in buckets:
                     try:
                         listed[bucket] = await self.session.children(
-                            f"{self.items_root}/{bucket}")
+                            f"{self.core.items_root}/{bucket}")
                     except errors.NoNodeError:
                         listed[bucket] = []
                 chain_stat = None
@@ -379,7 +367,7 @@ class Producer(QueueState):
             last = _sequence(batch.outcome[-1])
             low = top.get(batch.bucket, batch.hint) + len(batch.outcome)
             top[batch.bucket] = low if last is None else max(low, last)
-            if last is not None and last >= self.bucket_size:
+            if last is not None and last >= self.core.bucket_size:
                 past.add(k)
         if batches:
             last_bucket, current = batches[-1].bucket, self._bucket_of.get(lane)
@@ -387,7 +375,7 @@ class Producer(QueueState):
                 self._bucket_of[lane], self._hint_of[lane] = last_bucket, top[last_bucket]
             elif last_bucket == current:
                 self._hint_of[lane] = max(self._hint_of[lane], top[last_bucket])
-        cut = len(self.items_root) + 1
+        cut = len(self.core.items_root) + 1
         names: list[str] = []
         for k, batch in enumerate(batches):
             if k not in past:
@@ -395,7 +383,7 @@ class Producer(QueueState):
                 continue
             for path, data in zip(batch.outcome, payloads[batch.start:batch.end], strict=True):
                 seq = _sequence(path)
-                if seq is not None and seq >= self.bucket_size:
+                if seq is not None and seq >= self.core.bucket_size:
                     path = await self._move(path, data, lane)
                 names.append(path[cut:])
         return names
@@ -404,12 +392,12 @@ class Producer(QueueState):
         """The bucket this producer puts items of priority ``lane`` into (the newest of
         that lane, opened if the lane has none)."""
         if lane not in self._bucket_of:
-            names = await self.session.children(self.items_root)
+            names = await self.session.children(self.core.items_root)
             buckets = sorted((n for n in names if is_bucket(n) and bucket_lane(n) == lane),
                              key=bucket_index)
             if not buckets:
                 buckets = [bucket_name(0, lane)]
-                await self.session.ensure_path(f"{self.items_root}/{buckets[0]}")
+                await self.session.ensure_path(f"{self.core.items_root}/{buckets[0]}")
             await self._adopt(buckets[-1])
         return self._bucket_of[lane]
 
@@ -419,7 +407,7 @@ class Producer(QueueState):
         counts creates and deletes: so creates >= max(children, cversion / 2).  A lower
         bound never closes a bucket early; an item numbered past the capacity is moved
         (see ``_settle``), and the first put tells the exact number."""
-        stat = await self.session.exists(f"{self.items_root}/{bucket}")
+        stat = await self.session.exists(f"{self.core.items_root}/{bucket}")
         lane = bucket_lane(bucket)
         self._bucket_of[lane] = bucket
         created = max(stat.numChildren, (stat.cversion + 1) // 2) if stat is not None else 0
@@ -429,7 +417,7 @@ class Producer(QueueState):
         """``full`` is closed: write to the newest bucket of its lane after it, opening one
         if none."""
         lane = bucket_lane(full)
-        names = await self.session.children(self.items_root)
+        names = await self.session.children(self.core.items_root)
         newer = sorted(
             (n for n in names if is_bucket(n) and bucket_lane(n) == lane
              and bucket_index(n) > bucket_index(full)),
@@ -439,8 +427,8 @@ class Producer(QueueState):
             await self._adopt(newer[-1])
             return
         following = bucket_name(bucket_index(full) + 1, lane)
-        await self.session.ensure_path(f"{self.items_root}/{following}")
-        log.info("queue.bucket_opened", path=self.path, bucket=following)
+        await self.session.ensure_path(f"{self.core.items_root}/{following}")
+        log.info("queue.bucket_opened", path=self.core.path, bucket=following)
         await self._adopt(following)
 
     async def _move(self, path: str, data: bytes, priority: int) -> str:
@@ -454,7 +442,7 @@ class Producer(QueueState):
             if bucket_index(bucket) <= bucket_index(source):
                 await self._advance(source)
                 continue
-            parent = f"{self.items_root}/{bucket}"
+            parent = f"{self.core.items_root}/{bucket}"
             txn = self.session.transaction()
             txn.delete(path, version=0)
             txn.create(f"{parent}/{item_name_prefix(priority, token)}", data, sequence=True)
@@ -476,10 +464,10 @@ class Producer(QueueState):
             lane = bucket_lane(bucket)
             if self._bucket_of.get(lane) == bucket:
                 self._hint_of[lane] = max(self._hint_of[lane], seq)
-                if seq >= self.bucket_size - 1:
+                if seq >= self.core.bucket_size - 1:
                     await self._advance(bucket)
-            log.debug("queue.item_moved", path=self.path, item=path, to=moved)
-            if seq < self.bucket_size:
+            log.debug("queue.item_moved", path=self.core.path, item=path, to=moved)
+            if seq < self.core.bucket_size:
                 return moved
             path, source = moved, bucket  # past this bucket's capacity too: move on
 
