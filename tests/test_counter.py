@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,20 +60,31 @@ async def test_increments_from_several_processes_are_never_lost(
 
 
 class _LostReply:
-    """Session.set whose reply is lost after (``applied``) or before the server applies it:
-    the write's outcome is unknown to the caller, as after a real ConnectionLoss."""
+    """Session.transaction whose first commit's reply is lost after (``applied``) or before
+    the server applies it: the write's outcome is unknown to the caller, as after a real
+    ConnectionLoss.  ``meanwhile`` runs before the loss is reported (others updating)."""
 
-    def __init__(self, session: Session, applied: bool) -> None:
-        self.session, self.applied, self.calls = session, applied, 0
-        self.real = session.set
+    def __init__(self, session: Session, applied: bool,
+                 meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.session, self.applied, self.meanwhile, self.calls = session, applied, meanwhile, 0
+        self.real = session.transaction
 
-    async def set(self, path: str, data: bytes, **kwargs: Any) -> Any:
-        self.calls += 1
-        if self.calls == 1:
-            if self.applied:
-                await self.real(path, data, **kwargs)
-            raise ConnectionLossError("reply lost")
-        return await self.real(path, data, **kwargs)
+    def transaction(self) -> Any:
+        txn = self.real()
+        real_commit = txn.commit
+
+        async def commit() -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                if self.applied:
+                    await real_commit()
+                if self.meanwhile is not None:
+                    await self.meanwhile()
+                raise ConnectionLossError("reply lost")
+            return await real_commit()
+
+        txn.commit = commit
+        return txn
 
 
 @pytest.mark.parametrize("applied", [True, False])
@@ -82,26 +94,63 @@ async def test_an_update_whose_reply_was_lost_counts_once(
     counter = Counter(session, "/c")
     assert await counter.add(1) == 1
     lost = _LostReply(session, applied)
-    monkeypatch.setattr(session, "set", lost.set)
+    monkeypatch.setattr(session, "transaction", lost.transaction)
     assert await counter.add(1) == 2
     monkeypatch.undo()
     assert await counter.get() == 2
     assert lost.calls == (1 if applied else 2)  # settled by its receipt, or sent again
 
 
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_lost_reply_is_settled_exactly_however_many_updates_came_meanwhile(
+    zk_hosts: str, chroot: str, session: Session, monkeypatch: pytest.MonkeyPatch,
+    applied: bool, first: bool,
+) -> None:
+    """More updates by others than the node keeps receipts of, between the lost reply and
+    the reconnection (a leader change with busy writers): the session's receipt node still
+    tells, so the update counts once (the ring alone could not tell).  ``first``: the lost
+    update is the session's first, whose multi creates the receipt node."""
+    others = RECEIPTS + 20
+    counter = Counter(session, "/c")
+    if not first:
+        assert await counter.add(1) == 1
+    async with Session(zk_hosts, chroot=chroot) as other:
+        async def busy() -> None:
+            theirs = Counter(other, "/c")
+            for _ in range(others):
+                await theirs.add(1)
+
+        lost = _LostReply(session, applied, busy)
+        monkeypatch.setattr(session, "transaction", lost.transaction)
+        await counter.add(1)
+        monkeypatch.undo()
+    _data, stat = await session.get("/c")
+    assert stat.version > RECEIPTS  # the ring alone would have said it cannot be told
+    assert await counter.get() == (0 if first else 1) + 1 + others
+    assert lost.calls == (1 if applied else 2)
+
+
 async def test_an_outcome_that_cannot_be_told_says_so(session: Session) -> None:
+    """Only when the session expired with the write in flight (its receipt node went with
+    it) does the update fall back to the node's ring of receipts, which has a limit."""
     counter = Counter(session, "/c")
     await counter.add(1)
     _data, stat = await session.get("/c")
     for _ in range(RECEIPTS + 1):  # more updates than the node keeps receipts of
         await Counter(session, "/c").add(1)
+    expired = 0  # a session that is not the current one
     with pytest.raises(ConnectionLossError, match="cannot be told"):
-        await counter._landed("0123456789ab", stat.version)
+        await counter._landed("0123456789ab", stat.version, expired)
     data, now = await session.get("/c")
     state = decode("/c", data, now.version)
     assert len(state.receipts) == RECEIPTS
-    assert await counter._landed(state.receipts[-1], now.version - 1)
-    assert not await counter._landed("0123456789ab", now.version - 1)
+    assert await counter._landed(state.receipts[-1], now.version - 1, expired)
+    assert not await counter._landed("0123456789ab", now.version - 1, expired)
+    current = session.session_id
+    assert current is not None
+    assert await counter._landed(state.receipts[-1], stat.version, current)  # exact
+    assert not await counter._landed("0123456789ab", stat.version, current)
 
 
 async def test_an_adder_paused_past_its_session_counts_exactly_once(
