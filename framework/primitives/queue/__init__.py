@@ -259,15 +259,24 @@ class WorkQueue:
 
     # ------------------------------------------------------------ consuming
 
-    def take(self, *, renew_for: float | None = None) -> AbstractAsyncContextManager[QueueItem]:
+    def take(self, *, renew_for: float | None = None,
+             admit: Callable[[QueueItem], bool] | None = None
+             ) -> AbstractAsyncContextManager[QueueItem]:
         """``async with queue.take() as item:`` wait for an item, claim it and run the block
         with it (see the module doc).
 
         With a ``lease``, the claim is renewed while the block runs, for at most
         ``renew_for`` seconds (default: as long as it runs); a claim not renewed for a whole
         lease is broken by an idle consumer, the block is cancelled with :class:`ClaimLost`
-        and the item is delivered again (:mod:`framework.primitives.queue.lease`)."""
-        return self._consumer.take(renew_for=renew_for)
+        and the item is delivered again (:mod:`framework.primitives.queue.lease`).
+
+        ``admit(item)`` is called once the item is claimed, right before the block would
+        start, with no checkpoint in between (a synchronous decision, e.g. "no other take
+        of this slot won first"): ``False`` hands the item back as if this take had been
+        cancelled before its block - the claim and its ``claim_with`` extras undone, the
+        delivery not counted - and the take waits for another item (a take that refuses
+        one is normally being cancelled: that wait then raises ``Cancelled``)."""
+        return self._consumer.take(renew_for=renew_for, admit=admit)
 
     def finish_with(self, item: QueueItem, finisher: Finisher) -> None:
         """Commit ``finisher``'s operations in the same transaction as the acknowledgement

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import trio
 
@@ -26,6 +26,10 @@ from framework.primitives.queue.lease import Renewals, renew
 _CLAIM_WATCH_AFTER = 1.0
 
 
+class NotAdmitted(Exception):
+    """A claim the take's ``admit`` refused (handed back as never delivered)."""
+
+
 class Consumer:
     """The takes of one queue object (see the package doc for the guarantees): ``claimer``
     claims an item for each, ``acker`` ends the claim when its block ends, ``renewals``
@@ -40,14 +44,26 @@ class Consumer:
         self._finishers: dict[str, Finisher] = {}  # item -> operations to ack it with
 
     @asynccontextmanager
-    async def take(self, *, renew_for: float | None = None) -> AsyncIterator[QueueItem]:
+    async def take(self, *, renew_for: float | None = None,
+                   admit: Callable[[QueueItem], bool] | None = None
+                   ) -> AsyncIterator[QueueItem]:
         """Wait for an item, claim it and run the block with it (``WorkQueue.take``)."""
         core = self.core
         await core.ensure_layout()
-        claim = await self.claimer.claim()
-        entry = claim.entry
-        extras = claim.extras if claim.extras is not None and claim.extras.applied else None
-        item = QueueItem(entry.key, claim.data, entry.priority, claim.version, extras)
+        while True:
+            claim = await self.claimer.claim()
+            entry = claim.entry
+            extras = claim.extras if claim.extras is not None and claim.extras.applied \
+                else None
+            item = QueueItem(entry.key, claim.data, entry.priority, claim.version, extras)
+            if admit is None or admit(item):  # no checkpoint between the claim and this
+                break
+            # refused: undone as a take cancelled before its block (no delivery counted)
+            held = self.renewals.held(entry.key) if core.lease is not None else None
+            try:
+                await self.acker.fail(claim, NotAdmitted(), started=False)
+            finally:
+                self.renewals.forget(entry.key, held)
         self._finishers.pop(entry.key, None)
         keepalive = None
         renewal = None
