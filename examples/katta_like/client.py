@@ -428,107 +428,36 @@ class SearchClient:
         the list of its shards), trying the next replica as :meth:`search` says.  Returns
         shard -> answer when every shard answered, or no replica is left to try for the
         others (missing from the answers); a node's error answer is appended to
-        ``errors_seen``."""
+        ``errors_seen``.  The steps are :class:`_Scatter`'s."""
         assert view.record is not None
-        answers: dict[int, Any] = {}
-        reply_class = REPLIES[kind]
-        tried: dict[int, set[str]] = {s: set() for s in shards}
-        in_flight: dict[int, int] = {s: 0 for s in shards}
-        exhausted: set[int] = set()  # no replica left to try
-        outstanding: set[_Request] = set()
-        done_send: trio.MemorySendChannel[_Request]
-        done_receive: trio.MemoryReceiveChannel[_Request]
-        done_send, done_receive = trio.open_memory_channel(math.inf)
-        first = [True]
+        return await _Scatter(self, view, kind, request, shards, counts, errors_seen).run()
 
-        def dispatch(todo: list[int]) -> None:
-            now = trio.current_time()
-            batches: dict[str, list[int]] = {}
-            addresses: dict[str, str] = {}
-            for shard in todo:
-                picked = self._pick_replica(view, shard, tried[shard], batches, now)
-                if picked is None:
-                    exhausted.add(shard)
-                    continue
-                node, address = picked
-                tried[shard].add(node)
-                batches.setdefault(node, []).append(shard)
-                addresses[node] = address
-                if not first[0]:
-                    counts.retries += 1
-            for node, batch in batches.items():
-                if first[0]:
-                    self._hedge_tokens = min(self.hedge_burst,
-                                             self._hedge_tokens + self.hedge_ratio)
-                sent = _Request(node, batch, now)
-                outstanding.add(sent)
-                self._busy[node] = self._busy.get(node, 0) + 1
-                for shard in batch:
-                    in_flight[shard] += 1
-                nursery.start_soon(ask, sent, addresses[node])
+    def _hedge_after(self) -> float:
+        """The age at which a request is hedged now: :meth:`hedge_delay` within the hedge
+        budget; over it, at least ``hedge_max`` (then only a silent node's is hedged)."""
+        delay = self.hedge_delay()
+        return max(delay, self.hedge_max) if self._hedge_tokens < 1 else delay
 
-        async def ask(sent: _Request, address: str) -> None:
-            node = sent.node
-            try:
-                try:
-                    with trio.fail_after(self.shard_timeout):
-                        answer = await self._call(address, kind, attrs.evolve(
-                            request, shards=tuple(sent.shards)))
-                finally:
-                    self._busy[node] -= 1
-                if answer.error is not None:
-                    errors_seen.append(answer.error)
-                else:
-                    reply = records.structure(answer.reply, reply_class)
-                    self._latencies.append(trio.current_time() - sent.started)
-                    self._unsorted += 1
-                    self._answered_at[node] = trio.current_time()
-                    for shard, result in reply.shards.items():
-                        answers.setdefault(shard, result)
-                    for shard, why in reply.refused.items():
-                        log.debug("katta.replica_refused", node=node, shard=shard, error=why)
-                    self._suspect.pop(node, None)
-            except (LinkFailed, ProtocolError, trio.TooSlowError,
-                    records.CorruptRecord) as exc:
-                log.debug("katta.replica_failed", node=node, shards=sent.shards,
-                          error=repr(exc))
-                self._suspect[node] = trio.current_time()
-            done_send.send_nowait(sent)
+    def _earn_hedge(self) -> None:
+        """A first request of a round was sent: ``hedge_ratio`` more of the budget."""
+        self._hedge_tokens = min(self.hedge_burst, self._hedge_tokens + self.hedge_ratio)
 
-        async with trio.open_nursery() as nursery:
-            dispatch(sorted(shards))
-            first[0] = False
-            while not errors_seen:
-                open_shards = [s for s in shards if s not in answers]
-                idle = [s for s in open_shards if not in_flight[s] and s not in exhausted]
-                if idle:
-                    dispatch(idle)  # failed or refused: the next replica at once
-                if not any(in_flight[s] for s in open_shards):
-                    break  # every shard answered, or no replica left for the rest
-                # within the budget a request is hedged once it is slower than recent
-                # ones allow; over it, only once it ran hedge_max with its node silent
-                delay = self.hedge_delay()
-                if self._hedge_tokens < 1:
-                    delay = max(delay, self.hedge_max)
-                due = [r for r in outstanding if not r.hedged
-                       and any(s not in answers and s not in exhausted for s in r.shards)]
-                finished = await _next_answer(done_receive, due, delay)
-                if finished is not None:
-                    outstanding.discard(finished)
-                    for shard in finished.shards:
-                        in_flight[shard] -= 1
-                    continue
-                now = trio.current_time()
-                for slow in due:  # slower than recent requests allow: hedge
-                    todo = self._hedge(slow, now, delay, answers, counts)
-                    if todo:
-                        dispatch(todo)
-            now = trio.current_time()
-            for slow in outstanding:  # a hedge answered first and its node said nothing
-                if slow.hedged and self._answered_at.get(slow.node, -math.inf) < slow.started:
-                    self._suspect[slow.node] = now  # at all meanwhile: try it last
-            nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
-        return answers
+    def _answered(self, node: str, started: float) -> None:
+        """``node`` answered a request sent at ``started``: a latency sample, and it is
+        healthy (not suspect) again."""
+        now = trio.current_time()
+        self._latencies.append(now - started)
+        self._unsorted += 1
+        self._answered_at[node] = now
+        self._suspect.pop(node, None)
+
+    def _suspect_silent(self, requests: set[_Request]) -> None:
+        """Of ``requests`` (a round's, left unanswered): a node hedged that answered
+        nothing at all since its request was sent is tried last for a while."""
+        now = trio.current_time()
+        for slow in requests:
+            if slow.hedged and self._answered_at.get(slow.node, -math.inf) < slow.started:
+                self._suspect[slow.node] = now
 
     def _pick_replica(self, view: _IndexView, shard: int, tried: set[str],
                       batches: Mapping[str, list[int]], now: float) -> tuple[str, str] | None:
@@ -582,6 +511,154 @@ async def _next_answer(done: trio.MemoryReceiveChannel[_Request], due: list[_Req
         with trio.move_on_at(min((r.started + delay for r in due), default=math.inf)):
             return await done.receive()
     return None
+
+
+class _Scatter:
+    """One round of a search (:meth:`SearchClient._scatter`), in steps: pick a replica per
+    shard (:meth:`pick`), send one call per node (:meth:`send`), collect the answers with
+    the calls' deadlines (:meth:`collect`, :meth:`ask`), and keep the first answer of each
+    shard (:meth:`take`).  The client's routing state (suspects, calls in flight, latencies,
+    hedge budget) is shared by its rounds; this holds the round's own."""
+
+    def __init__(self, client: SearchClient, view: _IndexView, kind: Kind,
+                 request: ShardRequest, shards: list[int], counts: _Counts,
+                 errors_seen: list[str]) -> None:
+        self.client = client
+        self.view = view
+        self.kind = kind
+        self.request = request
+        self.shards = shards
+        self.counts = counts
+        self.errors_seen = errors_seen
+        self.answers: dict[int, Any] = {}
+        self.tried: dict[int, set[str]] = {s: set() for s in shards}
+        self.in_flight: dict[int, int] = {s: 0 for s in shards}
+        self.exhausted: set[int] = set()  # no replica left to try
+        self.outstanding: set[_Request] = set()
+        self.done_send, self.done_receive = trio.open_memory_channel[_Request](math.inf)
+        self.first = True  # the first sends: not retries, and they earn hedge budget
+
+    async def run(self) -> dict[int, Any]:
+        """Ask, collect and return shard -> answer (see :meth:`SearchClient._scatter`);
+        the requests still running are cancelled (their late answers are dropped)."""
+        async with trio.open_nursery() as nursery:
+            self.dispatch(nursery, sorted(self.shards))
+            self.first = False
+            await self.collect(nursery)
+            self.client._suspect_silent(self.outstanding)
+            nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
+        return self.answers
+
+    def dispatch(self, nursery: trio.Nursery, todo: list[int]) -> None:
+        """Send each shard of ``todo`` to its next replica, one call per node; a shard
+        with no replica left is ``exhausted``."""
+        now = trio.current_time()
+        batches, addresses = self.pick(todo, now)
+        for node, batch in batches.items():
+            self.send(nursery, _Request(node, batch, now), addresses[node])
+
+    def pick(self, todo: list[int], now: float) -> tuple[dict[str, list[int]], dict[str, str]]:
+        """node -> the shards of ``todo`` to ask it, and node -> its address (see
+        :meth:`SearchClient._pick_replica`); a pick after the first sends is a retry."""
+        batches: dict[str, list[int]] = {}
+        addresses: dict[str, str] = {}
+        for shard in todo:
+            picked = self.client._pick_replica(self.view, shard, self.tried[shard], batches,
+                                               now)
+            if picked is None:
+                self.exhausted.add(shard)
+                continue
+            node, address = picked
+            self.tried[shard].add(node)
+            batches.setdefault(node, []).append(shard)
+            addresses[node] = address
+            if not self.first:
+                self.counts.retries += 1
+        return batches, addresses
+
+    def send(self, nursery: trio.Nursery, sent: _Request, address: str) -> None:
+        """Start ``sent``'s call (:meth:`ask`) and count it in flight."""
+        if self.first:
+            self.client._earn_hedge()
+        self.outstanding.add(sent)
+        busy = self.client._busy
+        busy[sent.node] = busy.get(sent.node, 0) + 1
+        for shard in sent.shards:
+            self.in_flight[shard] += 1
+        nursery.start_soon(self.ask, sent, address)
+
+    async def ask(self, sent: _Request, address: str) -> None:
+        """One call, abandoned after the client's ``shard_timeout``: its answer is taken,
+        its error answer is appended to ``errors_seen``; a failed call (connection, an
+        unreadable answer, the timeout) makes its node suspect.  Then ``sent`` is done."""
+        try:
+            answer = await self.call(sent, address)
+            if answer.error is not None:
+                self.errors_seen.append(answer.error)
+            else:
+                self.take(sent, answer)
+        except (LinkFailed, ProtocolError, trio.TooSlowError,
+                records.CorruptRecord) as exc:
+            log.debug("katta.replica_failed", node=sent.node, shards=sent.shards,
+                      error=repr(exc))
+            self.client._suspect[sent.node] = trio.current_time()
+        self.done_send.send_nowait(sent)
+
+    async def call(self, sent: _Request, address: str) -> Answer:
+        """``sent``'s call, within ``shard_timeout`` (raises :class:`trio.TooSlowError`)."""
+        client = self.client
+        try:
+            with trio.fail_after(client.shard_timeout):
+                return await client._call(address, self.kind, attrs.evolve(
+                    self.request, shards=tuple(sent.shards)))
+        finally:
+            client._busy[sent.node] -= 1
+
+    def take(self, sent: _Request, answer: Answer) -> None:
+        """Keep the first answer of each shard ``answer`` has (raises
+        :class:`records.CorruptRecord` if it is not this round's reply)."""
+        reply = records.structure(answer.reply, REPLIES[self.kind])
+        self.client._answered(sent.node, sent.started)
+        for shard, result in reply.shards.items():
+            self.answers.setdefault(shard, result)
+        for shard, why in reply.refused.items():
+            log.debug("katta.replica_refused", node=sent.node, shard=shard, error=why)
+
+    async def collect(self, nursery: trio.Nursery) -> None:
+        """Wait for the answers until every shard answered or has no replica left (or a
+        node answered an error): a shard whose call failed or was refused goes to its next
+        replica at once, a request slower than the hedge delay is hedged."""
+        while not self.errors_seen:
+            open_shards = [s for s in self.shards if s not in self.answers]
+            idle = [s for s in open_shards if not self.in_flight[s] and s not in self.exhausted]
+            if idle:
+                self.dispatch(nursery, idle)  # failed or refused: the next replica at once
+            if not any(self.in_flight[s] for s in open_shards):
+                return  # every shard answered, or no replica left for the rest
+            delay = self.client._hedge_after()
+            due = self.due()
+            finished = await _next_answer(self.done_receive, due, delay)
+            if finished is None:
+                self.hedge(nursery, due, delay)
+                continue
+            self.outstanding.discard(finished)
+            for shard in finished.shards:
+                self.in_flight[shard] -= 1
+
+    def due(self) -> list[_Request]:
+        """The requests that may still be hedged: not hedged yet, and with a shard not
+        answered that has replicas left."""
+        return [r for r in self.outstanding if not r.hedged
+                and any(s not in self.answers and s not in self.exhausted for s in r.shards)]
+
+    def hedge(self, nursery: trio.Nursery, due: list[_Request], delay: float) -> None:
+        """Also send the shards of the requests of ``due`` older than ``delay`` elsewhere
+        (see :meth:`SearchClient._hedge`)."""
+        now = trio.current_time()
+        for slow in due:
+            todo = self.client._hedge(slow, now, delay, self.answers, self.counts)
+            if todo:
+                self.dispatch(nursery, todo)
 
 
 @attrs.define(eq=False)
