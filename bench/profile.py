@@ -134,8 +134,8 @@ class Profile:
 
 
 #: Entry frames, on every stack of their thread: left out of the ranking by total time.
-ENTRY_FRAMES = ("<frozen runpy>", "(threading.py:", "(framework/cli.py:", "(framework/__main__.py:",
-                "run_component (framework/runtime/runner.py:", "(kazoo/retry.py:")
+ENTRY_FRAMES = ("<frozen runpy>", "(threading.py:", "(framework/cli/", "(framework/__main__.py:",
+                "run_component (framework/runtime/launch/runner.py:", "(kazoo/retry.py:")
 
 
 def is_entry(frame: str) -> bool:

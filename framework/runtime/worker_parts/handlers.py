@@ -39,7 +39,8 @@ HANDLER_POOLS = ("thread", "process")
 def check_handler(cls: type[Any], types: dict[str, TaskType]) -> bool:
     """Whether any of ``cls``'s task ``types`` is a plain ``def`` (run in the handler pool);
     a mistake in the worker's async-ness or pool is a one-line :class:`ConfigurationError`
-    at start (the types' own mistakes are refused by :func:`~.task_types.collect`)."""
+    at start (the types' own mistakes are refused by
+    :func:`~framework.runtime.task_types.collect`)."""
     name = cls.__name__
     for method in ("serve_shard", "on_config"):
         if not inspect.iscoroutinefunction(getattr(cls, method, None)):
