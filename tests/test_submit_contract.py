@@ -28,7 +28,7 @@ APP = "contract"
 #: every option but the due time, set away from its default
 OPTIONS: dict[str, Any] = {"time_limit": 7.5, "priority": 3, "expires": 600.0,
                            "soft_time_limit": 5.0, "on_success": "noted",
-                           "on_failure": "mourned"}
+                           "on_failure": "mourned", "queue": "slow"}
 SURFACES = [Client.submit, BlockingClient.submit, MasterContext.submit, Worker.submit,
             StubApp.submit]
 
@@ -73,7 +73,8 @@ def test_every_submit_surface_takes_the_submit_options(surface: Callable[..., An
 
 @pytest.mark.parametrize(("option", "value"), [
     ("key", "a/b"), ("time_limit", 0), ("priority", True), ("expires", -1),
-    ("soft_time_limit", "5"), ("on_success", "no such/name"), ("countdown", -1),
+    ("soft_time_limit", "5"), ("on_success", "no such/name"), ("queue", "gpu/0"),
+    ("countdown", -1),
     ("eta", "tomorrow")])
 def test_a_bad_option_is_a_one_line_error_naming_it(option: str, value: Any) -> None:
     with pytest.raises(ConfigurationError) as raised:
@@ -119,7 +120,7 @@ async def _stored(session: Session) -> tuple[dict[str, tuple[Task, int]],
                                               dict[str, DelayedRecord]]:
     """The app's queued tasks (with their priority) and delayed records, by task key."""
     app, queued, delayed = App(APP), {}, {}
-    queue = WorkQueue(session, app.tasks)
+    queue = WorkQueue(session, app.queue_path(OPTIONS["queue"]))
     for name in await queue.item_names():
         data = await queue.item_data(name)
         entry = parse_item(*name.split("/"))
@@ -178,8 +179,8 @@ async def test_each_submit_surface_stores_each_option(zk_hosts: str, chroot: str
         for stored in (task, later.task, at.task):
             assert stored.id == stored.key and stored.payload == {"by": surface}
             assert (stored.name, stored.time_limit, stored.soft_time_limit,
-                    stored.on_success, stored.on_failure) == (
-                "step", 7.5, 5.0, "noted", "mourned"), surface
+                    stored.on_success, stored.on_failure, stored.queue) == (
+                "step", 7.5, 5.0, "noted", "mourned", "slow"), surface
         assert priority == later.priority == at.priority == 3
         assert task.expires is not None and before + 600 <= task.expires <= after + 600
         assert before + 3600 <= later.due <= after + 3600
@@ -202,8 +203,8 @@ async def test_the_stub_takes_the_same_options() -> None:
     at = await app.submit("handle", 2, key="at", eta=eta, **OPTIONS)
     for task in (now, at):
         assert task.id == task.key and (task.time_limit, task.soft_time_limit,
-                                        task.on_success, task.on_failure) == (
-            7.5, 5.0, "noted", "mourned")
+                                        task.on_success, task.on_failure, task.queue) == (
+            7.5, 5.0, "noted", "mourned", "slow")
     assert at.expires == eta.timestamp() + 600
     with pytest.raises(ConfigurationError, match="priority"):
         await app.submit("handle", key="bad", priority=True)

@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=positive_int, default=None, metavar="N",
                      help="a worker's tasks at once in this process (default: the class's "
                           "concurrency)")
+    run.add_argument("-Q", "--queues", default=None, metavar="Q1,Q2",
+                     help="the queues a worker takes tasks from, comma-separated; replaces "
+                          "the class's queues, so list 'default' too to keep serving it "
+                          "(default: the class's queues, else 'default')")
 
     apps = command("apps", "list the applications with their leader, worker "
                            "count, queue depth and state (active, done, cancelled)")
@@ -217,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--expires", type=positive_seconds, default=None, metavar="S",
                         help="seconds from its due time by which it must start, else it is "
                              "recorded 'expired' and never run (default: the task type's)")
+    submit.add_argument("--queue", default=None, metavar="Q",
+                        help="the queue to put it in (default: the task type's queue, else "
+                             "'default'); only workers serving Q take it")
     add_connection_arguments(submit)
     add_deadline_argument(submit)
 

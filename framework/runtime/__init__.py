@@ -7,7 +7,7 @@ the data they take or return.  The wings below (``worker_parts``, ``scheduling``
 business; see docs/architecture.md, "The runtime's wings".
 """
 
-from framework.runtime.app import App
+from framework.runtime.app import DEFAULT_QUEUE, App
 from framework.runtime.blocking import BlockingClient, ClientClosedError
 from framework.runtime.client import Client, DeadLetter
 from framework.runtime.launch import run_component
@@ -30,7 +30,7 @@ from framework.runtime.records import (
 )
 from framework.runtime.scheduling import CatchUp, Schedule, cron, every
 from framework.runtime.service import Part, Service
-from framework.runtime.submission import Existing, TaskExists
+from framework.runtime.submission import Existing, SubmitOptions, TaskExists
 from framework.runtime.task_types import RateLimit, TaskOptions, task
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.runtime.worker import Worker
@@ -48,6 +48,7 @@ from framework.runtime.workflows import (
 )
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "App",
     "BlockingClient",
     "Canvas",
@@ -77,6 +78,7 @@ __all__ = [
     "Service",
     "Signature",
     "SoftTimeLimitExceeded",
+    "SubmitOptions",
     "Task",
     "TaskExists",
     "TaskOptions",

@@ -6,7 +6,8 @@ from ZooKeeper, never from memory::
     masters/        election of the active master (standbys wait in line)
     rendezvous      the active master's address (ephemeral, filled in by the leader)
     workers/        group membership: one ephemeral node per live worker, JSON status
-    tasks/          the work queue (pull mode)
+    tasks/          the work queue (pull mode): the queue named ``default``
+    queues/<name>/  the named queues (issue #39), one work queue each, made at first use
     dead/           tasks whose handler kept failing (dead letters)
     running/        one ephemeral node per task being handled (progress in its data)
     results/hh/     one record per finished task, bucketed by hash of its key
@@ -36,6 +37,7 @@ import functools
 import hashlib
 import os
 import socket
+from collections.abc import Iterable
 
 import attrs
 
@@ -61,6 +63,29 @@ def app_of(app: App | str | None, default: str | None, owner: type) -> App:
 def process_name(kind: str, name: str | None) -> str:
     """A process's name in its group: ``name``, else ``<host>-<pid>`` (checked)."""
     return check_name(f"{kind} name", name or f"{socket.gethostname()}-{os.getpid()}")
+
+
+#: The queue a task goes to unless its type or its submit names another: ``tasks/``.
+DEFAULT_QUEUE = "default"
+
+
+def check_queue_name(value: object) -> str:
+    """A queue's name: a name as :func:`check_name` takes (it becomes a znode name under
+    ``queues/``); a clear one-line :class:`~framework.errors.ConfigurationError` otherwise."""
+    if not isinstance(value, str):
+        raise errors.ConfigurationError(f"a queue name is a str, got {value!r}")
+    return check_name("queue name", value)
+
+
+def queue_list(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Queue names from ``"a,b"`` or an iterable of names: checked, in the order given,
+    each once; :class:`~framework.errors.ConfigurationError` for a bad or empty list."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
+    if not names or any(n == "" for n in names):
+        raise errors.ConfigurationError(
+            f"queues must name at least one queue, comma-separated (e.g. 'default,gpu'), got "
+            f"{value!r}")
+    return tuple(dict.fromkeys(check_queue_name(n) for n in names))
 
 
 def key_bucket(key: str) -> str:
@@ -102,6 +127,25 @@ class App:
     delayed = property(lambda self: f"{self.base}/delayed")
     revoked = property(lambda self: f"{self.base}/revoked")
     schedules = property(lambda self: f"{self.base}/schedules")
+    queues = property(lambda self: f"{self.base}/queues")
+
+    def queue_path(self, queue: str | None = None) -> str:
+        """The work queue named ``queue``: ``tasks/`` for :data:`DEFAULT_QUEUE` (and
+        ``None``), else ``queues/<queue>`` (the name checked)."""
+        if queue is None or queue == DEFAULT_QUEUE:
+            return self.tasks
+        return f"{self.queues}/{check_queue_name(queue)}"
+
+    def item_ref(self, queue: str | None, item: str) -> str:
+        """How a ``pending/`` marker names queue item ``item`` (``<bucket>/<node>``) of
+        ``queue``: the item's name in the default queue (as before named queues), else
+        ``<queue>:<item>``."""
+        return item if queue is None or queue == DEFAULT_QUEUE else f"{queue}:{item}"
+
+    def item_path(self, ref: str) -> str:
+        """The znode of the queue item a marker names (:meth:`item_ref`)."""
+        queue, _, item = ref.rpartition(":")
+        return f"{self.queue_path(queue or None)}/items/{item}"
 
     def result_path(self, key: str) -> str:
         """Where the result record of task (or idempotency) ``key`` lives."""

@@ -197,13 +197,14 @@ class BlockingClient:
                time_limit: float | None = None, priority: int | None = None,
                countdown: float | None = None, eta: float | datetime | None = None,
                expires: float | None = None, soft_time_limit: float | None = None,
-               on_success: str | None = None, on_failure: str | None = None) -> Task:
+               on_success: str | None = None, on_failure: str | None = None,
+               queue: str | None = None) -> Task:
         """:meth:`Client.submit <framework.runtime.Client.submit>` (its options are
         :class:`~framework.runtime.submission.SubmitOptions`)."""
         return self._call(Client.submit, name, payload, key=key, time_limit=time_limit,
                           priority=priority, countdown=countdown, eta=eta, expires=expires,
                           soft_time_limit=soft_time_limit, on_success=on_success,
-                          on_failure=on_failure)
+                          on_failure=on_failure, queue=queue)
 
     def task_types(self) -> dict[str, TypeInfo]:
         """:meth:`Client.task_types <framework.runtime.Client.task_types>`."""

@@ -108,7 +108,8 @@ class Client:
                      time_limit: float | None = None, priority: int | None = None,
                      countdown: float | None = None, eta: float | datetime | None = None,
                      expires: float | None = None, soft_time_limit: float | None = None,
-                     on_success: str | None = None, on_failure: str | None = None) -> Task:
+                     on_success: str | None = None, on_failure: str | None = None,
+                     queue: str | None = None) -> Task:
         """Queue one task of type ``name`` (``payload``: any JSON value), now or at its time
         (``countdown`` seconds from now, or ``eta``: an aware datetime or epoch seconds);
         returns it with its id.
@@ -121,8 +122,9 @@ class Client:
         outcome ``expired`` and never run; ``soft_time_limit``: seconds before
         :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an
         ``async def`` handler; ``on_success`` / ``on_failure``: task types queued with its
-        result or final error (:mod:`framework.runtime.callbacks`).  Each defaults to the
-        task type's (``@task(...)``).  These options are
+        result or final error (:mod:`framework.runtime.callbacks`); ``queue``: the named
+        queue it goes into (:mod:`framework.runtime.queues`; a worker takes it only if it
+        serves that queue).  Each defaults to the task type's (``@task(...)``).  These options are
         :class:`~framework.runtime.submission.SubmitOptions`, the same for every submit
         surface.  Raises :class:`ConfigurationError` for a bad option (one line naming it),
         for a task type the app's workers do not have (once one
@@ -141,7 +143,7 @@ class Client:
         options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
                                 countdown=countdown, eta=eta, expires=expires,
                                 soft_time_limit=soft_time_limit, on_success=on_success,
-                                on_failure=on_failure)
+                                on_failure=on_failure, queue=queue)
         submitter = await self._submitter()
         task = await submitter.submit(name, payload, options, check_existing=True)
         if not self._types_seen and not await self.task_types():

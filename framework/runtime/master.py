@@ -77,7 +77,8 @@ class MasterContext:
                      time_limit: float | None = None, priority: int | None = None,
                      countdown: float | None = None, eta: float | datetime | None = None,
                      expires: float | None = None, soft_time_limit: float | None = None,
-                     on_success: str | None = None, on_failure: str | None = None) -> Task:
+                     on_success: str | None = None, on_failure: str | None = None,
+                     queue: str | None = None) -> Task:
         """Queue one task of type ``name`` (JSON payload) for the workers, now or at its
         time; returns it with its id.  The options are those of ``Client.submit``
         (:class:`~framework.runtime.submission.SubmitOptions`; each ``None`` defaults to
@@ -88,16 +89,19 @@ class MasterContext:
         options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
                                 countdown=countdown, eta=eta, expires=expires,
                                 soft_time_limit=soft_time_limit, on_success=on_success,
-                                on_failure=on_failure)
+                                on_failure=on_failure, queue=queue)
         return await self.submitter.submit(name, payload, options)
 
     async def submit_many(self, name: str, payloads: list[Any], *,
                           priority: int | None = None,
-                          keys: list[str] | None = None) -> list[Task]:
-        """Queue many tasks of type ``name`` in one pipelined burst.  ``keys`` (one per
-        payload) are their task ids and idempotency keys: submitting the same keys again
-        (a new leader resubmitting the job, say) runs nothing twice."""
-        return await self.submitter.submit_many(name, payloads, priority=priority, keys=keys)
+                          keys: list[str] | None = None,
+                          queue: str | None = None) -> list[Task]:
+        """Queue many tasks of type ``name`` in one pipelined burst, into ``queue``
+        (default: the type's).  ``keys`` (one per payload) are their task ids and
+        idempotency keys: submitting the same keys again (a new leader resubmitting the
+        job, say) runs nothing twice."""
+        return await self.submitter.submit_many(name, payloads, priority=priority, keys=keys,
+                                                queue=queue)
 
     async def result(self, key: str, *, wait: bool = False) -> TaskResult | None:
         """The result record of a task id (or idempotency key), if it finished; with

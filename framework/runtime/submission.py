@@ -3,7 +3,7 @@
 
 What a submit can say is one type, :class:`SubmitOptions` (``key``, ``time_limit``,
 ``priority``, ``countdown``/``eta``, ``expires``, ``soft_time_limit``, ``on_success``,
-``on_failure``), validated once when made; every submit surface takes exactly these as
+``on_failure``, ``queue``), validated once when made; every submit surface takes exactly these as
 keyword arguments (``tests/test_submit_contract.py`` holds them to it).  ``key`` is the
 task's id and idempotency key, the one spelling everywhere.
 
@@ -11,7 +11,9 @@ task's id and idempotency key, the one spelling everywhere.
 (:class:`~framework.runtime.task_types.Catalog`: an unknown name is a
 :class:`~framework.errors.ConfigurationError` naming the known ones), builds the task, and
 queues it now, or at its time (``countdown=`` seconds, ``eta=`` an aware datetime or epoch
-seconds: :mod:`framework.runtime.delayed`).  ``priority`` defaults to the task type's.
+seconds: :mod:`framework.runtime.delayed`).  ``priority`` defaults to the task type's, and
+so does ``queue`` (the task goes into that queue, :mod:`framework.runtime.queues`; the
+name is written into the task so a delayed move, a requeue or a rerun keeps it).
 Costs: one read of the catalog per submitter (again only for a name it does not know), then
 the queue's put (one request) or the delayed node's create (one request).
 
@@ -52,6 +54,7 @@ from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.payloads import PayloadStore, store_from, too_large
+from framework.runtime.queues import DEFAULT_QUEUE, QueueSet, check_queue_name
 from framework.runtime.results.result_index import mark_queued, read_mark, still_queued
 from framework.runtime.scheduling.delayed import delay, due_time
 from framework.runtime.task_types import Catalog
@@ -112,11 +115,12 @@ class SubmitOptions:
     ``soft_time_limit``: seconds before
     :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an ``async
     def`` handler.  ``on_success`` / ``on_failure``: task types queued with its result or
-    final error (:mod:`framework.runtime.callbacks`).  ``None`` leaves each to the task
-    type's (``@task(...)``).
+    final error (:mod:`framework.runtime.callbacks`).  ``queue``: the named queue it goes
+    into (:mod:`framework.runtime.queues`).  ``None`` leaves each to the task type's
+    (``@task(...)``).
 
     Validated once, when made: :class:`~framework.errors.ConfigurationError` (one line,
-    naming the option) for a key or callback that is not a valid name, a limit that is not
+    naming the option) for a key, callback or queue that is not a valid name, a limit that is not
     positive, a priority that is not an int below 10**9, both ``countdown`` and ``eta``, or
     an ``eta`` that is not a time.  What needs the app (an unknown task type, a key that
     exists) is checked by the submit."""
@@ -130,10 +134,13 @@ class SubmitOptions:
     soft_time_limit: float | None = None
     on_success: str | None = None
     on_failure: str | None = None
+    queue: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.key is not None:
             check_name("task key", self.key)
+        if self.queue is not None:
+            check_queue_name(self.queue)
         for option in ("on_success", "on_failure"):
             callback = getattr(self, option)
             if callback is not None:
@@ -157,13 +164,16 @@ def _check_positive(option: str, value: object) -> None:
 
 
 class Submitter:
-    """Submits tasks of ``app`` into ``queue`` (the caller's: fenced for a master)."""
+    """Submits tasks of ``app`` into their queues: ``queue`` (the caller's default queue:
+    fenced for a master) and its :func:`~framework.runtime.queues.sibling` for each named
+    queue."""
 
     def __init__(self, session: Session, app: App, queue: WorkQueue, *,
                  payload_store: PayloadStore | str | None = None) -> None:
         self.session = session
         self.app = app
         self.queue = queue
+        self.queues = QueueSet(app, queue)
         self.catalog = Catalog(session, app)
         self._encoders: dict[str, TaskEncoder] = {}
         #: where payloads over the queue's limit go (None: they are refused)
@@ -238,7 +248,8 @@ class Submitter:
                         time_limit=options.time_limit,
                         expires=None if expires is None else (due or time.time()) + expires,
                         soft_time_limit=options.soft_time_limit,
-                        on_success=options.on_success, on_failure=options.on_failure)
+                        on_success=options.on_success, on_failure=options.on_failure,
+                        queue=options.queue or info.queue)
         level = info.priority if options.priority is None else options.priority
         WorkQueue._check_priority(level)
         if check_existing and key is not None:
@@ -253,23 +264,28 @@ class Submitter:
         if due is not None and due > time.time():
             await delay(self.session, self.app, task, level, due, explicit=explicit)
         else:
-            item = await self.queue.put(data, priority=level)
+            item = await self.queues.get(task.queue).put(data, priority=level)
             if explicit:  # another task of this key may come: its record must wait
-                await mark_queued(self.session, self.app, [(task.key, item)])
+                await mark_queued(self.session, self.app,
+                                  [(task.key, self.app.item_ref(task.queue, item))])
         return task
 
     async def submit_many(self, name: str, payloads: list[Any], *,
                           priority: int | None = None,
-                          keys: list[str] | None = None) -> list[Task]:
+                          keys: list[str] | None = None,
+                          queue: str | None = None) -> list[Task]:
         """Queue many tasks of type ``name`` in one pipelined burst (see
-        ``MasterContext.submit_many``)."""
+        ``MasterContext.submit_many``), into ``queue`` (default: the type's)."""
         if keys is not None and len(keys) != len(payloads):
             raise errors.ConfigurationError(
                 f"submit_many: {len(keys)} keys for {len(payloads)} payloads"
             )
         info = await self.catalog.check(name)
         level = info.priority if priority is None else priority
-        encoder = self._encoders.get(name) or self._encoders.setdefault(name, TaskEncoder(name))
+        target = check_queue_name(queue or info.queue)
+        stamp = None if target == DEFAULT_QUEUE else target
+        encoder = self._encoders.get(f"{name}@{target}") or self._encoders.setdefault(
+            f"{name}@{target}", TaskEncoder(name, stamp))
         tasks: list[Task] = []
         data: list[bytes] = []
         for task, item in encoder.build(payloads, keys):
@@ -277,10 +293,11 @@ class Submitter:
                 task, item = await self._stored(task)
             tasks.append(task)
             data.append(item)
-        items = await self.queue.put_many(data, priority=level)
+        items = await self.queues.get(target).put_many(data, priority=level)
         if keys is not None:  # see mark_queued
             await mark_queued(self.session, self.app,
-                              [(t.key, n) for t, n in zip(tasks, items, strict=True)])
+                              [(t.key, self.app.item_ref(stamp, n))
+                               for t, n in zip(tasks, items, strict=True)])
         return tasks
 
 
@@ -290,9 +307,11 @@ class TaskEncoder:
     write (a template cut from the encoding of a prototype task, so a field added to
     :class:`Task` is carried with its default), with one JSON encoding per payload."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, queue: str | None = None) -> None:
         self.name = check_name("task name", name)
-        proto = Task(_MARKS["id"], _MARKS["payload"], _MARKS["key"], None, name).encode()
+        self.queue = queue  # the named queue written into its tasks (None: the default)
+        proto = Task(_MARKS["id"], _MARKS["payload"], _MARKS["key"], None, name,
+                     queue=queue).encode()
         field_of = {_JSON.encode(mark): field for field, mark in _MARKS.items()}
         pieces = re.split("(" + "|".join(map(re.escape, field_of)) + ")", proto.decode())
         if sorted(field_of[p] for p in pieces[1::2]) != sorted(_MARKS):
@@ -325,11 +344,12 @@ class TaskEncoder:
                 raise errors.ConfigurationError(
                     f"task payload must be JSON-serialisable: {exc}") from None
             if keys is None:  # 32 hex digits: their JSON is themselves in quotes
-                built.append((Task(task_id, payload, None, None, self.name),
+                built.append((Task(task_id, payload, None, None, self.name, queue=self.queue),
                               self.encode(f'"{task_id}"', body)))
             else:
                 key_json = _JSON.encode(task_id)
-                built.append((Task(task_id, payload, task_id, None, self.name),
+                built.append((Task(task_id, payload, task_id, None, self.name,
+                                   queue=self.queue),
                               self.encode(key_json, body, key_json)))
         return built
 

@@ -23,6 +23,12 @@ started within 60 s of its submit as ``expired`` without running it; ``soft_time
 :class:`~framework.runtime.SoftTimeLimitExceeded` inside an ``async def`` handler
 after 5 s (below ``time_limit``).  A submit's own values override the type's.
 
+Named queues (Celery's ``task_routes``, RQ's queues, Dramatiq's ``queue_name``):
+``@task(queue="gpu")`` puts the type's tasks into the queue ``gpu`` (default: ``default``,
+the app's ``tasks/``), unless a submit names another (``queue=``); a worker takes only from
+the queues it serves (``Worker.queues``, ``framework run -Q``), and within them only tasks
+of its types (:mod:`framework.runtime.queues`).
+
 The app's catalog, ``/apps/<app>/types`` (:class:`Catalog`), lists every type its workers
 have registered (each worker adds its own when it starts).  Submitting a name the catalog
 does not list raises :class:`~framework.errors.ConfigurationError` naming the known types;
@@ -46,7 +52,7 @@ import trio
 from framework import errors, records
 from framework.logs import get_logger
 from framework.retry import Backoff, RetryPolicy
-from framework.runtime.app import App, check_name
+from framework.runtime.app import DEFAULT_QUEUE, App, check_name, check_queue_name
 from framework.runtime.tasks import DEFAULT_TASK
 from framework.zk import Session
 
@@ -140,6 +146,9 @@ class TaskOptions:
     #: task types queued with the result (``on_success``) or final error (``on_failure``)
     on_success: str | None = attrs.field(default=None, validator=_callback("on_success"))
     on_failure: str | None = attrs.field(default=None, validator=_callback("on_failure"))
+    #: the queue its tasks go to unless a submit names another (``default``: ``tasks/``)
+    queue: str = attrs.field(default=DEFAULT_QUEUE, validator=lambda _i, _a, v:
+                             check_queue_name(v))
 
     def __attrs_post_init__(self) -> None:
         if self.soft_time_limit and self.time_limit and self.soft_time_limit >= self.time_limit:
@@ -164,11 +173,11 @@ def task(fn: F | None = None, *, name: str | None = None, max_attempts: int | No
          time_limit: float | None = None, priority: int = 0,
          rate_limit: str | None = None, soft_time_limit: float | None = None,
          expires: float | None = None, on_success: str | None = None,
-         on_failure: str | None = None) -> Any:
+         on_failure: str | None = None, queue: str = DEFAULT_QUEUE) -> Any:
     """Make a worker method a task type (``@task`` or ``@task(...)``, see the module doc).
     Bad options raise :class:`~framework.errors.ConfigurationError` at class definition."""
     options = TaskOptions(max_attempts, backoff_base, backoff_max, time_limit, priority,
-                          rate_limit, soft_time_limit, expires, on_success, on_failure)
+                          rate_limit, soft_time_limit, expires, on_success, on_failure, queue)
 
     def mark(method: F) -> F:
         if not callable(method):
@@ -240,6 +249,7 @@ class TypeInfo:
     time_limit: float | None = None
     rate_limit: str | None = None
     expires: float | None = None  # seconds after the submit (the submitter applies it)
+    queue: str = DEFAULT_QUEUE  # the queue its tasks go to (a submit may name another)
 
 
 @attrs.frozen
@@ -255,7 +265,7 @@ def type_info(kind: TaskType, *, max_attempts: int, time_limit: float | None) ->
     return TypeInfo(options.priority, options.max_attempts or max_attempts,
                     options.time_limit or time_limit,
                     str(options.rate_limit) if options.rate_limit else None,
-                    options.expires)
+                    options.expires, options.queue)
 
 
 class Catalog:

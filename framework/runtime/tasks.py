@@ -12,7 +12,7 @@ import attrs
 
 from framework import errors, records
 from framework.errors import ConfigurationError, PermanentFailure
-from framework.runtime.app import check_name
+from framework.runtime.app import DEFAULT_QUEUE, check_name, check_queue_name
 from framework.zk import MAX_DATA_BYTES, Session, wait_created
 
 #: The task type of a worker's ``handle`` method (and of a task that names none).
@@ -47,10 +47,18 @@ class Task:
     #: task types queued with its result (``on_success``) or its final error (``on_failure``)
     on_success: str | None = attrs.field(default=None, metadata=records.wire("ok_cb"))
     on_failure: str | None = attrs.field(default=None, metadata=records.wire("err_cb"))
+    #: the named queue it is put into (``None``: the default queue, ``tasks/``); a dead
+    #: letter requeued, a delayed task moved or a job rerun goes back into it
+    queue: str | None = attrs.field(default=None, metadata=records.wire("q"))
 
     @property
     def key(self) -> str:
         return self.idempotency_key or self.id
+
+    @property
+    def queue_name(self) -> str:
+        """The name of its queue (``default`` for the default queue)."""
+        return self.queue or DEFAULT_QUEUE
 
     def encode(self) -> bytes:
         return records.encode(self)
@@ -73,9 +81,10 @@ def new_task(
     soft_time_limit: float | None = None,
     on_success: str | None = None,
     on_failure: str | None = None,
+    queue: str | None = None,
 ) -> Task:
     """Build a task, validating what a user can get wrong (``expires``: seconds since the
-    epoch, see :class:`Task`)."""
+    epoch, see :class:`Task`; ``queue``: a queue name, ``default`` kept as ``None``)."""
     check_name("task name", name)
     task_id = check_name("task id", task_id) if task_id else uuid.uuid4().hex
     if idempotency_key is not None:
@@ -91,8 +100,11 @@ def new_task(
         json.dumps(payload)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"task payload must be JSON-serialisable: {exc}") from None
+    if queue is not None:
+        queue = None if check_queue_name(queue) == DEFAULT_QUEUE else queue
     return Task(task_id, payload, idempotency_key, time_limit, name, expires=expires,
-                soft_time_limit=soft_time_limit, on_success=on_success, on_failure=on_failure)
+                soft_time_limit=soft_time_limit, on_success=on_success, on_failure=on_failure,
+                queue=queue)
 
 
 class Outcome(enum.Enum):

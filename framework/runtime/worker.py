@@ -14,7 +14,7 @@ are redelivered), stop shards, leave the group.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -24,7 +24,7 @@ import trio
 from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.retry import Backoff
-from framework.runtime.app import App
+from framework.runtime.app import DEFAULT_QUEUE, App, queue_list
 from framework.runtime.service import Part, Service
 from framework.runtime.submission import SubmitOptions, Submitter
 from framework.runtime.task_types import TaskRules, collect, rules_of
@@ -50,7 +50,11 @@ class Worker(Service):
     another worker, and its late acknowledgement is refused by the server),
     ``confirm_after`` (push mode: seconds a serving record must last, with the session
     trusted, before it is confirmed and the leader may drop another replica for it; see
-    :meth:`ready`).
+    :meth:`ready`), ``queues`` (the queues it takes tasks from: ``("default",)`` unless
+    told otherwise, by this attribute, ``Worker(queues=...)`` or ``framework run -Q a,b``;
+    a list given replaces the default, so ``default`` is served only if listed, as with
+    Celery's ``-Q``; each slot waits on all of them at once, see
+    :mod:`framework.runtime.worker_parts.task_consumer`).
 
     ``handle`` may be a plain ``def`` for blocking or CPU-bound work: it then runs in a pool
     of ``concurrency`` threads (``handler_pool = "thread"``, the default) or processes
@@ -78,10 +82,14 @@ class Worker(Service):
     #: may be elected to move delayed tasks, fire ``schedules`` and apply retention while no
     #: master leads (worker-only deployments: :mod:`framework.runtime.duties`)
     duties: bool = True
+    #: the queues this worker takes tasks from (names; a str may list them "a,b")
+    queues: tuple[str, ...] | str = (DEFAULT_QUEUE,)
 
     def __init__(self, app: App | str | None = None, *, name: str | None = None,
-                 address: str = "") -> None:
+                 address: str = "", queues: Iterable[str] | str | None = None) -> None:
         super().__init__(app, name=name, address=address)
+        #: the queues served, checked (a bad name is a one-line ConfigurationError)
+        self.queues = queue_list(queues if queues is not None else type(self).queues)
         #: the task types this worker runs, by name (its ``@task`` methods, and ``handle``)
         self.task_types = collect(type(self), default=Worker.handle)
         #: whether a task type is a plain ``def`` (run in the handler pool)
@@ -149,7 +157,8 @@ class Worker(Service):
                      time_limit: float | None = None, priority: int | None = None,
                      countdown: float | None = None, eta: float | datetime | None = None,
                      expires: float | None = None, soft_time_limit: float | None = None,
-                     on_success: str | None = None, on_failure: str | None = None) -> Task:
+                     on_success: str | None = None, on_failure: str | None = None,
+                     queue: str | None = None) -> Task:
         """Queue a follow-up task of type ``name`` (a crawler queues the links it found,
         say); the same options (:class:`~framework.runtime.submission.SubmitOptions`) and
         errors as ``MasterContext.submit``; :class:`~framework.errors.NotConnectedError`
@@ -157,7 +166,7 @@ class Worker(Service):
         options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
                                 countdown=countdown, eta=eta, expires=expires,
                                 soft_time_limit=soft_time_limit, on_success=on_success,
-                                on_failure=on_failure)
+                                on_failure=on_failure, queue=queue)
         if self.session is None:
             raise errors.NotConnectedError("the worker is not running")
         if self._submitter is None or self._submitter.session is not self.session:

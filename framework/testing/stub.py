@@ -30,6 +30,9 @@ What it keeps of the real runtime (the same code where it can):
   keys); ``revoke`` of a queued task records it revoked;
 * canvases: :meth:`StubApp.run_canvas` runs a ``chain``, ``group`` or ``chord`` with the
   driver's payloads, task ids and errors;
+* named queues: a task goes into its type's queue or the one its submit names, and runs only
+  if the worker serves that queue (``Worker.queues``); a task of a queue it does not serve
+  waits (:attr:`StubApp.unserved`), as it would in a real app with no worker serving it;
 * inside a handler, ``self.config`` (given or published by a stub master), ``self.submit``
   (follow-up tasks land in the stub) and ``self.report_progress`` (kept in
   :attr:`StubApp.progress`).
@@ -60,6 +63,7 @@ import trio
 
 from framework import errors
 from framework.retry import RetryPolicy
+from framework.runtime import DEFAULT_QUEUE
 from framework.runtime.master import Master
 from framework.runtime.submission import SubmitOptions
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
@@ -135,6 +139,9 @@ class StubApp:
         self._ready: list[tuple[int, int, _Queued]] = []
         self._delayed: list[tuple[float, int, _Queued]] = []
         self._revoked: set[str] = set()
+        #: tasks put into a queue the worker does not serve (``Worker.queues``), oldest
+        #: first: they wait, as in a real app where no running worker serves their queue
+        self.unserved: list[Task] = []
 
     # ------------------------------------------------------------ submitting
 
@@ -147,7 +154,8 @@ class StubApp:
                      time_limit: float | None = None, priority: int | None = None,
                      countdown: float | None = None, eta: float | datetime | None = None,
                      expires: float | None = None, soft_time_limit: float | None = None,
-                     on_success: str | None = None, on_failure: str | None = None) -> Task:
+                     on_success: str | None = None, on_failure: str | None = None,
+                     queue: str | None = None) -> Task:
         """Queue one task (the options of ``Client.submit``:
         :class:`~framework.runtime.submission.SubmitOptions`, and its errors for a bad
         option or an unknown type; a key that exists is queued again, as a master's
@@ -155,7 +163,7 @@ class StubApp:
         options = SubmitOptions(key=key, time_limit=time_limit, priority=priority,
                                 countdown=countdown, eta=eta, expires=expires,
                                 soft_time_limit=soft_time_limit, on_success=on_success,
-                                on_failure=on_failure)
+                                on_failure=on_failure, queue=queue)
         self._check_type(name)
         due = options.due()
         if expires is None:
@@ -163,20 +171,24 @@ class StubApp:
         task = new_task(payload, name=name, task_id=key, idempotency_key=key,
                         time_limit=time_limit, soft_time_limit=soft_time_limit,
                         expires=None if expires is None else (due or time.time()) + expires,
-                        on_success=on_success, on_failure=on_failure)
+                        on_success=on_success, on_failure=on_failure,
+                        queue=queue or self.worker.task_types[name].options.queue)
         self._queue(task, priority, due)
         await trio.lowlevel.checkpoint()
         return task
 
     async def submit_many(self, name: str, payloads: list[Any], *,
                           priority: int | None = None,
-                          keys: list[str] | None = None) -> list[Task]:
-        """Queue many tasks; ``keys`` (one per payload) are their ids and idempotency keys."""
+                          keys: list[str] | None = None,
+                          queue: str | None = None) -> list[Task]:
+        """Queue many tasks; ``keys`` (one per payload) are their ids and idempotency keys;
+        ``queue``: their queue (default: the type's)."""
         self._check_type(name)
         if keys is not None and len(keys) != len(payloads):
             raise errors.ConfigurationError(
                 f"submit_many: {len(keys)} keys for {len(payloads)} payloads")
-        tasks = [new_task(p, name=name, task_id=k, idempotency_key=k)
+        queue = queue or self.worker.task_types[name].options.queue
+        tasks = [new_task(p, name=name, task_id=k, idempotency_key=k, queue=queue)
                  for p, k in zip(payloads, keys or [None] * len(payloads), strict=True)]
         for task in tasks:
             self._queue(task, priority, None)
@@ -199,7 +211,9 @@ class StubApp:
             priority = self.worker.task_types[task.name].options.priority
         queued = _Queued(task, priority, due)
         self.submitted.append(task)
-        if due is None:
+        if task.queue_name not in self.worker.queues:  # nobody serves its queue: it waits
+            self.unserved.append(task)
+        elif due is None:
             heapq.heappush(self._ready, (priority, next(self._order), queued))
         else:
             heapq.heappush(self._delayed, (due, next(self._order), queued))
@@ -208,8 +222,9 @@ class StubApp:
 
     @property
     def pending(self) -> int:
-        """Tasks queued or delayed, not yet run (retries included)."""
-        return len(self._ready) + len(self._delayed)
+        """Tasks queued or delayed, not yet run (retries included; those of a queue the
+        worker does not serve too: :attr:`unserved`)."""
+        return len(self._ready) + len(self._delayed) + len(self.unserved)
 
     async def join(self, *, fail_fast: bool = False) -> None:
         """Run every queued task, and those they submit, and delayed ones in due order,
@@ -276,6 +291,8 @@ class StubApp:
             on_failure=task.on_failure or options.on_failure)
         if callback is not None:
             self._check_type(callback.name)
+            queue = self.worker.task_types[callback.name].options.queue  # its type's queue
+            callback = attrs.evolve(callback, queue=None if queue == DEFAULT_QUEUE else queue)
             self._queue(callback, None, None)
 
     def _failed(self, queued: _Queued, task: Task, exc: Exception, started: float,

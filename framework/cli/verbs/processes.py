@@ -59,6 +59,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if isinstance(component, Master):
             raise FrameworkError(f"--concurrency is for workers; {args.component} is a Master")
         component.concurrency = args.concurrency  # this process's slots, not the class's
+    if args.queues is not None:
+        if isinstance(component, Master):
+            raise FrameworkError(f"-Q/--queues is for workers; {args.component} is a Master")
+        from framework.runtime.queues import queue_list
+
+        component.queues = queue_list(args.queues)  # this process's queues, not the class's
     if args.metrics_port is not None:
         from framework import metrics
 

@@ -56,7 +56,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                       "queued again", file=sys.stderr)
         return await client.submit(args.task, payload, key=args.key, priority=args.priority,
                                    time_limit=args.time_limit, countdown=args.countdown,
-                                   eta=eta, expires=args.expires)
+                                   eta=eta, expires=args.expires, queue=args.queue)
 
     task = connect(args, work, deadline=args.timeout)
     print(task.id)

@@ -22,7 +22,7 @@ import trio
 from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue, parse_item
-from framework.runtime.app import App, ensure_result_buckets
+from framework.runtime.app import DEFAULT_QUEUE, App, ensure_result_buckets
 from framework.runtime.records import CancelRecord, JobDone, PastRun, decode_or_none
 from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task, TaskResult
@@ -74,8 +74,9 @@ async def lookup_result(session: Session, app: str, key: str) -> dict[str, Any] 
 
 
 async def requeue(session: Session, app: str, name: str) -> str:
-    """Put dead letter ``name`` back in the queue (with its priority and a fresh count of
-    deliveries), then delete the dead letter at the version read.
+    """Put dead letter ``name`` back in its queue (the task's named queue, else the
+    default one; with its priority and a fresh count of deliveries), then delete the dead
+    letter at the version read.
 
     At-least-once: the put comes first, so a crash in between leaves the dead letter in
     place (requeued twice if clicked again); two items of one task id never run at once and
@@ -88,18 +89,21 @@ async def requeue(session: Session, app: str, name: str) -> str:
         data, stat = await session.get(path)
     except errors.NoNodeError:
         raise ActionError(f"no dead letter {name!r} in {app!r} (already requeued?)") from None
-    item = await WorkQueue(session, application.tasks).put(data, priority=parsed.priority)
     try:
-        key = Task.decode(data).key
+        task: Task | None = Task.decode(data)
     except (ValueError, TypeError):
-        key = None  # not a task: nothing of it to keep
-    if key is not None:  # its key's record (a success skips it) stays while it is queued
-        await mark_queued(session, application, [(key, item)])
+        task = None  # not a task: nothing of it to keep, back into the default queue
+    queue = task.queue if task is not None else None  # the queue it was taken from
+    item = await WorkQueue(session, application.queue_path(queue)).put(
+        data, priority=parsed.priority)
+    if task is not None:  # its key's record (a success skips it) stays while it is queued
+        await mark_queued(session, application, [(task.key, application.item_ref(queue, item))])
     try:
         await session.delete(path, version=stat.version)
     except (errors.NoNodeError, errors.BadVersionError):
         pass  # someone else requeued or discarded it meanwhile
-    log.info("dashboard.requeued", app=app, dead_letter=name, item=item)
+    log.info("dashboard.requeued", app=app, dead_letter=name, item=item,
+             queue=queue or DEFAULT_QUEUE)
     return item
 
 

@@ -336,12 +336,13 @@ def read_mark(data: bytes, path: str) -> QueuedMark:
 
 
 async def still_queued(session: Session, app: App, items: Sequence[str]) -> list[str]:
-    """Those of ``items`` (queue item names) still in the queue (queued, claimed or
-    running): one ``exists`` each, sent together."""
+    """Those of ``items`` (queue items as markers name them, :meth:`App.item_ref`: of any
+    queue) still in their queue (queued, claimed or running): one ``exists`` each, sent
+    together."""
     present: dict[str, bool] = {}
 
     async def look(name: str) -> None:
-        present[name] = await session.exists(f"{app.tasks}/items/{name}") is not None
+        present[name] = await session.exists(app.item_path(name)) is not None
 
     await gather(*[functools.partial(look, name) for name in items])
     return [name for name in items if present[name]]

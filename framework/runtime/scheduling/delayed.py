@@ -29,6 +29,7 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
+from framework.runtime.queues import QueueSet
 from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task
 from framework.zk import Session
@@ -79,12 +80,14 @@ async def delay(session: Session, app: App, task: Task, priority: int, due: floa
 
 
 class DelayedMover:
-    """The leader's mover of due tasks into ``queue`` (fenced by the term the queue is)."""
+    """The leader's mover of due tasks into ``queue`` (fenced by the term the queue is), or
+    for a task of a named queue into that queue (made like ``queue``: fenced the same)."""
 
     def __init__(self, session: Session, app: App, queue: WorkQueue) -> None:
         self.session = session
         self.app = app
         self.queue = queue
+        self.queues = QueueSet(app, queue)
         self.moved = 0
         self.latest_lateness: float | None = None  # seconds after its time the last one
 
@@ -137,18 +140,20 @@ class DelayedMover:
             await self.session.delete(path, version=stat.version, missing_ok=True)
             return
         try:
-            item = await self.queue.put(record.task.encode(), priority=record.priority,
-                                        also=lambda txn: txn.delete(path, version=stat.version))
+            queue = self.queues.get(record.task.queue)
+            item = await queue.put(record.task.encode(), priority=record.priority,
+                                   also=lambda txn: txn.delete(path, version=stat.version))
         except errors.TransactionFailedError as exc:
             # our delete refused: the node changed or went (another mover: never, fenced)
             log.warning("delayed.move_refused", path=path, error=str(exc))
             return
         if record.explicit:
-            await mark_queued(self.session, self.app, [(record.task.key, item)])
+            await mark_queued(self.session, self.app,
+                              [(record.task.key, self.app.item_ref(record.task.queue, item))])
         self.moved += 1
         self.latest_lateness = time.time() - record.due
         log.info("delayed.queued", task=record.task.id, name=record.task.name,
-                 late=round(self.latest_lateness, 3))
+                 queue=record.task.queue_name, late=round(self.latest_lateness, 3))
 
 
 def due_time(countdown: Any = None, eta: Any = None) -> float | None:

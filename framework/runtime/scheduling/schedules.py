@@ -46,6 +46,7 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
+from framework.runtime.queues import QueueSet
 from framework.runtime.tasks import new_task
 from framework.zk import Session
 
@@ -98,6 +99,8 @@ class Schedule:
     cron: str | None = None
     catch_up: CatchUp = CatchUp.LATEST
     priority: int | None = None
+    #: the queue its tasks go to (``None``: the task type's queue)
+    queue: str | None = None
     #: ``seconds`` in whole nanoseconds (interval schedules; computed, never given)
     period_ns: int | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
@@ -125,7 +128,8 @@ class Schedule:
                 raise errors.ConfigurationError(
                     f"schedule {self.name!r}: bad cron expression {self.cron!r} ({exc})"
                 ) from None
-        new_task(self.payload, name=self.task)  # a payload that is not JSON: refused now
+        # a payload that is not JSON, a bad queue name: refused now
+        new_task(self.payload, name=self.task, queue=self.queue)
 
     def next_slot(self, after: int) -> int:
         """The first slot strictly after ``after`` (integer nanoseconds since the epoch)."""
@@ -154,17 +158,21 @@ class Schedule:
 
 
 def every(seconds: float, task: str, payload: Any = None, *, name: str | None = None,
-          catch_up: CatchUp = CatchUp.LATEST, priority: int | None = None) -> Schedule:
-    """Task ``task`` every ``seconds`` (slots at multiples of ``seconds`` since the epoch)."""
+          catch_up: CatchUp = CatchUp.LATEST, priority: int | None = None,
+          queue: str | None = None) -> Schedule:
+    """Task ``task`` every ``seconds`` (slots at multiples of ``seconds`` since the epoch),
+    into ``queue`` (default: the task type's)."""
     return Schedule(name or f"{task}-every-{seconds:g}s".replace(".", "_"), task, payload,
-                    seconds=seconds, catch_up=catch_up, priority=priority)
+                    seconds=seconds, catch_up=catch_up, priority=priority, queue=queue)
 
 
 def cron(expression: str, task: str, payload: Any = None, *, name: str | None = None,
-         catch_up: CatchUp = CatchUp.LATEST, priority: int | None = None) -> Schedule:
-    """Task ``task`` at the times cron ``expression`` matches, in UTC (``"0 3 * * *"``)."""
+         catch_up: CatchUp = CatchUp.LATEST, priority: int | None = None,
+         queue: str | None = None) -> Schedule:
+    """Task ``task`` at the times cron ``expression`` matches, in UTC (``"0 3 * * *"``),
+    into ``queue`` (default: the task type's)."""
     return Schedule(name or task, task, payload, cron=expression, catch_up=catch_up,
-                    priority=priority)
+                    priority=priority, queue=queue)
 
 
 @attrs.frozen
@@ -192,7 +200,8 @@ class ScheduleRecord:
 
 
 class Scheduler:
-    """Fires ``schedules`` for one term, into ``queue`` (fenced by that term)."""
+    """Fires ``schedules`` for one term, into ``queue`` (fenced by that term), or a task
+    of a named queue (its schedule's, else its type's) into that queue, fenced the same."""
 
     def __init__(self, session: Session, app: App, queue: WorkQueue,
                  schedules: list[Schedule], submitter: Any) -> None:
@@ -202,6 +211,7 @@ class Scheduler:
         self.session = session
         self.app = app
         self.queue = queue
+        self.queues = QueueSet(app, queue)
         self.schedules = schedules
         self.submitter = submitter  # for the task types' default priorities
         self.fired = 0
@@ -266,14 +276,15 @@ class Scheduler:
         """Queue the task of ``slot`` and record the slot, in one fenced multi."""
         info = await self.submitter.catalog.check(schedule.task)
         task = new_task(schedule.payload, name=schedule.task, task_id=schedule.task_id(slot),
-                        idempotency_key=schedule.task_id(slot))
+                        idempotency_key=schedule.task_id(slot),
+                        queue=schedule.queue or info.queue)
         priority = schedule.priority if schedule.priority is not None else info.priority
         fired = ScheduleRecord.at(slot, record.fires + 1)
         path = self.path(schedule)
         try:
-            await self.queue.put(task.encode(), priority=priority,
-                                 also=lambda txn: txn.set(path, records.encode(fired),
-                                                          version=version))
+            await self.queues.get(task.queue).put(
+                task.encode(), priority=priority,
+                also=lambda txn: txn.set(path, records.encode(fired), version=version))
         except errors.TransactionFailedError as exc:
             # the record changed under us: only another leader can do that (never while
             # our fence holds), so read it again and go on from there

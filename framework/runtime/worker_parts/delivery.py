@@ -35,7 +35,7 @@ import trio
 from framework import errors
 from framework.primitives.queue import Finisher, QueueItem, WorkQueue
 from framework.retry import Backoff, RetryPolicy
-from framework.runtime.app import App
+from framework.runtime.app import DEFAULT_QUEUE, App, queue_list
 from framework.runtime.results.result_index import SlotKeeper, entry_path, write_record
 from framework.runtime.task_types import TaskRules, TaskType
 from framework.runtime.tasks import FAILURE_RING, Outcome, Task, TaskResult
@@ -63,6 +63,8 @@ class ConsumerSettings:
     retry: RetryPolicy  # the worker class's (a task type's own is in its rules)
     task_types: Mapping[str, TaskType]
     most_attempts: int  # the largest max_attempts of its types: the queue's own limit
+    #: the queues it serves (names, checked; ``("default",)`` unless told otherwise)
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
 
     @classmethod
     def of(cls, worker: Any) -> ConsumerSettings:
@@ -70,7 +72,8 @@ class ConsumerSettings:
         return cls(worker.app, worker.name, worker.concurrency, worker.lease,
                    worker.drain_timeout, worker.time_limit,
                    RetryPolicy(worker.max_attempts, backoff), dict(worker.task_types),
-                   worker.most_attempts)
+                   worker.most_attempts,
+                   queue_list(getattr(worker, "queues", None) or DEFAULT_QUEUE))
 
 
 class ConsumerHost(Protocol):

@@ -26,6 +26,16 @@ wait in the line of workers with the same types (``types_line``), so a put wakes
 idle workers of each kind, and a worker without the type never stands in front of one with
 it.  Each worker process reads a task of a type it lacks once and passes over it since.
 
+Named queues: the worker serves the queues it is told (``ConsumerSettings.queues``,
+``("default",)`` unless told otherwise).  With one, a slot takes from it as before.  With
+several, each slot races one take per queue (:meth:`TaskConsumer._race`): the first claim
+admitted wins, the other takes are cancelled, and a take that had claimed meanwhile hands its
+item back as never delivered (``WorkQueue.take(admit=...)``): a worker of concurrency C
+runs at most C tasks at once, no lost race counts as an attempt, and nothing polls.  Cost:
+one waiting take (a place in that queue's line) per served queue per idle slot; when several
+served queues hold items at once, a race can claim in each and undo all claims but one (one
+multi each).  Priorities hold within a queue; across queues no order is promised.
+
 Crash safety: a task's claim is an ephemeral node of the worker's session (kill -9 the worker
 and the task goes back to the queue); a task whose key already has a successful record is
 acknowledged without running again (idempotency key).  SUSPENDED: a running handler goes on
@@ -42,9 +52,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from framework import errors, metrics
@@ -52,6 +63,7 @@ from framework.logs import get_logger
 from framework.primitives.queue import ClaimExtras, QueueItem, WorkQueue
 from framework.runtime import payloads
 from framework.runtime.app import ensure_result_buckets
+from framework.runtime.queues import QueueSet
 from framework.runtime.records import RunningRecord
 from framework.runtime.results.result_index import SlotKeeper
 from framework.runtime.task_types import Catalog, TaskRules, type_info, types_line
@@ -89,6 +101,16 @@ class _GivenUp(_HandedBack, errors.PermanentFailure):
     cannot help): its failure is recorded and the queue dead-letters the item at once."""
 
 
+@attrs.define
+class _Race:
+    """One race of a slot's takes (:meth:`TaskConsumer._race`): each take's cancel scope,
+    the winner's, and the error the winner's delivery raised."""
+
+    scopes: list[trio.CancelScope] = attrs.Factory(list)
+    winner: trio.CancelScope | None = None
+    error: Exception | None = None
+
+
 class TaskConsumer:
     """The pull-mode part of ``worker`` (see the module doc): a :class:`Part` that drains.
 
@@ -116,6 +138,7 @@ class TaskConsumer:
         self._revoked: frozenset[str] = frozenset()  # task ids under revoked/, as last seen
         self._revocable: dict[str, trio.CancelScope] = {}  # running task id -> its handler
         self._passed_types: dict[str, None] = {}  # types of tasks passed over, newest last
+        self._producer: QueueSet | None = None  # where callbacks go (made per run)
 
     @property
     def in_flight(self) -> int:
@@ -123,8 +146,8 @@ class TaskConsumer:
 
     def layout(self) -> Sequence[str]:
         app = self.settings.app
-        return (app.tasks, app.running, app.results, app.failures, app.dead, app.revoked,
-                callbacks.callbacks_path(app))
+        return (app.tasks, *(app.queue_path(q) for q in self.settings.queues), app.running,
+                app.results, app.failures, app.dead, app.revoked, callbacks.callbacks_path(app))
 
     async def prepare(self, session: Session) -> None:
         self.settings = settings = ConsumerSettings.of(self.worker)
@@ -143,21 +166,27 @@ class TaskConsumer:
         if not settings.task_types:
             await self.host.stop_requested.wait()
             return
-        self._slots = SlotKeeper(session, settings.app)
-        queue = WorkQueue(session, settings.app.tasks, max_attempts=settings.most_attempts,
-                          dead_letter=settings.app.dead, lease=settings.lease,
-                          claim_with=self._claim_extras, accept=self._takes,
-                          line=types_line(settings.task_types))
-        context = DeliveryContext(session, queue, settings.app, self._slots, settings.name)
+        self._slots = slots_kept = SlotKeeper(session, settings.app)
+        line = types_line(settings.task_types)
+        served = [
+            DeliveryContext(session, WorkQueue(
+                session, settings.app.queue_path(name), max_attempts=settings.most_attempts,
+                dead_letter=settings.app.dead, lease=settings.lease,
+                claim_with=self._claim_extras, accept=self._takes, line=line),
+                settings.app, slots_kept, settings.name)
+            for name in settings.queues]
+        # where callbacks go: each into its type's queue (a producer's objects, not ours)
+        self._producer = QueueSet(settings.app, WorkQueue(session, settings.app.tasks,
+                                                          dead_letter=settings.app.dead))
         async with self.handlers.open(), trio.open_nursery() as timer:
             # known before the first take
-            await timer.start(self._follow_revoked, session, queue)
+            await timer.start(self._follow_revoked, session, [c.queue for c in served])
             timer.start_soon(self._slots.run)  # the result index's slots, made ahead
             # callbacks left by a worker killed between its ack and their move
-            timer.start_soon(callbacks.move_left_behind, session, settings.app, queue)
+            timer.start_soon(callbacks.move_left_behind, session, settings.app, self._producer)
             async with trio.open_nursery() as slots:
                 for _ in range(settings.concurrency):
-                    slots.start_soon(self._slot, session, queue, context)
+                    slots.start_soon(self._slot, session, served)
                 # the timer lives outside the slots: a quick drain exits at once
                 timer.start_soon(self._drain_deadline, slots.cancel_scope)
             timer.cancel_scope.cancel()
@@ -174,42 +203,33 @@ class TaskConsumer:
         :class:`~framework.metrics.TaskStats` (retried, dead-lettered, the duration
         histogram) for the dashboard to sum."""
         settings = self.settings
-        return {"types": sorted(settings.task_types), "passed_types": list(self._passed_types),
+        return {"types": sorted(settings.task_types), "queues": list(settings.queues),
+                "passed_types": list(self._passed_types),
                 "load": self._in_flight / max(settings.concurrency, 1),
                 "in_flight": self._in_flight, "done": self.tasks_done,
                 "failed": self.tasks_failed, "stuck_threads": self.handlers.stuck_threads,
                 **metrics.task_stats(self).published()}
 
-    async def _slot(self, session: Session, queue: WorkQueue,
-                    context: DeliveryContext | None = None) -> None:
+    async def _slot(self, session: Session, served: Sequence[DeliveryContext]) -> None:
+        """Take and run tasks one at a time from the ``served`` queues (one take each, raced
+        when there are several) until the worker drains."""
         trouble = 0  # consecutive failures of the slot itself (not of handlers)
         while not self.host.draining:
             if trouble:
                 # a persistent problem (e.g. the app's znodes deleted under us) must not
                 # turn into a busy loop: back off, exponentially, up to backoff_max
                 await self.settings.retry.backoff.sleep(trouble)
-            delivery: Delivery | None = None
             try:
                 with trio.CancelScope() as slot:
                     # request_stop cancels only slots still waiting for an item
                     self._waiting.add(slot)
                     try:
-                        async with queue.take() as item:
-                            self._waiting.discard(slot)
-                            # an exception leaving this block hands the item back
-                            assert context is not None
-                            delivery = Delivery.claimed(context, item, self.host.rules_for)
-                            await self._handle_item(delivery)
-                        await payloads.discard(item.data, self.worker)  # acknowledged
-                        await self._after_ack(session, delivery.markers)
-                        # the running/ marker outlives the ack or release (a task given
-                        # up loses it before its burial, the item still queued), so an
-                        # observer that sees no marker and an empty queue knows all is done
+                        if len(served) == 1:
+                            await self._serve(session, served[0], slot)
+                        else:
+                            await self._race(session, served, slot)
                     finally:
                         self._waiting.discard(slot)
-                        if delivery is not None:
-                            await self._clear_running(session, delivery.markers)
-                            await self._queue_callback(session, queue, delivery)
                 if slot.cancelled_caught:  # only ever cancelled while waiting
                     return
                 trouble = 0
@@ -223,15 +243,73 @@ class TaskConsumer:
                 trouble += 1
                 log.exception("worker.slot_error", worker=self.settings.name, retry=trouble)
 
-    async def _queue_callback(self, session: Session, queue: WorkQueue,
-                              delivery: Delivery) -> None:
+    async def _serve(self, session: Session, context: DeliveryContext, slot: trio.CancelScope,
+                     admit: Callable[[QueueItem], bool] | None = None) -> None:
+        """Take one task from ``context``'s queue and run it (``admit``: see
+        :meth:`_race`)."""
+        delivery: Delivery | None = None
+        try:
+            async with context.queue.take(admit=admit) as item:
+                self._waiting.discard(slot)
+                # an exception leaving this block hands the item back
+                delivery = Delivery.claimed(context, item, self.host.rules_for)
+                await self._handle_item(delivery)
+            await payloads.discard(item.data, self.worker)  # acknowledged
+            await self._after_ack(session, delivery.markers)
+            # the running/ marker outlives the ack or release (a task given up loses it
+            # before its burial, the item still queued), so an observer that sees no
+            # marker and an empty queue knows all is done
+        finally:
+            if delivery is not None:
+                await self._clear_running(session, delivery.markers)
+                await self._queue_callback(session, delivery)
+
+    async def _race(self, session: Session, served: Sequence[DeliveryContext],
+                    slot: trio.CancelScope) -> None:
+        """Take one task from whichever served queue has one first: one take per queue,
+        each in its own task and cancel scope.  The first take whose claim is admitted
+        (:meth:`WorkQueue.take`'s ``admit``, called with no checkpoint between the claim
+        and the block) wins and cancels the others; a loser cancelled while it waits
+        leaves the queue's line, one cancelled in a claim round undoes its claim, and one
+        whose claim comes after the win is refused by ``admit`` - both hand the item back
+        as never delivered.  So the slot runs at most one task, and a lost race never
+        counts as an attempt.  The winner's error is raised here, in the slot's task."""
+        race = _Race()
+
+        async def runner(context: DeliveryContext, scope: trio.CancelScope) -> None:
+            def admit(_item: QueueItem) -> bool:
+                if race.winner is not None:
+                    return False
+                race.winner = scope
+                for other in race.scopes:
+                    if other is not scope:
+                        other.cancel()
+                return True
+
+            with scope:
+                try:
+                    await self._serve(session, context, slot, admit)
+                except Exception as exc:  # raised again in the slot's task
+                    race.error = exc
+
+        async with trio.open_nursery() as nursery:
+            for context in served:
+                scope = trio.CancelScope()
+                race.scopes.append(scope)
+                nursery.start_soon(runner, context, scope)
+        if race.error is not None:
+            raise race.error
+
+    async def _queue_callback(self, session: Session, delivery: Delivery) -> None:
         """Move the callback the delivery wrote (if any) into the queue, right after its
         ack or its final failure; left for :func:`callbacks.move_all` on ZooKeeper errors."""
         if delivery.callback_node is None:
             return
+        assert self._producer is not None  # made when the run started
         with cleanup_scope(session):
             try:
-                await callbacks.move(session, self.settings.app, queue, delivery.callback_node)
+                await callbacks.move(session, self.settings.app, self._producer,
+                                     delivery.callback_node)
             except errors.ZooKeeperError as exc:
                 log.warning("callback.left", node=delivery.callback_node, error=str(exc))
 
@@ -492,13 +570,14 @@ class TaskConsumer:
                     except errors.ZooKeeperError:
                         pass  # left behind: a resubmission of the id would find it revoked
 
-    async def _follow_revoked(self, session: Session, queue: WorkQueue,
+    async def _follow_revoked(self, session: Session, queues: Sequence[WorkQueue],
                               task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Keep :attr:`_revoked` current (one children watch on ``revoked/`` per worker, so a
         revoke costs each worker one listing and a task nothing) and cancel the handler of
-        a revoked task this worker is running.  A new revoke also makes ``queue`` look
-        again at the tasks it passed over: a revoked task of a type no worker has is taken
-        by any worker, only to be acknowledged as revoked."""
+        a revoked task this worker is running.  A new revoke also makes each of
+        ``queues`` (the ones it serves) look again at the tasks it passed over: a revoked
+        task of a type no worker has is taken by any worker, only to be acknowledged as
+        revoked."""
         started = False
         async for snap in watch_children(session, self.settings.app.revoked):
             new = frozenset(snap.children) - self._revoked
@@ -506,7 +585,8 @@ class TaskConsumer:
             for task_id in self._revoked & set(self._revocable):
                 self._revocable[task_id].cancel()
             if new:
-                queue.reconsider()
+                for queue in queues:
+                    queue.reconsider()
             if not started:
                 task_status.started()
                 started = True

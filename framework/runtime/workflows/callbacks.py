@@ -44,6 +44,7 @@ from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.payloads import MAX_TASK_BYTES
+from framework.runtime.queues import QueueSet
 from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Outcome, Task, TaskResult, new_task
 from framework.zk import Session, watch_children
@@ -107,10 +108,12 @@ async def write(session: Session, app: App, callback: Task) -> None:
         pass
 
 
-async def move(session: Session, app: App, queue: WorkQueue, path: str) -> bool:
+async def move(session: Session, app: App, queue: WorkQueue | QueueSet, path: str) -> bool:
     """Queue the callback pending at ``path`` and delete its node, in one multi; ``False``
     if it is gone (moved by another process) or changed meanwhile.  A corrupt node is
-    logged and deleted."""
+    logged and deleted.  It goes into its type's queue (``queue``'s sibling, by the app's
+    catalog: :meth:`QueueSet.routed`)."""
+    queues = queue if isinstance(queue, QueueSet) else QueueSet(app, queue)
     try:
         data, stat = await session.get(path)
     except errors.NoNodeError:
@@ -124,16 +127,18 @@ async def move(session: Session, app: App, queue: WorkQueue, path: str) -> bool:
     def delete(txn: Any) -> None:
         txn.delete(path, version=stat.version)
 
+    task = await queues.routed(pending.task)
     try:
-        item = await queue.put(pending.task.encode(), priority=pending.priority, also=delete)
+        item = await queues.get(task.queue).put(task.encode(), priority=pending.priority,
+                                                also=delete)
     except errors.TransactionFailedError:
         return False  # moved by another process meanwhile
-    await mark_queued(session, app, [(pending.task.key, item)])
-    log.info("callback.queued", task=pending.task.id, type=pending.task.name)
+    await mark_queued(session, app, [(task.key, app.item_ref(task.queue, item))])
+    log.info("callback.queued", task=task.id, type=task.name, queue=task.queue_name)
     return True
 
 
-async def move_all(session: Session, app: App, queue: WorkQueue) -> int:
+async def move_all(session: Session, app: App, queue: WorkQueue | QueueSet) -> int:
     """Queue every pending callback (those left by a worker killed between its ack and its
     move); returns how many this call queued."""
     try:
@@ -141,17 +146,19 @@ async def move_all(session: Session, app: App, queue: WorkQueue) -> int:
     except errors.NoNodeError:
         return 0
     moved = 0
+    queues = queue if isinstance(queue, QueueSet) else QueueSet(app, queue)
     for name in sorted(names):
-        moved += await move(session, app, queue, f"{callbacks_path(app)}/{name}")
+        moved += await move(session, app, queues, f"{callbacks_path(app)}/{name}")
     return moved
 
 
-async def move_left_behind(session: Session, app: App, queue: WorkQueue) -> None:
+async def move_left_behind(session: Session, app: App, queue: WorkQueue | QueueSet) -> None:
     """Until cancelled: queue the pending callbacks when this worker starts and again each
     time a worker of the app leaves (its membership node gone: killed, paused past its
     session, or stopped), whose ack may have committed a callback it did not move.  One
     children watch on the app's ``workers/``; a listing of ``callbacks/`` per departure."""
     seen: frozenset[str] | None = None
+    queue = queue if isinstance(queue, QueueSet) else QueueSet(app, queue)
     async for snap in watch_children(session, app.workers):
         members = frozenset(snap.children)
         if seen is None or seen - members:

@@ -62,6 +62,7 @@ from framework.primitives import Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.payloads import MAX_TASK_BYTES
+from framework.runtime.queues import QueueSet
 from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import TaskResult, new_task, read_result
 from framework.zk import MAX_DATA_BYTES, Session
@@ -217,6 +218,7 @@ class CanvasDriver:
         self.term = term
         self.queue = WorkQueue(session, app.tasks, dead_letter=app.dead,
                                fence=(term.node, term.version))
+        self.queues = QueueSet(app, self.queue)  # a step goes into its type's queue
         self.catalog = Catalog(session, app)
         self._driving: set[str] = set()
         self._ended: set[str] = set()
@@ -367,14 +369,19 @@ class CanvasDriver:
         step = record.callback if index is None else record.steps[index]
         assert step is not None
         key = step_key(canvas_id, index)
-        task = new_task(payload, name=step.name, task_id=key, idempotency_key=key)
         priority = step.priority
-        if priority is None:
-            try:
-                priority = (await self.catalog.check(step.name)).priority
-            except errors.ConfigurationError as exc:  # its type left the catalog
+        queue: str | None = None  # its type's queue (the default one if it has none)
+        try:
+            info = await self.catalog.check(step.name)
+            queue = info.queue
+            if priority is None:
+                priority = info.priority
+        except errors.ConfigurationError as exc:  # its type left the catalog
+            if priority is None:
                 await self._end(canvas_id, version, record, FAILED, error=str(exc))
                 return
+        task = new_task(payload, name=step.name, task_id=key, idempotency_key=key,
+                        queue=queue)
         moved = attrs.evolve(record, callback_queued=True) if index is None else \
             attrs.evolve(record, queued=index + 1)
         path = self._path(canvas_id)
@@ -385,13 +392,14 @@ class CanvasDriver:
                     f"the task is {len(data):,} bytes as JSON, over the {MAX_TASK_BYTES:,} a "
                     "queued task may have: return small results (refer to data stored "
                     "elsewhere)")
-            await self._refusable(lambda: self.queue.put(
+            await self._refusable(lambda: self.queues.get(task.queue).put(
                 data, priority=priority,
                 also=lambda txn: txn.set(path, records.encode(moved), version=version)))
         except errors.DataTooLargeError as exc:  # the previous results made it too large
             await self._end(canvas_id, version, record, FAILED, error=f"{key}: {exc}")
             return
-        log.info("canvas.queued", canvas=canvas_id, step=key, name=step.name)
+        log.info("canvas.queued", canvas=canvas_id, step=key, name=step.name,
+                 queue=task.queue_name)
 
     async def _end(self, canvas_id: str, version: int, record: CanvasRecord, state: str,
                    result: Any = None, error: str | None = None) -> None:
