@@ -106,7 +106,10 @@ async def test_changes_while_disconnected_are_caught_up(
 ) -> None:
     """The cache's link is frozen until the session is suspended; meanwhile nodes are
     created, changed and deleted.  The same session reconnects: the view catches up
-    (persistent watches: a walk, and nodes the walk no longer finds are dropped)."""
+    (persistent watches: a walk, and nodes the walk no longer finds are dropped).  The
+    changes are made while the session is being suspended, not after: the link comes back
+    right at the suspension, a third of the session timeout before the server would expire
+    the session (done after, the writes used up that margin on a loaded machine)."""
     async with Session(zk_hosts, chroot=chroot) as writer, \
             Session(proxy.address, chroot=chroot, session_timeout=6.0) as reader:
         for name in ("keep", "change", "drop", "dropdeep"):
@@ -117,14 +120,19 @@ async def test_changes_while_disconnected_are_caught_up(
                 await converged(view, writer, "/t")
                 session_id = reader.session_id
                 proxy.freeze()
-                async for change in reader.states():
-                    if change.state.name == "SUSPENDED":
-                        break
-                await writer.set("/t/change", b"2")
-                await writer.delete("/t/drop")
-                await writer.delete_tree("/t/dropdeep")
-                await writer.create("/t/new", b"n")
-                await writer.create("/t/new/kid", b"k")
+
+                async def changes() -> None:
+                    await writer.set("/t/change", b"2")
+                    await writer.delete("/t/drop")
+                    await writer.delete_tree("/t/dropdeep")
+                    await writer.create("/t/new", b"n")
+                    await writer.create("/t/new/kid", b"k")
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(changes)
+                    async for change in reader.states():
+                        if change.state.name == "SUSPENDED":
+                            break
                 proxy.unfreeze()
                 final = await converged(view, writer, "/t")
                 assert reader.session_id == session_id  # the same session, reconnected
