@@ -289,11 +289,18 @@ async def test_dashboard_live_in_a_browser(zk_hosts: str, chroot: str, tmp_path:
             await page.shown(f"{app} tr.worker[data-worker='w1'] td.duties"
                              "[data-duties='deferred']")
             await page.shown(f"{app} [data-stat='duties'] b", "w1")
+            # each queue's depth and the workers serving it: a task put into a named queue
+            # no worker serves waits there, the default queue is served by w1
+            client = Client(session, APP.name)
+            await client.submit("handle", {"n": 98}, key="gpu-bound", queue="gpu")
+            await page.shown(f"{app} tr.queue-row[data-queue='gpu'] td.queue-depth", "1")
+            await page.shown(f"{app} tr.queue-row[data-queue='gpu'] td.queue-workers", "none")
+            await page.shown(f"{app} tr.queue-row[data-queue='default'] td.queue-workers",
+                             "w1")
             # the task list, and a schedule's next fire (its definition given to the dashboard)
             await page.shown(f"{app} tr.result[data-outcome='succeeded']")
             await page.shown(f"{app} tr.schedule[data-schedule='rare'] td.next-fire", "(in ")
             # a delayed task revoked from its button
-            client = Client(session, APP.name)
             await client.submit("handle", {"n": 99}, key="later", countdown=3600)
             await page.click(f"{app} tr.delayed-task[data-task='later'] button.revoke")
             await page.accept()

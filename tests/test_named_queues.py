@@ -8,13 +8,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 from framework import Session, WorkQueue
 from framework.primitives.queue import QueueItem
-from framework.runtime import Client, Task, Worker, task
+from framework.runtime import (
+    Client,
+    Existing,
+    Revocation,
+    Task,
+    TaskExists,
+    TaskResult,
+    Worker,
+    every,
+    task,
+)
 from framework.runtime.app import App
-from framework.zk import wait_exists
+from framework.runtime.operations import ActionError, gather_status, queue_reports
+from framework.zk import wait_exists, watch_children, watch_data
 
 
 async def test_a_refused_claim_goes_back_as_never_delivered(session: Session) -> None:
@@ -163,3 +175,143 @@ async def test_one_slot_two_queues_never_holds_two_claims(
     assert worker.most == 1
     assert all(r is not None and r.ok and r.attempts == 1 for r in records)
     assert sorted(name for name, _ in worker.ran) == ["alpha"] * 10 + ["beta"] * 10
+
+
+async def test_priorities_hold_within_a_queue(
+        session: Session, zk_hosts: str, chroot: str) -> None:
+    client = Client(session, APP, create=True)
+    worker = Kinds(name="w", queues=["a"])
+    worker.gate = trio.Event()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            await _registered(client)  # the submitters learn alpha's queue from the catalog
+            first = await client.submit("alpha", "first")
+            await worker.entered.wait()  # held: what follows queues up behind it
+            tasks = [await client.submit("alpha", n, priority=p)
+                     for n, p in enumerate([5, 0, -3, 0, 9, -3])]
+            await client.submit("beta", "other queue", priority=-100)  # not served here
+            worker.gate.set()
+            for t in [first, *tasks]:
+                await client.result(t.id, wait=True)
+            nursery.cancel_scope.cancel()
+    # lowest priority value first, then submission order
+    assert [payload for _name, payload in worker.ran] == ["first", 2, 5, 1, 3, 0, 4]
+
+
+class Routed(Kinds):
+    """Kinds whose alpha calls back beta, with a schedule of beta (worker-only duties)."""
+
+    duties = True
+    schedules = [every(0.3, "beta", {"tick": True}, name="tick")]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ticked = trio.Event()
+        self.called_back = trio.Event()
+        self.seen: list[tuple[Any, str]] = []  # (payload, queue) of each beta
+
+    @task(queue="b")
+    async def beta(self, task: Task) -> Any:
+        payload = task.payload
+        self.seen.append((payload, task.queue_name))
+        if isinstance(payload, dict) and payload.get("tick"):
+            self.ticked.set()
+        elif isinstance(payload, dict) and payload.get("name") == "alpha":
+            self.called_back.set()
+        return await self._run("beta", task)
+
+
+async def test_delayed_periodic_and_callback_tasks_land_in_their_queue(
+        session: Session, zk_hosts: str, chroot: str) -> None:
+    worker = Routed(name="w", queues=["a", "b"], app=APP)
+    client = Client(session, APP, create=True)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            await _registered(client)
+            later = await client.submit("alpha", "later", countdown=0.5)
+            record = await client.result(later.id, wait=True)
+            assert record is not None and record.result == {"queue": "a", "attempts": 1}
+            await worker.ticked.wait()  # the schedule's task: into beta's queue, b
+            await client.submit("alpha", "calls back", on_success="beta")
+            await worker.called_back.wait()  # the callback: into its type's queue, b
+            nursery.cancel_scope.cancel()
+    assert {queue for _payload, queue in worker.seen} == {"b"}
+    assert later.queue == "a"  # what the delayed mover read to put it into queue a
+
+
+async def test_lookups_revoke_purge_and_status_see_every_queue(
+        session: Session, zk_hosts: str, chroot: str) -> None:
+    """Nobody serves b: its tasks wait there, and every reader finds them."""
+    client = Client(session, APP, create=True)
+    worker = Kinds(name="only-a", queues=["a"])
+    app = App(APP)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            await _registered(client)
+            keyed = await client.submit("beta", 1, key="keyed")
+            unkeyed = await client.submit("beta", 2)  # found by reading queue b's items
+            third = await client.submit("beta", 3)
+            assert (await client.existing("keyed")) == Existing("keyed", "queued")
+            with pytest.raises(TaskExists):
+                await client.submit("beta", 1, key="keyed")
+            assert await client.revoke(unkeyed.id) is Revocation.REVOKED
+            status = await gather_status(session, app)
+            assert status.queues == {"default": 0, "a": 0, "b": 3}
+            assert status.queue_depth == 3
+            # b holds tasks, and the type plain routes to default: nobody serves either
+            assert status.queues_without_worker == ["default", "b"]
+            reports = {r.name: r for r in await queue_reports(session, app)}
+            assert (reports["b"].queued, reports["b"].workers) == (3, [])
+            assert reports["a"].workers == ["only-a"]
+            assert reports["b"].types == {"beta": 3}
+            with pytest.raises(ActionError, match="only-a"):
+                await client.purge_queue("a")  # served: refused
+            assert await client.purge_queue("b", by="test") == 3
+            assert await _depth(session, "b") == 0
+            assert await client.existing("keyed") is None  # its item is gone
+            nursery.cancel_scope.cancel()
+    assert keyed.queue == third.queue == "b" and worker.ran == []
+
+
+class Failing(Worker):
+    """Fails its one attempt for good: a dead letter of the queue it was taken from."""
+
+    app_name = APP
+    duties = False
+    max_attempts = 1
+    queues = ("c",)
+
+    cured = False
+
+    async def handle(self, task: Task) -> Any:
+        if not self.cured:
+            raise ValueError("no")
+        return task.queue_name
+
+
+async def test_a_dead_letter_is_requeued_into_its_own_queue(
+        session: Session, zk_hosts: str, chroot: str) -> None:
+    client = Client(session, APP, create=True)
+    worker = Failing(name="w")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, worker)
+            await _registered(client)
+            failed = await client.submit("handle", "fail", queue="c")
+            record = await client.result(failed.id, wait=True)
+            assert record is not None and not record.ok
+            async for snap in watch_children(session, App(APP).dead):
+                if snap.children:
+                    break
+            [letter] = await client.dead_letters()
+            worker.cured = True
+            await client.requeue(letter.name)
+            async for data in watch_data(session, App(APP).result_path(failed.id)):
+                done = TaskResult.decode(data.data) if data.data else None
+                if done is not None and done.ok:  # rewritten when it ran again
+                    break
+            assert done.result == "c" and done.attempts == 1
+            nursery.cancel_scope.cancel()

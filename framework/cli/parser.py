@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--grace", type=positive_seconds, default=30.0, metavar="S",
                        help="with --force: wait at most S seconds for them to leave "
                             "(default 30; past it nothing is deleted)")
+    purge.add_argument("--queue", default=None, metavar="Q",
+                       help="delete only the tasks waiting in queue Q ('default' or a named "
+                            "queue), not the app (refused while a live worker serves Q)")
     add_connection_arguments(purge)
     add_deadline_argument(purge)
 

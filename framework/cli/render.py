@@ -112,6 +112,9 @@ def _summary(status: AppStatus, now: float) -> Table:
             if status.duties[holder] == "deferred" else
             f"{holder} (moves delayed tasks, fires schedules, applies retention)"))
     summary.add_row("queue depth", str(status.queue_depth))
+    if set(status.queues) - {"default"}:  # named queues: the depth of each
+        summary.add_row("queues", ", ".join(f"{name} {depth}"
+                                            for name, depth in status.queues.items()))
     summary.add_row("running", str(len(status.running)))
     summary.add_row("results", str(status.results))
     summary.add_row("dead letters", str(status.dead_letters))
@@ -119,6 +122,10 @@ def _summary(status: AppStatus, now: float) -> Table:
         summary.add_row("types with no worker",
                         f"{', '.join(status.types_without_worker)} (their tasks wait in the "
                         "queue until a worker that has them runs)")
+    if status.queues_without_worker:
+        summary.add_row("queues no worker serves",
+                        f"{', '.join(status.queues_without_worker)} (their tasks wait until "
+                        "a worker serving them runs: framework run ... -Q)")
     return summary
 
 
@@ -173,14 +180,14 @@ def render_active(tasks: list[ActiveTask]) -> Any:
     if not tasks:
         return "No task is running."
     now = time.time()
-    table = _table(f"active tasks ({len(tasks)})", "task", "type", "worker", "attempt",
-                   "progress", "started")
+    table = _table(f"active tasks ({len(tasks)})", "task", "type", "queue", "worker",
+                   "attempt", "progress", "started")
     for t in tasks:
         progress = "-" if t.done is None else (
             f"{t.done:g}/{t.total:g}" if t.total else f"{t.done:g}")
         if t.message:
             progress = f"{progress} {t.message}"
-        table.add_row(t.task_id, t.type, t.worker, str(t.attempt), progress,
+        table.add_row(t.task_id, t.type, t.queue, t.worker, str(t.attempt), progress,
                       f"{now - t.started:.0f}s ago" if t.started else "-")
     return table
 
@@ -191,10 +198,10 @@ def render_delayed(report: DelayedReport) -> Any:
     now = time.time()
     more = f", {report.total - len(report.tasks)} more not shown" \
         if report.total > len(report.tasks) else ""
-    table = _table(f"delayed tasks ({report.total}{more})", "task", "type", "due (UTC)",
-                   "priority")
+    table = _table(f"delayed tasks ({report.total}{more})", "task", "type", "queue",
+                   "due (UTC)", "priority")
     for t in report.tasks:
-        table.add_row(t.task_id, t.type, _when(t.due, now), str(t.priority))
+        table.add_row(t.task_id, t.type, t.queue, _when(t.due, now), str(t.priority))
     return table
 
 
@@ -214,35 +221,50 @@ def render_schedules(states: list[ScheduleState]) -> Any:
 def render_types(rows: list[TypeRow]) -> Any:
     if not rows:
         return "No task type registered (no worker of this app has started yet)."
-    table = _table("task types", "type", "priority", "max attempts", "time limit",
+    table = _table("task types", "type", "queue", "priority", "max attempts", "time limit",
                    "rate limit", "running workers")
     for r in rows:
-        table.add_row(r.name, _text(r.priority), _text(r.max_attempts), _text(r.time_limit),
-                      r.rate_limit or "-", ", ".join(r.workers) or "(none: its tasks wait)")
+        table.add_row(r.name, r.queue or "-", _text(r.priority), _text(r.max_attempts),
+                      _text(r.time_limit), r.rate_limit or "-",
+                      ", ".join(r.workers) or "(none: its tasks wait)")
     return table
 
 
-def render_queue(report: QueueReport) -> Any:
+def render_queues(reports: list[QueueReport]) -> Any:
+    """The table of every queue (depth, claims, the workers serving it), then each
+    non-empty queue's lanes and types."""
     from rich.console import Group
 
-    table = _table("queues", "queue", "queued", "claimed", "waiting", "buckets")
-    waiting = None if report.claimed is None else max(report.queued - report.claimed, 0)
-    table.add_row(report.name, str(report.queued), _text(report.claimed), _text(waiting),
-                  str(report.buckets))
+    table = _table("queues", "queue", "queued", "claimed", "waiting", "buckets",
+                   "served by")
+    for report in reports:
+        waiting = None if report.claimed is None else max(report.queued - report.claimed, 0)
+        table.add_row(report.name, str(report.queued), _text(report.claimed),
+                      _text(waiting), str(report.buckets),
+                      ", ".join(report.workers) or "(no running worker: its tasks wait)")
     parts: list[Any] = [table]
+    for report in reports:
+        parts.extend(_queue_details(report, titled=len(reports) > 1))
+    return Group(*parts)
+
+
+def _queue_details(report: QueueReport, *, titled: bool) -> list[Any]:
+    """A queue's items per priority lane and per task type (of its first sampled)."""
+    of_queue = f" ({report.name})" if titled else ""
+    parts: list[Any] = []
     if report.lanes:
-        lanes = _table("by priority lane", "priority", "items")
+        lanes = _table(f"by priority lane{of_queue}", "priority", "items")
         lanes.caption = "lower is taken first"
         for priority, count in report.lanes.items():
             lanes.add_row(f"{priority:+d}", str(count))
         parts.append(lanes)
     if report.types:
         of = f" of the first {report.sampled}" if report.sampled < report.queued else ""
-        types = _table(f"by task type{of}", "type", "items")
+        types = _table(f"by task type{of}{of_queue}", "type", "items")
         for name, count in report.types.items():
             types.add_row(name, str(count))
         parts.append(types)
-    return Group(*parts)
+    return parts
 
 
 def _text(value: Any) -> str:

@@ -213,12 +213,27 @@ class AppFeed:
             return None
 
     async def _queue(self) -> None:
-        """Queue depth (claimed items included) and claimed items, as the queue's watched
-        counts give them (throttled)."""
-        async for counts in watch_queue_counts(self.session, self.app.tasks,
-                                               throttle=QUEUE_THROTTLE):
-            self.view.depth, self.view.claimed = counts.queued, counts.claimed or 0
-            self._changed()
+        """Each queue's depth (claimed items included) and claimed items, as the queue's
+        watched counts give them (throttled): the default queue, and each named queue
+        from when ``queues/`` lists it (a children watch)."""
+        counting: dict[str, trio.CancelScope] = {}
+        async with trio.open_nursery() as nursery:
+            async for snap in watch_children(self.session, self.app.queues):
+                for name in ["default", *snap.children]:
+                    if name not in counting:
+                        counting[name] = trio.CancelScope()
+                        nursery.start_soon(self._count_queue, name, counting[name])
+                for name in set(counting) - {"default", *snap.children}:
+                    counting.pop(name).cancel()  # deleted (a purge): no longer shown
+                    self.view.queues.pop(name, None)
+                    self._changed()
+
+    async def _count_queue(self, name: str, scope: trio.CancelScope) -> None:
+        with scope:
+            async for counts in watch_queue_counts(self.session, self.app.queue_path(name),
+                                                   throttle=QUEUE_THROTTLE):
+                self.view.queues[name] = (counts.queued, counts.claimed or 0)
+                self._changed()
 
     async def _config(self) -> None:
         store: ConfigStore[Any] = ConfigStore(self.session, self.app.config)

@@ -90,8 +90,8 @@ class AppModel:
     contenders: list[dict[str, Any]] = attrs.field(factory=list)  # line order, leader first
     workers: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     running: dict[str, dict[str, Any]] = attrs.field(factory=dict)
-    depth: int = 0
-    claimed: int = 0
+    #: each queue's (depth, claimed items), by name (``default`` and the named queues)
+    queues: dict[str, tuple[int, int]] = attrs.field(factory=dict)
     failures: list[dict[str, Any]] = attrs.field(factory=list)
     dead: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     results: int | None = None  # the app's result records (None: not counted yet)
@@ -117,6 +117,30 @@ class AppModel:
     _seen: dict[str, tuple[tuple[str, int], TaskStats]] = attrs.field(factory=dict)
 
     # ---------------------------------------------------------------- updates
+
+    @property
+    def depth(self) -> int:
+        """Items in all its queues (claimed ones included)."""
+        return sum(depth for depth, _claimed in self.queues.values())
+
+    @property
+    def claimed(self) -> int:
+        """Items claimed by a worker, in all its queues."""
+        return sum(claimed for _depth, claimed in self.queues.values())
+
+    def queue_rows(self) -> list[dict[str, Any]]:
+        """One row per queue, ``default`` first: its depth, claims, and the running workers
+        that take tasks from it (their status documents' ``queues``; a worker that
+        publishes none serves the default queue)."""
+        rows = []
+        for name in sorted(self.queues, key=lambda n: (n != "default", n)):
+            depth, claimed = self.queues[name]
+            serving = sorted(w for w, doc in self.workers.items()
+                             if doc.get("state") == "running" and doc.get("types")
+                             and name in (doc.get("queues") or ["default"]))
+            rows.append({"name": name, "depth": depth, "claimed": claimed,
+                         "workers": serving})
+        return rows
 
     def set_workers(self, workers: dict[str, dict[str, Any]]) -> None:
         """New group state.  The task counts and durations each member publishes (its
@@ -221,7 +245,8 @@ class AppModel:
             "standbys": self.contenders[1:],
             "workers": workers,
             "running": len(self.running),
-            "queue": {"depth": self.depth, "claimed": self.claimed},
+            "queue": {"depth": self.depth, "claimed": self.claimed,
+                      "queues": self.queue_rows()},
             "failures": self.failures[-RECENT_FAILURES:][::-1],
             "dead_letters": dead,
             "dead_total": len(self.dead),

@@ -56,9 +56,15 @@ class ModelCollector(Collector):
         for name, app in apps:
             leader.add_metric([name], app.leader_changes)
         yield leader
+        depth = GaugeMetricFamily("framework_app_queue_depth",
+                                  "Items in the app's task queue named by the queue label "
+                                  "(default, or a named queue; claimed ones included)",
+                                  labels=["app", "queue"])
+        for name, app in apps:
+            for queue, (items, _claimed) in sorted(app.queues.items()) or [("default", (0, 0))]:
+                depth.add_metric([name, queue], items)
+        yield depth
         gauges = {
-            "framework_app_queue_depth": ("Items in the task queue (claimed ones included)",
-                                          lambda a: a.depth),
             "framework_app_tasks_in_flight": ("Tasks being handled (running/ markers)",
                                               lambda a: len(a.running)),
             "framework_app_dead_letters": ("Dead letters waiting", lambda a: len(a.dead)),

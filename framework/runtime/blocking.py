@@ -244,6 +244,10 @@ class BlockingClient:
         """:meth:`Client.purge <framework.runtime.Client.purge>`."""
         return self._call(Client.purge, force=force, grace=grace, by=by)
 
+    def purge_queue(self, queue: str, *, by: str = "") -> int:
+        """:meth:`Client.purge_queue <framework.runtime.Client.purge_queue>`."""
+        return self._call(Client.purge_queue, queue, by=by)
+
     def requeue(self, dead_letter: str) -> str:
         """:meth:`Client.requeue <framework.runtime.Client.requeue>`."""
         return self._call(Client.requeue, dead_letter)

@@ -263,6 +263,14 @@ class Client:
         left, for at most ``grace`` seconds (see :func:`framework.runtime.actions.purge`)."""
         return await actions.purge(self.session, self.app, force=force, grace=grace, by=by)
 
+    async def purge_queue(self, queue: str, *, by: str = "") -> int:
+        """Delete every task waiting in queue ``queue`` (``default`` or a named one; Celery's
+        ``purge -Q``); returns how many.  Refused
+        (:class:`~framework.runtime.actions.ActionError`) while a live worker serves it
+        (see :func:`framework.runtime.actions.purge_queue`)."""
+        await actions.require_app(self.session, self.app)
+        return await actions.purge_queue(self.session, self.app, queue, by=by)
+
     async def requeue(self, dead_letter: str) -> str:
         """Put dead letter ``dead_letter`` (a :attr:`DeadLetter.name`) back in the queue
         with a fresh count of deliveries; returns the new item's name.  At-least-once: the

@@ -37,7 +37,14 @@ from framework import errors, metrics, records
 from framework.logs import get_logger
 from framework.primitives import ConfigStore, Election, Group, Rendezvous, Term
 from framework.primitives.queue import WorkQueue
-from framework.runtime.app import App, app_of, check_name, ensure_layout, process_name
+from framework.runtime.app import (
+    DEFAULT_QUEUE,
+    App,
+    app_of,
+    check_name,
+    ensure_layout,
+    process_name,
+)
 from framework.runtime.operations.cancel import is_cancelled, wait_cancelled
 from framework.runtime.placement.assignment import plan_assignment
 from framework.runtime.placement.replicated import ReplicatedPlacement, StepHook, commit_fenced
@@ -113,8 +120,8 @@ class MasterContext:
         return await self.session.exists(f"{self.app.running}/{task_id}") is not None
 
     async def wait_idle(self) -> None:
-        """Return once the queue is empty, no task is running and no delayed task is still
-        to come (watches, no polling).
+        """Return once every queue (the default one and each named queue) is empty, no
+        task is running and no delayed task is still to come (watches, no polling).
 
         Cost: while items are queued, two or three reads per wait for the newest item to
         go (not per task); then the last running tasks' ends, one listing each.
@@ -140,22 +147,41 @@ class MasterContext:
                 if waiting:
                     await changed.wait()
                     continue
-                # while the queue holds items, the moment to look again is when the newest
+                # while a queue holds items, the moment to look again is when its newest
                 # one has gone (acknowledged or dead-lettered): one watch for a whole
                 # backlog, rather than a look at every task's start and end
-                newest = await self.queue.newest_item()
+                queues = await self._queues(changed)
+                newest = None
+                for queue in queues:
+                    newest = await queue.newest_item()
+                    if newest is not None:
+                        break
                 if newest is not None:
                     if await session.exists(newest, watch=session.waker(changed)) is not None:
                         await changed.wait()
                     continue
                 running = await session.children(self.app.running,
                                                  watch=session.waker(changed))
-                if not running and await self.queue.size(changed=changed) == 0:
+                if not running and all([await q.size(changed=changed) == 0
+                                        for q in queues]):
                     return
             except (errors.ConnectionLossError, errors.SessionExpiredError):
                 await session.wait_connected()
                 continue
             await changed.wait()
+
+    async def _queues(self, changed: trio.Event) -> list[WorkQueue]:
+        """The app's queues now (the default one, then each named queue), with a watch on
+        ``queues/`` that sets ``changed`` when a named queue is made."""
+        session = self.session
+        try:
+            named = await session.children(self.app.queues, watch=session.waker(changed))
+        except errors.NoNodeError:
+            if await session.exists(self.app.queues, watch=session.waker(changed)) is not None:
+                changed.set()  # made meanwhile: look again
+            named = []
+        return [self.queue, *(self.submitter.queues.get(n) for n in sorted(named)
+                              if n != DEFAULT_QUEUE)]
 
     # ------------------------------------------------------------ configuration
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from framework.cli.common import app_named, connect, unknown_app, who
+from framework.errors import FrameworkError
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -64,6 +65,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
     from framework.runtime.operations import known_apps
 
     app = app_named(args.app)
+    if args.queue is not None:
+        return _purge_queue(args, app)
 
     async def work(session: Any) -> list[str] | None:
         if await Client(session, app).purge(force=args.force, grace=args.grace, by=who()):
@@ -75,4 +78,20 @@ def cmd_purge(args: argparse.Namespace) -> int:
         print(f"framework: {unknown_app(app.name, known)}", file=sys.stderr)
         return 1
     print(f"deleted {app.base}")
+    return 0
+
+
+def _purge_queue(args: argparse.Namespace, app: Any) -> int:
+    """``framework purge APP --queue Q``: delete the tasks waiting in one queue."""
+    from framework.runtime import Client
+
+    if args.force:
+        raise FrameworkError("--force is for purging the whole app; --queue Q is refused "
+                             "while a live worker serves Q")
+
+    async def work(session: Any) -> int:
+        return await Client(session, app).purge_queue(args.queue, by=who())
+
+    deleted = connect(args, work, deadline=args.timeout)
+    print(f"deleted {deleted} task(s) waiting in queue {args.queue!r} of {app.name!r}")
     return 0

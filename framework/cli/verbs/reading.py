@@ -115,7 +115,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     await look.schedule_states(session, app, schedules))
         if args.what == "types":
             return await look.type_rows(session, app)
-        return [await look.queue_report(session, app, sample=args.sample)]
+        return await look.queue_reports(session, app, sample=args.sample)
 
     found = connect(args, work, deadline=args.timeout)
     if args.what == "scheduled":
@@ -132,7 +132,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print_json(look.unstructure(found))
         return 0
     table_of = {"active": render.render_active, "delayed": render.render_delayed,
-                "types": render.render_types, "queues": lambda r: render.render_queue(r[0])}
+                "types": render.render_types, "queues": render.render_queues}
     new_console().print(table_of[args.what](found))
     return 0
 

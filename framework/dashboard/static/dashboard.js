@@ -100,7 +100,8 @@ function makeCard(name) {
     <div class="stats"></div>
     <div class="grid">
       <section><h3>Masters</h3><div class="masters"></div></section>
-      <section><h3>Queue depth</h3><div class="chart-depth"></div></section>
+      <section><h3>Queue depth</h3><div class="chart-depth"></div>
+        <div class="queues"></div></section>
       <section><h3>Throughput (tasks/s)</h3><div class="chart-rate"></div></section>
       <section><h3>Task durations (timed by the workers)</h3><div class="durations"></div></section>
     </div>
@@ -132,7 +133,7 @@ function makeCard(name) {
       <section><h3>Application counters</h3><div class="app-counters"></div></section>
     </div>`;
   const card = { root, name };
-  for (const cls of ["job", "stats", "masters", "chart-depth", "chart-rate", "durations", "workers", "dead",
+  for (const cls of ["job", "stats", "masters", "chart-depth", "queues", "chart-rate", "durations", "workers", "dead",
                      "failures", "lookup-result", "config", "shards", "app-counters", "tasks",
                      "delayed", "schedules", "task-filter"]) {
     card[cls] = root.querySelector("." + cls);
@@ -188,6 +189,7 @@ function fillCard(card, app) {
     : `<div class="leader none"><span class="dot bad"></span>no master elected</div>`);
   const s = app.series;
   setHTML(card["chart-depth"], chart(s.t, [{ values: s.depth, color: "#2f6fde", label: "items" }]));
+  setHTML(card.queues, queuesTable(app.queue.queues ?? []));
   setHTML(card["chart-rate"], chart(s.t, [
     { values: s.done_rate, color: "#1f9d55", label: "done/s" },
     { values: s.failed_rate, color: "#d64545", label: "failed/s" }]));
@@ -272,6 +274,18 @@ function delayedTable(app, allowed) {
       `<td>${until(d.due)}</td><td>${esc(d.priority)}</td><td>${revokeButton(d.task_id, allowed, d.revoked)}</td></tr>`
     ).join("") + `</table>` +
     (app.delayed_total > app.delayed.length ? `<div class="muted">and ${app.delayed_total - app.delayed.length} more</div>` : "");
+}
+
+function queuesTable(queues) {
+  // one row per queue (default first): its depth, claims and the running workers serving it
+  if (!queues.length) return "";
+  return `<table class="queue-table"><tr><th>queue</th><th>queued</th><th>claimed</th><th>served by</th></tr>` +
+    queues.map((q) =>
+      `<tr class="queue-row" data-queue="${esc(q.name)}"><td>${esc(q.name)}</td>` +
+      `<td class="queue-depth">${fmt(q.depth)}</td><td>${fmt(q.claimed)}</td>` +
+      `<td class="queue-workers">${q.workers.length ? esc(q.workers.join(", "))
+        : '<span class="muted" title="no running worker serves this queue: its tasks wait (framework run ... -Q)">none</span>'}</td></tr>`
+    ).join("") + `</table>`;
 }
 
 function schedulesTable(schedules) {

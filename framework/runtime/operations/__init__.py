@@ -32,6 +32,7 @@ from framework.runtime.operations.inspect import (
     delayed_tasks,
     item_of,
     queue_report,
+    queue_reports,
     schedule_rows,
     schedule_states,
     type_rows,
@@ -53,7 +54,8 @@ __all__ = [
     "ActionError", "ActiveTask", "AppState", "AppStatus", "AppSummary", "Contender",
     "DelayedReport", "DelayedTask", "QueueReport", "ScheduleState", "TypeRow", "UnknownApp",
     "Watches", "active", "delayed_tasks", "discard", "gather_status", "is_cancelled",
-    "item_of", "known_apps", "list_apps", "lookup_result", "queue_report", "require_app",
+    "item_of", "known_apps", "list_apps", "lookup_result", "queue_report", "queue_reports",
+    "require_app",
     "requeue", "result_count", "schedule_rows", "schedule_states", "type_rows",
     "unstructure", "wait_cancelled", "where_is",
 ]

@@ -13,6 +13,7 @@ each is safe to repeat); on LOST it raises :class:`~framework.errors.SessionExpi
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -22,11 +23,11 @@ import trio
 from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue, parse_item
-from framework.runtime.app import DEFAULT_QUEUE, App, ensure_result_buckets
+from framework.runtime.app import DEFAULT_QUEUE, App, check_queue_name, ensure_result_buckets
 from framework.runtime.records import CancelRecord, JobDone, PastRun, decode_or_none
 from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task, TaskResult
-from framework.zk import Session, validate_name
+from framework.zk import Session, gather, validate_name
 
 log = get_logger(__name__)
 
@@ -155,6 +156,65 @@ async def processes(session: Session, app: App) -> tuple[int, int]:
         except errors.NoNodeError:
             counts.append(0)
     return counts[0], counts[1]
+
+
+async def purge_queue(session: Session, app: App, queue: str, *, by: str = "") -> int:
+    """Delete every task waiting in ``app``'s queue ``queue`` (``default`` or a named one),
+    as Celery's ``purge -Q``; returns how many were deleted (0 for a queue never made).
+
+    Refused (:class:`ActionError`, naming them) while a live worker serves the queue (its
+    status document's ``queues``): with no such worker nothing holds a claim on its items,
+    so no task being handled loses its acknowledgement.  A worker that starts serving it
+    during the purge may lose the ack of a task it took meanwhile (its handler ran; the
+    item is gone).  Its tasks' ``pending/`` markers stay (they name items that left the
+    queue, as after an ack).  One listing per bucket, one delete per item (pipelined)."""
+    name = check_queue_name(queue)
+    serving = await _serving(session, app, name)
+    if serving:
+        raise ActionError(
+            f"queue {name!r} of {app.name!r} is served by live worker(s) {', '.join(serving)}: "
+            "stop them (or restart them without it in -Q) first")
+    work = WorkQueue(session, app.queue_path(name))
+    names = await work.item_names()
+    deleted = [0]
+
+    async def delete(item: str) -> None:
+        try:
+            await session.delete(f"{work.items_root}/{item}")
+            deleted[0] += 1
+        except errors.NoNodeError:
+            pass  # taken meanwhile
+
+    for start in range(0, len(names), 500):
+        await gather(*[functools.partial(delete, n) for n in names[start:start + 500]])
+    log.info("app.queue_purged", app=app.name, queue=name, deleted=deleted[0], by=by)
+    return deleted[0]
+
+
+@attrs.frozen
+class _Serves:
+    """The part of a worker's status document naming the queues it serves."""
+
+    types: tuple[str, ...] = ()
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+
+
+async def _serving(session: Session, app: App, queue: str) -> list[str]:
+    """The live workers that take tasks from ``queue`` (one listing, one read each)."""
+    try:
+        names = sorted(await session.children(app.workers))
+    except errors.NoNodeError:
+        return []
+    serving = []
+    for name in names:
+        try:
+            data, _stat = await session.get(f"{app.workers}/{name}")
+        except errors.NoNodeError:
+            continue
+        doc = decode_or_none(data, _Serves, path=f"{app.workers}/{name}")
+        if doc is not None and doc.types and queue in doc.queues:
+            serving.append(name)
+    return serving
 
 
 async def wait_processes_gone(session: Session, app: App) -> None:

@@ -3,9 +3,10 @@
 scheduled view reads: read-only looks at one application, each with a stated cost in
 ZooKeeper requests (``n`` = the nodes listed; reads of one kind are pipelined).
 
-* :func:`active` - the tasks being handled now (``running/`` markers) and their types: one
-  listing, one read per running task, and one read of the queue item its marker names (the
-  type; ``?`` if the item is gone: acknowledged meanwhile).
+* :func:`active` - the tasks being handled now (``running/`` markers), their types and
+  queues: one listing, one read per running task, and one read of the queue item its marker
+  names (the type; ``?`` if the item is gone: acknowledged meanwhile) - in the default queue,
+  then, for those not found there, in each named queue (one listing of ``queues/``).
 * :func:`delayed_tasks` - tasks submitted with ``countdown``/``eta`` that are not due yet
   (``delayed/``): one listing of the minute buckets, one listing per bucket, one read per
   task shown (at most ``limit``; the others are counted, not read).
@@ -13,13 +14,15 @@ ZooKeeper requests (``n`` = the nodes listed; reads of one kind are pipelined).
   (``schedules/``): one listing and one read per schedule.  A schedule's definition lives in
   the class that fires it (a Master's or an elected worker's ``schedules``), not in
   ZooKeeper: its next fire is computed only when that class is given.
-* :func:`type_rows` - the app's task-type catalog (one read) and which running workers take
-  each type (one listing of ``workers/`` and one read per worker).
-* :func:`queue_report` - the app's one task queue (named queues are not built yet): its
-  counts (the queue's own :func:`~framework.primitives.queue.queue_counts`), items per
-  priority lane (one listing per bucket: names only), and items per task type when
-  ``sample`` allows (one read per item, the first ``sample`` items in the order workers
-  take them; the rest are counted as not sampled).
+* :func:`type_rows` - the app's task-type catalog (one read: each type's queue too) and which
+  running workers take each type (one listing of ``workers/`` and one read per worker).
+* :func:`queue_reports` - each of the app's queues (``default``, then the named queues: one
+  listing of ``queues/``), each a :func:`queue_report`: its counts (the queue's own
+  :func:`~framework.primitives.queue.queue_counts`), items per priority lane (one listing
+  per bucket: names only), items per task type when ``sample`` allows (one read per item,
+  the first ``sample`` items in the order workers take them; the rest are counted as not
+  sampled), and the running workers serving it (their status documents' ``queues``: one
+  listing of ``workers/`` and one read per worker, once for all queues).
 
 Each answer is a snapshot: a task may start, finish or be moved meanwhile.  SUSPENDED: the
 reads wait for the connection; LOST: they raise the session's error.  Nothing here writes.
@@ -36,7 +39,8 @@ import attrs
 
 from framework import errors, records
 from framework.primitives.queue import WorkQueue, parse_item
-from framework.runtime.app import App
+from framework.runtime.app import DEFAULT_QUEUE, App
+from framework.runtime.queues import queue_names
 from framework.runtime.records import MemberState, RunningRecord, decode_or_none
 from framework.runtime.scheduling.delayed import DelayedRecord, due_of
 from framework.runtime.scheduling.schedules import NS, Schedule, ScheduleRecord
@@ -62,6 +66,7 @@ class ActiveTask:
     done: float | None = None
     total: float | None = None
     message: str | None = None
+    queue: str = "?"  # the queue it was taken from ("?": its item is gone)
 
 
 @attrs.frozen
@@ -72,6 +77,7 @@ class DelayedTask:
     type: str
     due: float
     priority: int
+    queue: str = DEFAULT_QUEUE  # the queue it goes into when due
 
 
 @attrs.frozen
@@ -107,13 +113,14 @@ class TypeRow:
     time_limit: float | None
     rate_limit: str | None
     workers: list[str]
+    queue: str | None = None  # the queue its tasks go to (None: not in the catalog)
 
 
 @attrs.frozen
 class QueueReport:
-    """The app's task queue: items (claimed ones included), claimed items, buckets, items per
-    priority lane, and items per task type among the first ``sampled`` (``None``: not
-    sampled)."""
+    """One of the app's queues (``name``): items (claimed ones included), claimed items,
+    buckets, items per priority lane, items per task type among the first ``sampled``
+    (``None``: not sampled), and the running workers that serve it."""
 
     name: str
     queued: int
@@ -122,6 +129,7 @@ class QueueReport:
     lanes: dict[int, int]
     types: dict[str, int] | None
     sampled: int
+    workers: list[str] = attrs.Factory(list)
 
 
 async def _children(session: Session, path: str) -> list[str]:
@@ -157,7 +165,8 @@ async def active(session: Session, app: App) -> list[ActiveTask]:
                              or RunningRecord())
     types = await _types_of(session, app, {n: m.delivery for n, m in markers.items()})
     out = [ActiveTask(name, marker.worker or "?", marker.attempt, marker.started,
-                      types.get(name, "?"), marker.done, marker.total, marker.message)
+                      types[name][0] if name in types else "?", marker.done, marker.total,
+                      marker.message, types[name][1] if name in types else "?")
            for name, marker in markers.items()]
     return sorted(out, key=lambda t: (t.started, t.task_id))
 
@@ -170,22 +179,30 @@ def item_of(delivery: str) -> str | None:
     return item or None
 
 
-async def _types_of(session: Session, app: App, deliveries: dict[str, str]) -> dict[str, str]:
-    """The task type of each task id, read from the queue item its delivery names."""
-    queue = WorkQueue(session, app.tasks)
-    found: dict[str, str] = {}
+async def _types_of(session: Session, app: App,
+                    deliveries: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """The task type and queue of each task id, read from the queue item its delivery names
+    (a delivery token does not name the queue: the default one is read first, the named
+    ones only for the items not found there)."""
+    found: dict[str, tuple[str, str]] = {}
+    items = {t: i for t, d in deliveries.items() if (i := item_of(d)) is not None}
 
-    async def read(task_id: str, item: str) -> None:
+    async def read(queue: WorkQueue, name: str, task_id: str, item: str) -> None:
         data = await queue.item_data(item)
         if data is None:
             return
         try:
-            found[task_id] = Task.decode(data).name
+            found[task_id] = (Task.decode(data).name, name)
         except records.CorruptRecord:
             pass
 
-    await gather(*[functools.partial(read, t, i) for t, d in deliveries.items()
-                   if (i := item_of(d)) is not None])
+    names = [DEFAULT_QUEUE]
+    for index, name in enumerate(names):
+        queue = WorkQueue(session, app.queue_path(name))
+        await gather(*[functools.partial(read, queue, name, t, i) for t, i in items.items()
+                       if t not in found])
+        if index == 0 and len(found) < len(items):
+            names += (await queue_names(session, app))[1:]
     return found
 
 
@@ -211,7 +228,7 @@ async def delayed_tasks(session: Session, app: App, *,
         record = decode_or_none(data[path], DelayedRecord, path=path)
         if record is not None:
             tasks.append(DelayedTask(record.task.id, record.task.name, record.due,
-                                     record.priority))
+                                     record.priority, record.task.queue_name))
     return DelayedReport(tasks, total)
 
 
@@ -255,40 +272,67 @@ def schedule_rows(found: dict[str, ScheduleRecord], schedules: list[Schedule],
 
 @attrs.frozen
 class _Takes:
-    """The part of a worker's status document ``types`` reads."""
+    """The part of a worker's status document ``types`` and the queues' readers read (a
+    worker written before named queues serves the default queue)."""
 
     state: MemberState = MemberState.UNKNOWN
     types: tuple[str, ...] = ()
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+
+
+async def _running_workers(session: Session, app: App) -> dict[str, _Takes]:
+    """The running workers that take tasks, by name, with what they take."""
+    workers = await _children(session, app.workers)
+    docs = await _read_all(session, [f"{app.workers}/{w}" for w in workers])
+    running = {}
+    for worker in workers:
+        path = f"{app.workers}/{worker}"
+        doc = decode_or_none(docs[path], _Takes, path=path) if path in docs else None
+        if doc is not None and doc.state is MemberState.RUNNING and doc.types:
+            running[worker] = doc
+    return running
 
 
 async def type_rows(session: Session, app: App) -> list[TypeRow]:
     """The catalog's task types (and types a running worker takes that it lacks), with the
     running workers that take each."""
     catalog = await Catalog(session, app).read()
-    workers = await _children(session, app.workers)
-    docs = await _read_all(session, [f"{app.workers}/{w}" for w in workers])
     takers: dict[str, list[str]] = {}
-    for worker in workers:
-        path = f"{app.workers}/{worker}"
-        doc = decode_or_none(docs[path], _Takes, path=path) if path in docs else None
-        if doc is not None and doc.state is MemberState.RUNNING:
-            for name in doc.types:
-                takers.setdefault(name, []).append(worker)
+    for worker, doc in (await _running_workers(session, app)).items():
+        for name in doc.types:
+            takers.setdefault(name, []).append(worker)
     rows = []
     for name in sorted(set(catalog.types) | set(takers)):
         info = catalog.types.get(name)
         rows.append(TypeRow(name, info.priority if info else None,
                             info.max_attempts if info else None,
                             info.time_limit if info else None,
-                            info.rate_limit if info else None, takers.get(name, [])))
+                            info.rate_limit if info else None, takers.get(name, []),
+                            info.queue if info else None))
     return rows
 
 
-async def queue_report(session: Session, app: App, *, sample: int = TYPE_SAMPLE) -> QueueReport:
-    """The app's task queue (see the module doc); ``sample=0`` reads no item."""
-    queue = WorkQueue(session, app.tasks)
-    counts = await queue.counts()
-    names = await queue.item_names()
+async def queue_reports(session: Session, app: App, *,
+                        sample: int = TYPE_SAMPLE) -> list[QueueReport]:
+    """Each of the app's queues, ``default`` first (see the module doc), with the running
+    workers serving it; ``sample=0`` reads no item."""
+    names = await queue_names(session, app)
+    running = await _running_workers(session, app)
+    reports = []
+    for name in names:
+        report = await queue_report(session, app, sample=sample, queue=name)
+        reports.append(attrs.evolve(report, workers=sorted(
+            w for w, doc in running.items() if name in doc.queues)))
+    return reports
+
+
+async def queue_report(session: Session, app: App, *, sample: int = TYPE_SAMPLE,
+                       queue: str = DEFAULT_QUEUE) -> QueueReport:
+    """One of the app's queues (see the module doc; its ``workers`` left empty: see
+    :func:`queue_reports`); ``sample=0`` reads no item."""
+    work = WorkQueue(session, app.queue_path(queue))
+    counts = await work.counts()
+    names = await work.item_names()
     lanes: Counter[int] = Counter()
     for name in names:
         bucket, _, node = name.partition("/")
@@ -303,7 +347,7 @@ async def queue_report(session: Session, app: App, *, sample: int = TYPE_SAMPLE)
         data: dict[str, bytes | None] = {}
 
         async def read(name: str) -> None:
-            data[name] = await queue.item_data(name)
+            data[name] = await work.item_data(name)
 
         await gather(*[functools.partial(read, n) for n in chosen])
         for name in chosen:
@@ -315,7 +359,7 @@ async def queue_report(session: Session, app: App, *, sample: int = TYPE_SAMPLE)
             except records.CorruptRecord:
                 types["(unreadable)"] += 1
             sampled += 1
-    return QueueReport("default", counts.queued, counts.claimed, counts.buckets,
+    return QueueReport(queue, counts.queued, counts.claimed, counts.buckets,
                        dict(sorted(lanes.items())),
                        dict(sorted(types.items())) if types is not None else None, sampled)
 

@@ -3,7 +3,8 @@ ZooKeeper (and, with :class:`Watches`, the watches that say when to look again).
 
 What the counts mean (each one thing):
 
-- **queue depth**: items in the task queue, waiting or being handled (claimed, not acked);
+- **queue depth**: items in the task queues, waiting or being handled (claimed, not acked):
+  in all, and per queue (``default`` and each named queue);
 - **running**: tasks a worker is handling now (``running/`` markers), with their progress;
 - **results**: result records: tasks finished, successfully or failed for good;
 - **dead letters**: tasks given up (failed ``max_attempts`` times, or permanently) and not
@@ -13,7 +14,10 @@ What the counts mean (each one thing):
   per failed attempt);
 - **types with no worker**: task types no running worker has now - of the app's catalog,
   and of tasks a worker passed over (a name never registered) - whose tasks wait in the
-  queue until a worker with the type starts (workers take only their own types).
+  queue until a worker with the type starts (workers take only their own types);
+- **queues no worker serves**: queues that hold tasks, or that a task type of the catalog
+  routes to, which no running worker serves now (``Worker.queues``, ``framework run -Q``):
+  their tasks wait until one does.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import trio
 from framework import errors, records
 from framework.primitives import Election
 from framework.primitives.queue import queue_counts
-from framework.runtime.app import App
+from framework.runtime.app import DEFAULT_QUEUE, App
 from framework.runtime.records import (
     CancelRecord,
     JobDone,
@@ -126,6 +130,10 @@ class AppStatus:
     #: :mod:`~framework.runtime.worker_parts.duties`): off, standby, held or deferred (a
     #: master leads); workers that publish none are left out
     duties: dict[str, str] = attrs.Factory(dict)
+    #: the depth of each queue (``default`` first, then the named queues)
+    queues: dict[str, int] = attrs.Factory(dict)
+    #: queues holding tasks or routed to by a catalog type that no running worker serves
+    queues_without_worker: list[str] = attrs.Factory(list)
 
     @property
     def duty_holder(self) -> str | None:
@@ -227,6 +235,30 @@ class _TakesTypes:
 
 
 @attrs.frozen
+class _ServesQueues:
+    """The part of a worker's status document about queues (a worker written before named
+    queues serves the default one)."""
+
+    state: MemberState = MemberState.UNKNOWN
+    types: tuple[str, ...] = ()
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+
+
+def queues_without_worker(depths: dict[str, int], routed: list[str],
+                          documents: list[bytes]) -> list[str]:
+    """The queues that hold tasks (``depths``) or that task types route to (``routed``)
+    and that no running worker taking tasks serves, given the workers' status
+    ``documents``."""
+    wanted = {name for name, depth in depths.items() if depth} | set(routed)
+    served: set[str] = set()
+    for data in documents:
+        doc = decode_or_none(data, _ServesQueues, path="workers/")
+        if doc is not None and doc.state is MemberState.RUNNING and doc.types:
+            served.update(doc.queues)
+    return sorted(wanted - served, key=lambda n: (n != DEFAULT_QUEUE, n))
+
+
+@attrs.frozen
 class _DutyState:
     """The part of a worker's status document about the app's duties."""
 
@@ -278,10 +310,27 @@ async def _raw_docs(session: Session, parent: str, names: list[str],
 
 
 async def queue_depth(session: Session, app: App, watches: Watches | None = None) -> int:
-    """Items in the app's task queue, claimed ones included (with ``watches``: every
-    bucket's children watched, so a put or an ack sets ``watches.changed``)."""
-    counts = await queue_counts(session, app.tasks, watch=watches, claims=False)
-    return counts.queued
+    """Items in the app's task queues, claimed ones included (see :func:`queue_depths`)."""
+    return sum((await queue_depths(session, app, watches)).values())
+
+
+async def queue_depths(session: Session, app: App,
+                       watches: Watches | None = None) -> dict[str, int]:
+    """Items in each of the app's queues (``default`` first), claimed ones included (with
+    ``watches``: ``queues/`` and every bucket's children watched, so a new queue, a put or
+    an ack sets ``watches.changed``).  One listing of ``queues/``, then per queue one
+    listing of its buckets and one count per bucket."""
+    named = await _children(session, app.queues, watches)  # watched: a new queue
+    names = [DEFAULT_QUEUE, *(n for n in named if n != DEFAULT_QUEUE)]
+    depths: dict[str, int] = {}
+
+    async def depth(name: str) -> None:
+        counts = await queue_counts(session, app.queue_path(name), watch=watches,
+                                    claims=False)
+        depths[name] = counts.queued
+
+    await gather(*[functools.partial(depth, n) for n in names])
+    return {name: depths[name] for name in names}
 
 
 async def result_count(session: Session, app: App) -> int:
@@ -314,6 +363,7 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
     documents = await _raw_docs(session, app.workers,
                                 await _children(session, app.workers, watches), watches)
     catalog = await Catalog(session, app).read()
+    depths = await queue_depths(session, app, watches)
     return AppStatus(
         app=app.name,
         exists=True,
@@ -321,7 +371,7 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         standbys=line[1:],
         workers={name: decode_or_none(data, MemberStatus, path=f"{app.workers}/{name}")
                  or MemberStatus() for name, data in documents.items()},
-        queue_depth=await queue_depth(session, app, watches),
+        queue_depth=sum(depths.values()),
         running=await _docs(session, app.running, await _children(session, app.running, watches),
                             RunningRecord, watches),
         assignments=assignments,
@@ -334,6 +384,9 @@ async def gather_status(session: Session, app: App, *, recent_failures: int = 5,
         types_without_worker=types_without_worker(list(catalog.types),
                                                   list(documents.values())),
         duties=duties_of(documents),
+        queues=depths,
+        queues_without_worker=queues_without_worker(
+            depths, [info.queue for info in catalog.types.values()], list(documents.values())),
     )
 
 

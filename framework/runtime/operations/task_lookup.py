@@ -8,8 +8,9 @@ answer:
 * its ``pending/`` marker (a task submitted with a key): one read, then one ``exists`` per
   item it names;
 * the ``delayed/`` nodes: one listing per minute bucket and one read per delayed task;
-* the queue's items (a task submitted without a key has no marker): one listing per bucket
-  and one read per queued item, pipelined (:data:`READS_IN_FLIGHT` at a time).
+* the queues' items (a task submitted without a key has no marker): one listing of
+  ``queues/``, then per queue (the default one first, then each named queue) one listing
+  per bucket and one read per queued item, pipelined (:data:`READS_IN_FLIGHT` at a time).
 
 The answer is a snapshot: a task may be taken, finish or be moved from ``delayed/`` to the
 queue right after.  The order of the checks makes a move invisible to none of them: the
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from framework import errors, records
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
+from framework.runtime.queues import queue_names
 from framework.runtime.results.result_index import read_mark, still_queued
 from framework.zk import Session, gather
 
@@ -47,10 +49,11 @@ async def where_is(session: Session, app: App, task_id: str) -> str | None:
         return "queued"
     if await _in_delayed(session, app, task_id):
         return "delayed"
-    queue = WorkQueue(session, app.tasks)
-    if await _any_matches(await queue.item_names(), queue.item_data, task_id,
-                          lambda data: _id_of(data, ())):
-        return "queued"
+    for name in await queue_names(session, app):  # every queue, the default one first
+        queue = WorkQueue(session, app.queue_path(name))
+        if await _any_matches(await queue.item_names(), queue.item_data, task_id,
+                              lambda data: _id_of(data, ())):
+            return "queued"
     return None
 
 
