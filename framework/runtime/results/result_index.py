@@ -199,7 +199,17 @@ async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str
             single.append((key, name))  # a second item of the key in this call
         else:
             fresh[key] = name
-    pairs = list(fresh.items())
+    refused = await _create_marks(session, app, list(fresh.items()))
+    names_of: dict[str, list[str]] = {}
+    for key, name in refused + single:  # a key's first name (in ``fresh``) comes first
+        names_of.setdefault(key, []).append(name)
+    await _append_marks(session, app, names_of)
+
+
+async def _create_marks(session: Session, app: App, pairs: list[tuple[str, str]]
+                        ) -> list[tuple[str, str]]:
+    """Create a marker for each fresh ``(key, item name)``, in multis; returns those no
+    multi created (the key has a marker already, or the reply was lost)."""
     refused: list[tuple[str, str]] = []
 
     async def create(chunk: list[tuple[str, str]]) -> None:
@@ -222,9 +232,12 @@ async def mark_queued(session: Session, app: App, marks: Sequence[tuple[str, str
     await _at_most(MARK_MULTIS_IN_FLIGHT, [
         functools.partial(create, pairs[start:start + MARKS_PER_MULTI])
         for start in range(0, len(pairs), MARKS_PER_MULTI)])
-    names_of: dict[str, list[str]] = {}
-    for key, name in refused + single:  # a key's first name (in ``fresh``) comes first
-        names_of.setdefault(key, []).append(name)
+    return refused
+
+
+async def _append_marks(session: Session, app: App, names_of: dict[str, list[str]]) -> None:
+    """Append each key's names to its marker: keys with one name in multis
+    (:func:`_append_many`), the others and those a multi could not take one by one."""
     lone = [(key, names[0]) for key, names in names_of.items() if len(names) == 1]
     left: list[tuple[str, str]] = []
 
