@@ -10,12 +10,13 @@ and where replicas may go.  This wing imports only the runtime's data modules (`
 """
 
 from framework.runtime.placement.assignment import plan_assignment, plan_replicas
-from framework.runtime.placement.placement_rules import (
-    PlacementRules,
-    Readiness,
+from framework.runtime.placement.placement_rules import PlacementRules, Readiness
+from framework.runtime.placement.replicated import (
+    ReplicatedPlacement,
+    StepHook,
+    commit_fenced,
     confirmed_records,
 )
-from framework.runtime.placement.replicated import ReplicatedPlacement, StepHook, commit_fenced
 
 __all__ = ["PlacementRules", "Readiness", "ReplicatedPlacement", "StepHook", "commit_fenced",
            "confirmed_records", "plan_assignment", "plan_replicas"]

@@ -37,7 +37,8 @@ Pluggable pieces, all optional (the defaults are Katta's model):
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import trio
@@ -49,13 +50,7 @@ from framework.records import CorruptRecord
 from framework.retry import Backoff
 from framework.runtime.app import check_name
 from framework.runtime.placement.assignment import plan_replicas
-from framework.runtime.placement.placement_rules import (
-    NewShardHook,
-    PlacementRules,
-    Readiness,
-    ReadyRule,
-    confirmed_records,
-)
+from framework.runtime.placement.placement_rules import NewShardHook, PlacementRules, Readiness
 from framework.runtime.records import Plan
 from framework.zk import SessionState, watch_children
 
@@ -76,6 +71,14 @@ class LeaderContext(Protocol):
 
     def watch_workers(self) -> AsyncIterator[dict[str, dict[str, Any]]]: ...
 
+
+#: The ready rule: ``(placement, shard, planned, candidates)`` -> the shard's readiness, or
+#: ``None`` (no opinion: the deployment records as watched count, nothing kept or checked).
+#: ``candidates`` are the workers that may hold replicas now (live, or lost in grace).  Asked
+#: only while the loop runs, after every change; it may arm watches with
+#: :meth:`ReplicatedPlacement.wake_on` so that a change of what it read wakes the loop.
+ReadyRule = Callable[["ReplicatedPlacement", str, Sequence[str], AbstractSet[str]],
+                     Awaitable["Readiness | None"]]
 
 log = get_logger("framework.runtime.placement.replicated")
 
@@ -497,3 +500,27 @@ async def commit_fenced(txn: Any) -> None:
         if is_fence_failure(exc):
             raise errors.LeadershipLost("fenced write refused: no longer the leader") from exc
         raise
+
+
+async def confirmed_records(placement: ReplicatedPlacement, shard: str,
+                            planned: Sequence[str], candidates: AbstractSet[str]
+                            ) -> Readiness | None:
+    """The default ready rule: for a shard with more planned live replicas than its R (a
+    drop is possible), the workers whose deployment record is confirmed (version 1 or more,
+    see ``Worker.ready``), each record's version read now (checked in the multi).  An
+    unconfirmed record gets a watch, so its confirmation (or end) wakes the loop."""
+    live = [w for w in planned if w in candidates]
+    if len(live) <= placement.replication_of(shard):
+        return None
+    session = placement.ctx.session
+    ready: set[str] = set()
+    records: dict[str, tuple[str, int]] = {}
+    for worker in live:
+        if worker not in placement.serving.get(shard, set()):
+            continue
+        path = f"{placement.ctx.app.deployed_dir(shard)}/{worker}"
+        stat = await session.exists(path, watch=placement.wake_on(path))
+        if stat is not None and stat.version >= 1:
+            records[worker] = (path, stat.version)
+            ready.add(worker)
+    return Readiness(frozenset(ready), records=records)
