@@ -153,7 +153,7 @@ class App:
 
     def pending_path(self, key: str) -> str:
         """The node naming the queued items of task key ``key`` (see
-        :mod:`framework.runtime.result_index`)."""
+        :mod:`framework.runtime.results.result_index`)."""
         return f"{self.pending}/{key_bucket(key)}/{key}"
 
     @property
@@ -190,7 +190,7 @@ async def ensure_result_buckets(session: Session, app: App) -> None:
     and its result is written in the same transaction as its acknowledgement, where a
     missing bucket would refuse those and cost the slower paths (record read after the
     claim; result, bucket, result again, ack alone); retention's delete multis check the
-    queued markers under ``pending/`` (see :mod:`framework.runtime.result_index`).
+    queued markers under ``pending/`` (see :mod:`framework.runtime.results.result_index`).
     Apps that record no results (push mode) never get the 2 x 256 nodes."""
     for parent in (app.results, app.pending):
         await ensure_buckets(session, parent, app.result_buckets)

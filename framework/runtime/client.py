@@ -68,7 +68,7 @@ class Client:
     """Submit tasks to application ``app`` and read their results, over ``session``.
 
     ``create``: ``False`` (the default, like ``framework submit``) refuses to submit to an
-    app that does not exist (:class:`~framework.runtime.actions.UnknownApp`, naming the
+    app that does not exist (:class:`~framework.runtime.operations.actions.UnknownApp`, naming the
     known apps: a typo does not make an app); ``True`` creates it at the first submit
     (tasks may wait for its first worker).  ``payload_store``: where payloads over the
     queue's limit go (:mod:`framework.runtime.payloads`; default:
@@ -120,9 +120,9 @@ class Client:
         Lower ``priority`` values are taken first (default: the task type's).  ``expires``:
         seconds from its due time by which it must have started, else it is recorded with
         outcome ``expired`` and never run; ``soft_time_limit``: seconds before
-        :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an
+        :class:`~framework.runtime.worker_parts.soft_limit.SoftTimeLimitExceeded` is raised in an
         ``async def`` handler; ``on_success`` / ``on_failure``: task types queued with its
-        result or final error (:mod:`framework.runtime.callbacks`); ``queue``: the named
+        result or final error (:mod:`framework.runtime.workflows.callbacks`); ``queue``: the named
         queue it goes into (:mod:`framework.runtime.queues`; a worker takes it only if it
         serves that queue).  Each defaults to the task type's (``@task(...)``).  These options are
         :class:`~framework.runtime.submission.SubmitOptions`, the same for every submit
@@ -130,7 +130,7 @@ class Client:
         for a task type the app's workers do not have (once one
         has registered its types) and for an app that was cancelled (``framework cancel``);
         :class:`~framework.errors.DataTooLargeError` for a task over the queue's 64 KiB
-        without a payload store; :class:`~framework.runtime.actions.UnknownApp` for a
+        without a payload store; :class:`~framework.runtime.operations.actions.UnknownApp` for a
         missing app with ``create=False``.  While no worker of the app has registered its
         task types, ``name`` cannot be checked: the task is queued and a
         ``client.task_type_unchecked`` warning says so (:meth:`task_types` tells it
@@ -192,20 +192,21 @@ class Client:
 
     async def cancel(self, *, by: str = "") -> bool:
         """Mark the app cancelled (its ``cancel`` node, which masters and workers watch);
-        ``False`` if it already was.  :class:`~framework.runtime.actions.UnknownApp` (a
+        ``False`` if it already was.  :class:`~framework.runtime.operations.actions.UnknownApp` (a
         :class:`NoNodeError`) if there is no such app."""
         return await actions.cancel(self.session, self.app, by=by)
 
     async def resume(self) -> CancelRecord | None:
         """Undo a cancel (delete the ``cancel`` node): new tasks are taken again and masters
         and workers started from now on run.  Returns the cancel record deleted, ``None``
-        if the app was not cancelled; :class:`~framework.runtime.actions.UnknownApp` if
+        if the app was not cancelled; :class:`~framework.runtime.operations.actions.UnknownApp` if
         there is no such app."""
         return await actions.resume(self.session, self.app)
 
     async def rerun(self, *, by: str = "") -> PastRun:
         """Start a new generation of the app's finished job (see
-        :func:`framework.runtime.actions.rerun`); returns the generation kept in history."""
+        :func:`framework.runtime.operations.actions.rerun`); returns the generation kept in
+        history."""
         return await actions.rerun(self.session, self.app, by=by)
 
     async def revoke(self, task_id: str, *, by: str = "") -> Revocation:
@@ -220,9 +221,9 @@ class Client:
         queued, delayed or running and has no result raises :class:`UnknownTask`, and
         nothing is recorded, so a task submitted later with that id (or key) runs.  Looking
         for it costs a few reads, and for an id submitted without a key one read per queued
-        item (:mod:`framework.runtime.task_lookup`).  If the task finishes while it is
+        item (:mod:`framework.runtime.operations.task_lookup`).  If the task finishes while it is
         revoked, the revoke is taken back (:attr:`Revocation.FINISHED`).
-        :class:`~framework.runtime.actions.UnknownApp` (a :class:`NoNodeError`) if there
+        :class:`~framework.runtime.operations.actions.UnknownApp` (a :class:`NoNodeError`) if there
         is no such app."""
         validate_name("task id", task_id)
         await actions.require_app(self.session, self.app)
@@ -257,17 +258,18 @@ class Client:
 
     async def purge(self, *, force: bool = False, grace: float = 30.0, by: str = "") -> bool:
         """Delete the app's whole subtree (queue, results, dead letters, config...);
-        ``False`` if there was none.  Refused (:class:`~framework.runtime.actions.
+        ``False`` if there was none.  Refused (:class:`~framework.runtime.operations.actions.
         ActionError`) while a master or worker is alive, unless ``force``: then the app is
         cancelled first and the delete waits (watches) until its processes have drained and
-        left, for at most ``grace`` seconds (see :func:`framework.runtime.actions.purge`)."""
+        left, for at most ``grace`` seconds (see
+        :func:`framework.runtime.operations.actions.purge`)."""
         return await actions.purge(self.session, self.app, force=force, grace=grace, by=by)
 
     async def purge_queue(self, queue: str, *, by: str = "") -> int:
         """Delete every task waiting in queue ``queue`` (``default`` or a named one; Celery's
         ``purge -Q``); returns how many.  Refused
-        (:class:`~framework.runtime.actions.ActionError`) while a live worker serves it
-        (see :func:`framework.runtime.actions.purge_queue`)."""
+        (:class:`~framework.runtime.operations.actions.ActionError`) while a live worker serves it
+        (see :func:`framework.runtime.operations.actions.purge_queue`)."""
         await actions.require_app(self.session, self.app)
         return await actions.purge_queue(self.session, self.app, queue, by=by)
 

@@ -15,8 +15,8 @@ generation of the job).
 always resumes from ZooKeeper, never from memory.
 
 While it leads, the master also applies the app's retention (``results/``, ``dead/``,
-``failures/``: see :mod:`framework.runtime.retention`) every ``retention_interval`` seconds,
-and every master watches the app's ``cancel`` node (:mod:`framework.runtime.cancel`).
+``failures/``: see :mod:`framework.runtime.results.retention`) every ``retention_interval`` seconds,
+and every master watches the app's ``cancel`` node (:mod:`framework.runtime.operations.cancel`).
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ class MasterContext:
                              max_moves: int = 2, stable_for: float | None = None,
                              on_step: StepHook | None = None) -> NoReturn:
         """Keep ``replication`` serving replicas of every shard on live workers, forever
-        (replicated push mode; see :mod:`framework.runtime.replicated`).
+        (replicated push mode; see :mod:`framework.runtime.placement.replicated`).
 
         Workers serve with ``serve_shard`` and say when a replica is ready with
         ``async with self.ready(shard, info)``; the plan never lowers the number of
@@ -315,9 +315,9 @@ class Master:
     :attr:`summary` holds it; ``framework run`` prints it and exits 1 if tasks were
     dead-lettered, unless ``fail_on_dead_letters`` is False.
 
-    ``schedules`` (:func:`~framework.runtime.schedules.every`,
-    :func:`~framework.runtime.schedules.cron`) are fired by the leader while it leads, each
-    slot exactly once across failovers (see :mod:`framework.runtime.schedules`).
+    ``schedules`` (:func:`~framework.runtime.scheduling.schedules.every`,
+    :func:`~framework.runtime.scheduling.schedules.cron`) are fired by the leader while it
+    leads, each slot exactly once across failovers (see :mod:`framework.runtime.scheduling.schedules`).
     """
 
     app_name: str | None = None

@@ -11,8 +11,8 @@ task's id and idempotency key, the one spelling everywhere.
 (:class:`~framework.runtime.task_types.Catalog`: an unknown name is a
 :class:`~framework.errors.ConfigurationError` naming the known ones), builds the task, and
 queues it now, or at its time (``countdown=`` seconds, ``eta=`` an aware datetime or epoch
-seconds: :mod:`framework.runtime.delayed`).  ``priority`` defaults to the task type's, and
-so does ``queue`` (the task goes into that queue, :mod:`framework.runtime.queues`; the
+seconds: :mod:`framework.runtime.scheduling.delayed`).  ``priority`` defaults to the task
+type's, and so does ``queue`` (the task goes into that queue, :mod:`framework.runtime.queues`; the
 name is written into the task so a delayed move, a requeue or a rerun keeps it).
 Costs: one read of the catalog per submitter (again only for a name it does not know), then
 the queue's put (one request) or the delayed node's create (one request).
@@ -113,9 +113,9 @@ class SubmitOptions:
     it is due (default: now).  ``expires``: seconds from its due time by which it must have
     started, else it is recorded ``expired`` and never run (default: the type's).
     ``soft_time_limit``: seconds before
-    :class:`~framework.runtime.soft_limit.SoftTimeLimitExceeded` is raised in an ``async
-    def`` handler.  ``on_success`` / ``on_failure``: task types queued with its result or
-    final error (:mod:`framework.runtime.callbacks`).  ``queue``: the named queue it goes
+    :class:`~framework.runtime.worker_parts.soft_limit.SoftTimeLimitExceeded` is raised in an
+    ``async def`` handler.  ``on_success`` / ``on_failure``: task types queued with its result or
+    final error (:mod:`framework.runtime.workflows.callbacks`).  ``queue``: the named queue it goes
     into (:mod:`framework.runtime.queues`).  ``None`` leaves each to the task type's
     (``@task(...)``).
 

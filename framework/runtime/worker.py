@@ -2,9 +2,9 @@
 
 A worker is a :class:`~framework.runtime.service.Service` (name, membership with status,
 configuration, graceful stop) running two parts: the task consumer
-(:mod:`framework.runtime.task_consumer`: takes tasks from the shared queue, at-least-once)
-and the shard server (:mod:`framework.runtime.shard_server`: serves the shards the master
-assigns to it).  What each guarantees on a crash, on SUSPENDED and on LOST is written in
+(:mod:`framework.runtime.worker_parts.task_consumer`: takes tasks from the shared queue,
+at-least-once) and the shard server (:mod:`framework.runtime.worker_parts.shard_server`:
+serves the shards the master assigns to it).  What each guarantees on a crash, on SUSPENDED and on LOST is written in
 those modules.
 
 Graceful stop (SIGTERM/Ctrl-C via the runner, or :meth:`~Service.request_stop`): stop taking,
@@ -80,7 +80,7 @@ class Worker(Service):
     #: :class:`~framework.runtime.payloads.PayloadStore`; ``None``: FRAMEWORK_PAYLOAD_STORE)
     payload_store: Any = None
     #: may be elected to move delayed tasks, fire ``schedules`` and apply retention while no
-    #: master leads (worker-only deployments: :mod:`framework.runtime.duties`)
+    #: master leads (worker-only deployments: :mod:`framework.runtime.worker_parts.duties`)
     duties: bool = True
     #: the queues this worker takes tasks from (names; a str may list them "a,b")
     queues: tuple[str, ...] | str = (DEFAULT_QUEUE,)
@@ -136,7 +136,8 @@ class Worker(Service):
     @asynccontextmanager
     async def ready(self, shard: str, info: Any = None) -> AsyncIterator[bool]:
         """Say that this worker serves ``shard`` for as long as the block runs (push mode);
-        see :meth:`ShardServer.ready <framework.runtime.shard_server.ShardServer.ready>`."""
+        see :meth:`ShardServer.ready
+        <framework.runtime.worker_parts.shard_server.ShardServer.ready>`."""
         async with self.shard_server.ready(shard, info) as listed:
             yield listed
 
