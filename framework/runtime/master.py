@@ -317,7 +317,8 @@ class Master:
 
     ``schedules`` (:func:`~framework.runtime.scheduling.schedules.every`,
     :func:`~framework.runtime.scheduling.schedules.cron`) are fired by the leader while it
-    leads, each slot exactly once across failovers (see :mod:`framework.runtime.scheduling.schedules`).
+    leads, each slot exactly once across failovers (see
+    :mod:`framework.runtime.scheduling.schedules`).
     """
 
     app_name: str | None = None

@@ -4,8 +4,8 @@ A worker is a :class:`~framework.runtime.service.Service` (name, membership with
 configuration, graceful stop) running two parts: the task consumer
 (:mod:`framework.runtime.worker_parts.task_consumer`: takes tasks from the shared queue,
 at-least-once) and the shard server (:mod:`framework.runtime.worker_parts.shard_server`:
-serves the shards the master assigns to it).  What each guarantees on a crash, on SUSPENDED and on LOST is written in
-those modules.
+serves the shards the master assigns to it).  What each guarantees on a crash, on
+SUSPENDED and on LOST is written in those modules.
 
 Graceful stop (SIGTERM/Ctrl-C via the runner, or :meth:`~Service.request_stop`): stop taking,
 let in-flight tasks finish for up to ``drain_timeout`` seconds (then cancel them: their items
