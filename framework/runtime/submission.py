@@ -15,7 +15,8 @@ seconds: :mod:`framework.runtime.scheduling.delayed`).  ``priority`` defaults to
 type's, and so does ``queue`` (the task goes into that queue,
 :mod:`framework.runtime.queues`; the name is written into the task so a delayed move, a
 requeue or a rerun keeps it).  Costs: one read of the catalog per submitter (again only for
-a name it does not know), then the queue's put (one request) or the delayed node's create (one request).
+a name it does not know), then the queue's put (one request) or the delayed node's create
+(one request).
 
 A task over :data:`~framework.runtime.payloads.MAX_TASK_BYTES` as JSON is refused
 (:class:`~framework.errors.DataTooLargeError`, saying the limit and the way out) unless the
