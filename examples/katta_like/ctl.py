@@ -45,9 +45,9 @@ from framework import configure_logging, errors, records, store_location
 from framework.cli import (
     add_connection_arguments,
     add_deadline_argument,
+    dispatch,
     one_shot,
     positive_int,
-    run_command,
     zk_hosts_from,
 )
 from framework.errors import FrameworkError
@@ -482,12 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    return run_command("katta", args.func, args)
+    return dispatch("katta", build_parser(), {}, argv)  # each sub-parser sets its func
 
 
 def cli() -> int:
