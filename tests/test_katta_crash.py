@@ -117,6 +117,7 @@ async def test_stopped_node_times_out_and_another_replica_answers(
                     result = await probe.search(query, index="docs")
                     assert not result.partial and result.count == expected[query].count
                 assert result.hedged  # the query that met the frozen node hedged
+                assert result.hedged <= result.retries  # a hedge is a retry that was sent
                 await wait_replicated(session, "docs", 2, exclude={"n2"})
                 stop.set()
             checked(stats)

@@ -476,8 +476,8 @@ class SearchClient:
             self._suspect.get(c[0], -math.inf) > now - SUSPECT_FOR,
             c[0] not in batches, self._busy.get(c[0], 0)))
 
-    def _hedge(self, slow: _Request, now: float, delay: float, answers: Mapping[int, Any],
-               counts: _Counts) -> list[int]:
+    def _hedge(self, slow: _Request, now: float, delay: float, answers: Mapping[int, Any]
+               ) -> list[int]:
         """The shards of ``slow`` to ask again elsewhere now (``[]``: not yet, or over the
         hedge budget while its node is only busy).  A request is hedged once it is
         ``delay`` old; its node is suspect when it said nothing for ``hedge_max`` since the
@@ -495,7 +495,6 @@ class SearchClient:
         if silent:
             self._suspect[slow.node] = now
         todo = [s for s in slow.shards if s not in answers]
-        counts.hedged += len(todo)
         log.debug("katta.hedged", node=slow.node, shards=todo,
                   after=round(now - slow.started, 4))
         return todo
@@ -549,13 +548,14 @@ class _Scatter:
             nursery.cancel_scope.cancel()  # answered: the slow requests are not needed
         return self.answers
 
-    def dispatch(self, nursery: trio.Nursery, todo: list[int]) -> None:
+    def dispatch(self, nursery: trio.Nursery, todo: list[int]) -> int:
         """Send each shard of ``todo`` to its next replica, one call per node; a shard
-        with no replica left is ``exhausted``."""
+        with no replica left is ``exhausted``.  Returns the number of shards sent."""
         now = trio.current_time()
         batches, addresses = self.pick(todo, now)
         for node, batch in batches.items():
             self.send(nursery, _Request(node, batch, now), addresses[node])
+        return sum(len(batch) for batch in batches.values())
 
     def pick(self, todo: list[int], now: float) -> tuple[dict[str, list[int]], dict[str, str]]:
         """node -> the shards of ``todo`` to ask it, and node -> its address (see
@@ -656,9 +656,9 @@ class _Scatter:
         (see :meth:`SearchClient._hedge`)."""
         now = trio.current_time()
         for slow in due:
-            todo = self.client._hedge(slow, now, delay, self.answers, self.counts)
-            if todo:
-                self.dispatch(nursery, todo)
+            todo = self.client._hedge(slow, now, delay, self.answers)
+            if todo:  # counted once sent: a shard with no replica left is not a hedge
+                self.counts.hedged += self.dispatch(nursery, todo)
 
 
 @attrs.define(eq=False)
