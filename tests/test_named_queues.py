@@ -6,6 +6,10 @@ its queue, everything that looks for one looks in every queue."""
 
 from __future__ import annotations
 
+import json
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +30,9 @@ from framework.runtime import (
 )
 from framework.runtime.app import App
 from framework.runtime.operations import ActionError, gather_status, queue_reports
+from framework.testing import spawn
 from framework.zk import wait_exists, watch_children, watch_data
+from tests.test_cli_ops import cli, zk
 
 
 async def test_a_refused_claim_goes_back_as_never_delivered(session: Session) -> None:
@@ -315,3 +321,73 @@ async def test_a_dead_letter_is_requeued_into_its_own_queue(
                     break
             assert done.result == "c" and done.attempts == 1
             nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------- processes (framework run -Q)
+
+ROOT = Path(__file__).parent.parent
+
+
+class Twin(Worker):
+    """``framework run tests.test_named_queues:Twin -Q a,b``: alpha (queue a) returns at
+    once; beta (queue b) holds its first delivery forever (until its process is killed)."""
+
+    app_name = APP
+    duties = False
+    concurrency = 2  # one slot held by beta, the other free for alpha
+
+    @task(queue="a")
+    async def alpha(self, task: Task) -> Any:
+        return {"queue": task.queue_name, "attempts": task.attempts, "by": self.name}
+
+    @task(queue="b")
+    async def beta(self, task: Task) -> Any:
+        if task.attempts == 1:
+            await trio.sleep_forever()
+        return {"queue": task.queue_name, "attempts": task.attempts, "by": self.name}
+
+
+async def test_kill_9_of_a_worker_serving_two_queues_redelivers_in_its_own_queue(
+        session: Session, zk_hosts: str, chroot: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    app = App(APP)
+    client = Client(session, APP, create=True)
+    with trio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            twin = await stack.enter_async_context(spawn(
+                [sys.executable, "-m", "framework", "run", "tests.test_named_queues:Twin",
+                 *zk(zk_hosts, chroot), "--name", "twin", "-Q", "a,b",
+                 "--session-timeout", "2"],
+                name="twin", log_dir=tmp_path, env={"PYTHONPATH": str(ROOT)}))
+            await _registered(client)
+            held = await client.submit("beta", "held", key="held")
+            quick = await client.submit("alpha", "quick")
+            record = await client.result(quick.id, wait=True)
+            assert record is not None and record.result == {
+                "queue": "a", "attempts": 1, "by": "twin"}
+            await wait_exists(session, f"{app.running}/held")  # twin holds it, from b
+            # the command line names each queue and who serves it
+            code, out, err = await cli(capsys, "inspect", APP, "queues", "--json",
+                                       *zk(zk_hosts, chroot))
+            assert code == 0, err
+            served = {q["name"]: (q["queued"], q["workers"]) for q in json.loads(out)}
+            assert served == {"default": (0, []), "a": (0, ["twin"]), "b": (1, ["twin"])}
+            await client.submit("alpha", "nobody", queue="c")
+            code, out, err = await cli(capsys, "status", APP, *zk(zk_hosts, chroot))
+            assert code == 0, err
+            assert "queues no worker serves" in out and "c (their tasks wait" in out
+            twin.kill()  # kill -9 mid-task
+            await stack.enter_async_context(spawn(
+                [sys.executable, "-m", "framework", "run", "tests.test_named_queues:Twin",
+                 *zk(zk_hosts, chroot), "--name", "b-only", "--queues", "b",
+                 "--session-timeout", "2"],
+                name="b-only", log_dir=tmp_path, env={"PYTHONPATH": str(ROOT)}))
+            # redelivered in its own queue once twin's session ended: a second attempt
+            async for snap in watch_data(session, app.result_path(held.key)):
+                if snap.data:
+                    break
+            record = await client.result(held.key)
+    assert record is not None and record.ok
+    assert record.result == {"queue": "b", "attempts": 2, "by": "b-only"}
+    assert await _depth(session, "a") == 0 and await _depth(session, "b") == 0
+    assert await _depth(session, "c") == 1  # still waiting: nobody serves c
