@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from framework import Session, WorkQueue
+from framework import ConfigurationError, Session, WorkQueue
 from framework.primitives.queue import QueueItem
 from framework.runtime import (
     Client,
@@ -31,6 +31,7 @@ from framework.runtime import (
 from framework.runtime.app import App
 from framework.runtime.operations import ActionError, gather_status, queue_reports
 from framework.testing import spawn
+from framework.testing.stub import StubApp
 from framework.zk import wait_exists, watch_children, watch_data
 from tests.test_cli_ops import cli, zk
 
@@ -391,3 +392,44 @@ async def test_kill_9_of_a_worker_serving_two_queues_redelivers_in_its_own_queue
     assert record.result == {"queue": "b", "attempts": 2, "by": "b-only"}
     assert await _depth(session, "a") == 0 and await _depth(session, "b") == 0
     assert await _depth(session, "c") == 1  # still waiting: nobody serves c
+
+
+# ---------------------------------------------------------------- names, the stub, the CLI
+
+
+def test_a_bad_queue_name_is_one_line() -> None:
+    for bad in ("gpu/0", "", "a,,b", 7):
+        with pytest.raises(ConfigurationError) as raised:
+            Kinds(name="w", queues=bad)  # type: ignore[arg-type]
+        assert "\n" not in str(raised.value) and "queue" in str(raised.value)
+    with pytest.raises(ConfigurationError, match="queue name"):
+        task(queue="no space")
+    assert Kinds(name="w", queues=" a , b,a").queues == ("a", "b")
+    assert Kinds(name="w").queues == ("default",)
+
+
+async def test_the_stub_runs_only_the_queues_its_worker_serves() -> None:
+    stub = StubApp(Kinds(APP, name="stub", queues=["a"]))
+    served = await stub.submit("alpha", 1)
+    waits = await stub.submit("beta", 2)
+    moved = await stub.submit("beta", 3, queue="a")  # a submit's queue wins
+    await stub.join()
+    assert stub.result(served.id) is not None and stub.result(moved.id) is not None
+    assert stub.result(waits.id) is None and stub.unserved == [waits] and stub.pending == 1
+
+
+async def test_submit_and_purge_a_queue_from_the_command_line(
+        session: Session, zk_hosts: str, chroot: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for n in range(2):
+        code, out, err = await cli(capsys, "submit", APP, "alpha", str(n), "--queue", "c",
+                                   "--create", *zk(zk_hosts, chroot))
+        assert code == 0, err
+    assert await _depth(session, "c") == 2 and await _depth(session, "default") == 0
+    code, out, err = await cli(capsys, "submit", APP, "alpha", "--queue", "c/d",
+                               *zk(zk_hosts, chroot))
+    assert code != 0 and err.count("\n") == 1 and "queue name" in err
+    code, out, err = await cli(capsys, "purge", APP, "--queue", "c", *zk(zk_hosts, chroot))
+    assert code == 0, err
+    assert "deleted 2 task(s) waiting in queue 'c'" in out
+    assert await _depth(session, "c") == 0

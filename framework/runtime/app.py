@@ -80,7 +80,13 @@ def check_queue_name(value: object) -> str:
 def queue_list(value: str | Iterable[str]) -> tuple[str, ...]:
     """Queue names from ``"a,b"`` or an iterable of names: checked, in the order given,
     each once; :class:`~framework.errors.ConfigurationError` for a bad or empty list."""
-    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
+    if isinstance(value, str):
+        names: list[object] = [n.strip() for n in value.split(",")]
+    elif isinstance(value, Iterable):
+        names = list(value)
+    else:
+        raise errors.ConfigurationError(
+            f"queues must be queue names (a list, or a str like 'default,gpu'), got {value!r}")
     if not names or any(n == "" for n in names):
         raise errors.ConfigurationError(
             f"queues must name at least one queue, comma-separated (e.g. 'default,gpu'), got "
