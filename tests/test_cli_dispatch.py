@@ -1,4 +1,4 @@
-"""framework.cli.dispatch: the one way the command lines run a verb (issue #38 item 6)."""
+"""framework.cli.running: the one way the command lines run a verb (issue #38 item 6)."""
 
 from __future__ import annotations
 

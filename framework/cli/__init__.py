@@ -5,7 +5,7 @@ The toolkit (what the examples' ``ctl`` programs import from here): connection a
 one-shot commands (:mod:`framework.cli.connection`: ``add_connection_arguments``,
 ``add_deadline_argument``, ``zk_hosts_from``, ``split_chroot``, ``preflight``, ``one_shot``),
 number types (:mod:`framework.cli.numbers`), and running a verb
-(:mod:`framework.cli.dispatch`: ``dispatch``, ``run_command``, ``user_error``).  The
+(:mod:`framework.cli.running`: ``dispatch``, ``run_command``, ``user_error``).  The
 framework's own verbs are in :mod:`framework.cli.verbs`, its parser in
 :mod:`framework.cli.parser`, its tables in :mod:`framework.cli.render`.
 
@@ -22,7 +22,6 @@ from framework.cli.connection import (
     split_chroot,
     zk_hosts_from,
 )
-from framework.cli.dispatch import Command, dispatch, run_command, user_error
 from framework.cli.numbers import (
     non_negative_int,
     non_negative_seconds,
@@ -31,6 +30,7 @@ from framework.cli.numbers import (
     positive_seconds,
 )
 from framework.cli.parser import build_parser, main
+from framework.cli.running import Command, dispatch, run_command, user_error
 from framework.cli.verbs.tasks import parse_eta
 
 __all__ = [

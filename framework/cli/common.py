@@ -1,7 +1,7 @@
 """What the framework's verbs share: their session, their app, their console and JSON.
 
 Not for the examples (their toolkit is :mod:`framework.cli.connection`,
-:mod:`framework.cli.numbers` and :mod:`framework.cli.dispatch`).
+:mod:`framework.cli.numbers` and :mod:`framework.cli.running`).
 """
 
 from __future__ import annotations

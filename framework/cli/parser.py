@@ -1,5 +1,5 @@
 """The ``framework`` command line: its parser and its verbs (one module per group of verbs
-in :mod:`framework.cli.verbs`), run by :func:`~framework.cli.dispatch.dispatch`."""
+in :mod:`framework.cli.verbs`), run by :func:`~framework.cli.running.dispatch`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from framework.cli.connection import (
     add_connection_arguments,
     add_deadline_argument,
 )
-from framework.cli.dispatch import Command, dispatch
 from framework.cli.numbers import (
     non_negative_int,
     non_negative_seconds,
@@ -20,6 +19,7 @@ from framework.cli.numbers import (
     positive_int,
     positive_seconds,
 )
+from framework.cli.running import Command, dispatch
 from framework.cli.verbs import app_state, processes, reading, tasks
 
 #: Each verb of ``framework`` and its function.

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from framework.cli.common import app_named, connect, new_console, print_json
-from framework.cli.dispatch import user_error
+from framework.cli.running import user_error
 from framework.errors import FrameworkError
 
 
