@@ -34,7 +34,7 @@ from framework.runtime.tasks import read_result
 from framework.runtime.worker_parts.duties import duties_path
 from framework.runtime.workflows.canvas import CanvasRecord, canvas_root
 from framework.testing import Child, python_argv, spawn
-from framework.zk import Session, wait_exists, wait_gone
+from framework.zk import Session, wait_exists, wait_gone, watch_children
 
 HELPERS = Path(__file__).parent / "helpers"
 
@@ -151,6 +151,49 @@ async def test_a_member_failing_for_good_fails_the_chord_with_its_error(
     assert worker.runs[f"{cid}-1"] == 2  # its type's attempts, then for good
     assert oversized is not None and oversized.state == "failed"
     assert oversized.error is not None and "over the 65,536 a queued task" in oversized.error
+
+
+class KeptCalc(Calc):
+    """Keeps the 2 newest ended canvas records, trimmed every 0.1 s."""
+
+    canvas_retention_count = 2
+    retention_interval = 0.1
+    concurrency = 3  # two slots wait in the gated group's members
+
+
+async def _until_listed(session: Session, path: str, count: int) -> list[str]:
+    async for snapshot in watch_children(session, path):
+        if len(snapshot.children) == count:
+            return sorted(snapshot.children)
+    raise AssertionError("unreachable")
+
+
+async def test_ended_canvas_records_are_trimmed_and_running_ones_kept(
+        session: Session) -> None:
+    worker = KeptCalc("calc-keep", name="w1")
+    worker.gates = {n: trio.Event() for n in range(2)}
+    root = canvas_root(App("calc-keep"))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, session, worker)
+            await wait_exists(session, "/apps/calc-keep/workers/w1")
+            running = await apply_canvas(session, "calc-keep", group(
+                [sig("square", n) for n in range(2)]), canvas_id="running")
+            ended = []
+            for n in range(4):
+                ended.append(await apply_canvas(session, "calc-keep", chain(
+                    sig("start", n)), canvas_id=f"done-{n}"))
+                await canvas_result(session, "calc-keep", ended[-1], wait=True)
+            # the two oldest ended records go; the running canvas, older still, stays
+            assert await _until_listed(session, root, 3) == ["done-2", "done-3", "running"]
+            assert await canvas_result(session, "calc-keep", "done-0") is None
+            for gate in worker.gates.values():
+                gate.set()
+            record = await canvas_result(session, "calc-keep", running, wait=True)
+            assert record is not None and record.result == [0, 1]
+            # now it has ended, and it ended last: it is one of the two kept
+            assert await _until_listed(session, root, 2) == ["done-3", "running"]
+            worker.request_stop()
 
 
 async def test_canvas_mistakes_are_one_line_errors(session: Session) -> None:

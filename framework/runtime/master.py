@@ -308,7 +308,9 @@ class Master:
     third of the session timeout before the server can elect another master; a number
     stops it sooner).  ``<kind>_retention_count`` / ``<kind>_retention_seconds`` bound the
     app's result records, dead letters and failure records (``retention_interval``,
-    ``retention_batch``: how often, and how many deletions at most per pass).
+    ``retention_batch``: how often, and how many deletions at most per pass);
+    ``canvas_retention_*`` the ended canvas records, trimmed by the duty holder's canvas
+    driver (a worker's setting of the same name wins there).
 
     When ``lead`` returns, the job-done record also says how it ended (``results``: result
     records, ``dead_letters``: tasks that used up their deliveries), the master logs it, and
@@ -332,6 +334,9 @@ class Master:
     dead_retention_seconds: float | None = 30 * 86400.0
     failure_retention_count: int | None = FAILURE_RING
     failure_retention_seconds: float | None = 7 * 86400.0
+    # ended canvas records (canvas/<id>) kept by the duty holder's canvas driver
+    canvas_retention_count: int | None = 10_000
+    canvas_retention_seconds: float | None = 7 * 86400.0
     retention_interval: float | None = 60.0
     retention_batch: int = 1000
     #: ``framework run`` exits 1 when the finished job dead-lettered tasks

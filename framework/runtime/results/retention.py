@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -65,12 +65,17 @@ class Limit:
 
     def over(self, records: dict[str, _Known], now: float) -> list[str]:
         """The names over this limit, oldest first."""
-        oldest = sorted(records, key=lambda name: records[name].mtime)
+        return self.over_times({name: known.mtime for name, known in records.items()}, now)
+
+    def over_times(self, times: Mapping[str, float], now: float) -> list[str]:
+        """Of records named with their time (epoch seconds), those over this limit, oldest
+        first: the oldest beyond ``count``, then any older than ``seconds``."""
+        oldest = sorted(times, key=times.__getitem__)
         excess = max(0, len(oldest) - self.count) if self.count is not None else 0
         chosen = oldest[:excess]
         if self.seconds is not None:
             cutoff = now - self.seconds
-            chosen += [n for n in oldest[excess:] if records[n].mtime < cutoff]
+            chosen += [n for n in oldest[excess:] if times[n] < cutoff]
         return chosen
 
 

@@ -57,7 +57,7 @@ from framework.primitives import Election, Term
 from framework.primitives.queue import WorkQueue
 from framework.runtime.master import Master
 from framework.runtime.records import MasterIdentity
-from framework.runtime.results.retention import Retention, limits_of
+from framework.runtime.results.retention import Limit, Retention, limits_of
 from framework.runtime.scheduling.delayed import DelayedMover
 from framework.runtime.scheduling.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 log = get_logger("framework.runtime.worker_parts.duties")
 
 _SETTINGS = ("retention_interval", "retention_batch", *(
-    f"{kind}_retention_{limit}" for kind in ("result", "dead", "failure")
+    f"{kind}_retention_{limit}" for kind in ("result", "dead", "failure", "canvas")
     for limit in ("count", "seconds")))
 
 
@@ -111,6 +111,8 @@ class Duties:
         self.schedules = check_schedules(type(worker), getattr(worker, "schedules", []))
         self.settings = _Settings(worker)
         self.limits = limits_of(self.settings)  # checked now, not at the first pass
+        self.canvas_limit = Limit(self.settings.canvas_retention_count,
+                                  self.settings.canvas_retention_seconds)
         interval = self.settings.retention_interval
         if interval is not None and not interval > 0:
             raise errors.ConfigurationError(
@@ -170,7 +172,9 @@ class Duties:
         await session.ensure_path(self.worker.app.masters)
         async with trio.open_nursery() as nursery:
             # canvases are driven by the holder whether or not a master leads
-            nursery.start_soon(CanvasDriver(session, self.worker.app, term).run)
+            nursery.start_soon(CanvasDriver(
+                session, self.worker.app, term, keep=self.canvas_limit,
+                trim_every=self.settings.retention_interval).run)
             doing: trio.CancelScope | None = None
             async for leader in masters.watch_leaders():
                 if leader is None and doing is None:

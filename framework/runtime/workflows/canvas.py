@@ -63,6 +63,7 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.payloads import MAX_TASK_BYTES
 from framework.runtime.queues import QueueSet
+from framework.runtime.results import Limit
 from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import TaskResult, new_task, read_result
 from framework.zk import MAX_DATA_BYTES, Session
@@ -70,6 +71,9 @@ from framework.zk import MAX_DATA_BYTES, Session
 log = get_logger(__name__)
 
 RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+
+#: Ended canvas records deleted per fenced multi (well under a request's size limit).
+TRIM_PER_MULTI = 100
 KINDS = ("chain", "group", "chord")
 
 
@@ -210,24 +214,35 @@ async def canvas_result(session: Session, app: App | str, canvas_id: str, *,
 
 class CanvasDriver:
     """Drives every running canvas of ``app`` for one term of the duty holder (its writes
-    fenced by ``term``); see the module doc."""
+    fenced by ``term``); see the module doc.
 
-    def __init__(self, session: Session, app: App, term: Term) -> None:
+    Ended canvas records are kept within ``keep`` (count and age, by their end time):
+    every ``trim_every`` seconds (``None``: never) the driver deletes those over it, oldest
+    first, in fenced multis of :data:`TRIM_PER_MULTI`.  A running canvas is never deleted;
+    ``canvas_result`` of a deleted one is ``None``, and ``apply_canvas`` with its id starts
+    a new canvas (an id's idempotency lasts as long as its record)."""
+
+    def __init__(self, session: Session, app: App, term: Term, *,
+                 keep: Limit | None = None, trim_every: float | None = None) -> None:
         self.session = session
         self.app = app
         self.term = term
+        self.keep = keep or Limit()
+        self.trim_every = trim_every
         self.queue = WorkQueue(session, app.tasks, dead_letter=app.dead,
                                fence=(term.node, term.version))
         self.queues = QueueSet(app, self.queue)  # a step goes into its type's queue
         self.catalog = Catalog(session, app)
         self._driving: set[str] = set()
-        self._ended: set[str] = set()
+        self._ended: dict[str, float] = {}  # ended canvas id -> when it ended
 
     async def run(self) -> None:
         """Follow ``canvas/`` and drive each running canvas, until cancelled."""
         root = canvas_root(self.app)
         await self.session.ensure_path(root)
         async with trio.open_nursery() as nursery:
+            if self.trim_every is not None:
+                nursery.start_soon(self._trim_every, self.trim_every)
             while True:
                 changed = trio.Event()
                 try:
@@ -239,15 +254,18 @@ class CanvasDriver:
                     if name not in self._driving and name not in self._ended:
                         self._driving.add(name)
                         nursery.start_soon(self._follow, name)
-                self._ended &= set(names)
+                listed = set(names)
+                for gone in [name for name in self._ended if name not in listed]:
+                    del self._ended[gone]
                 await changed.wait()
 
     async def _follow(self, canvas_id: str) -> None:
         try:
             while True:
                 try:
-                    await self._drive(canvas_id)
-                    self._ended.add(canvas_id)
+                    ended = await self._drive(canvas_id)
+                    if ended is not None:
+                        self._ended[canvas_id] = ended.ended or time.time()
                     return
                 except (errors.ConnectionLossError, errors.SessionExpiredError):
                     await self.session.wait_connected()  # then resume from the record
@@ -256,6 +274,43 @@ class CanvasDriver:
                     return
         finally:
             self._driving.discard(canvas_id)
+
+    async def _trim_every(self, interval: float) -> None:
+        """:meth:`trim` every ``interval`` seconds, for the term (a failed pass is logged
+        and tried again at the next)."""
+        while True:
+            await trio.sleep(interval)
+            try:
+                deleted = await self.trim()
+            except errors.FrameworkError as exc:
+                log.warning("canvas.trim_failed", app=self.app.name, error=str(exc))
+                continue
+            if deleted:
+                log.info("canvas.trimmed", app=self.app.name, deleted=deleted)
+
+    async def trim(self) -> int:
+        """Delete the ended canvas records over ``keep`` now; returns how many.  Each multi
+        checks the fence; a record already gone is skipped (it leaves the listing)."""
+        victims = self.keep.over_times(self._ended, time.time())
+        deleted = 0
+        for start in range(0, len(victims), TRIM_PER_MULTI):
+            batch = victims[start:start + TRIM_PER_MULTI]
+            txn = self.term.fenced()
+            for canvas_id in batch:
+                txn.delete(self._path(canvas_id))
+            try:
+                await txn.commit()
+            except errors.TransactionFailedError as exc:
+                if exc.failed_index == 0 or not isinstance(exc.cause, errors.NoNodeError):
+                    raise  # the fence is gone: this term trims no more
+                # a record deleted meanwhile (by hand): forget those gone, the next pass
+                # deletes the others
+                batch = [c for c in batch if await self.session.exists(self._path(c)) is None]
+            else:
+                deleted += len(batch)
+            for canvas_id in batch:
+                self._ended.pop(canvas_id, None)
+        return deleted
 
     # ------------------------------------------------------------ one canvas
 
@@ -273,12 +328,13 @@ class CanvasDriver:
             log.error("canvas.corrupt", canvas=canvas_id, error=str(exc))
             return None, -1
 
-    async def _drive(self, canvas_id: str) -> None:
-        """Move the canvas on, one multi at a time, until it has ended."""
+    async def _drive(self, canvas_id: str) -> CanvasRecord | None:
+        """Move the canvas on, one multi at a time, until it has ended; its last record
+        (``None``: it is gone, or unreadable)."""
         while True:
             record, version = await self._read(canvas_id)
             if record is None or record.done:
-                return
+                return record
             if record.kind == "chain":
                 await self._chain_step(canvas_id, record, version)
             else:
