@@ -63,6 +63,7 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
     """If taking work keeps failing (e.g. the app's znodes were deleted), the slot waits
     about ``backoff_base * 2**n`` (capped at ``backoff_max``, with jitter) between tries; a
     success resets it."""
+    import types
     from contextlib import asynccontextmanager
 
     import framework.runtime.worker_parts.task_consumer as consumer_module
@@ -82,7 +83,7 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
 
     class FailingQueue:
         @asynccontextmanager
-        async def take(self):  # type: ignore[no-untyped-def]
+        async def take(self, admit=None):  # type: ignore[no-untyped-def]
             outcome = next(outcomes)
             if outcome == "stop":
                 worker._draining = True
@@ -95,7 +96,8 @@ async def test_a_persistently_failing_slot_backs_off_instead_of_spinning(
         waits.append(seconds)
 
     monkeypatch.setattr(consumer_module.trio, "sleep", record_sleep)
-    await worker.tasks._slot(None, FailingQueue())  # type: ignore[arg-type]
+    served = [types.SimpleNamespace(queue=FailingQueue())]  # the one queue it serves
+    await worker.tasks._slot(None, served)  # type: ignore[arg-type]
     ceilings = [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]  # with jitter: between half and all of each
     assert len(waits) == len(ceilings)
     assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True)), waits
