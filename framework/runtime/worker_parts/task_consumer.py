@@ -273,7 +273,9 @@ class TaskConsumer:
         leaves the queue's line, one cancelled in a claim round undoes its claim, and one
         whose claim comes after the win is refused by ``admit`` - both hand the item back
         as never delivered.  So the slot runs at most one task, and a lost race never
-        counts as an attempt.  The winner's error is raised here, in the slot's task."""
+        counts as an attempt.  The winner's error is raised here, in the slot's task; so
+        is the error of a take that failed before anyone won (it ends the race: the slot
+        backs off and waits on every queue again)."""
         race = _Race()
 
         async def runner(context: DeliveryContext, scope: trio.CancelScope) -> None:
@@ -290,7 +292,14 @@ class TaskConsumer:
                 try:
                     await self._serve(session, context, slot, admit)
                 except Exception as exc:  # raised again in the slot's task
-                    race.error = exc
+                    if race.winner is scope or race.winner is None:
+                        race.error = exc
+                        for other in race.scopes:  # a take in trouble ends the race
+                            if other is not scope:
+                                other.cancel()
+                    else:  # a loser's trouble while it was being cancelled: the win stands
+                        log.warning("worker.race_loser_error", worker=self.settings.name,
+                                    queue=context.queue.path, error=str(exc))
 
         async with trio.open_nursery() as nursery:
             for context in served:
