@@ -9,7 +9,7 @@ ZK_JAR := /usr/share/java/zookeeper.jar
 .PHONY: netns-tools browser test demo demo-katta demo-broker demo-crawl-large bench-crawl chaos test-netns lint bench profile zookeeper redis-server install clean
 
 # `make test` runs the suite in 3 processes (pytest-xdist), each with its own ZooKeeper
-# (the session fixture in tests/conftest.py): about 5-6 minutes instead of 12-13 in one
+# (the session fixture in tests/conftest.py): about 5-7 minutes instead of 12-13 in one
 # process on the 2-core machine (most tests wait: sessions expiring, processes starting;
 # 3 workers were faster than 2, 7-8 minutes).  `make test TEST_WORKERS=0` runs it in one
 # process (docs/architecture.md, "Test suite time").
