@@ -32,7 +32,11 @@ async def test_znode_count_does_not_grow_with_pages(zk_hosts: str, tmp_path: Pat
         large = await run_crawl(options(zk_hosts, tmp_path / "large", 1200))
     assert small.ok and large.ok, (small.missing_sample, large.missing_sample)
     assert large.stored == large.expected > 5 * small.expected
-    assert large.app_znodes == small.app_znodes < 100
+    # counted while the processes run: their ephemeral nodes (a take's place in the idle
+    # line, a claim in flight) differ by a few from one moment to another, pages or not;
+    # one znode per page would be 1,000 more
+    assert small.app_znodes < 100 and large.app_znodes < 100
+    assert abs(large.app_znodes - small.app_znodes) <= 8, (small.app_znodes, large.app_znodes)
 
 
 async def test_master_and_fetcher_killed_mid_crawl_lose_no_page(zk_hosts: str,
