@@ -50,6 +50,7 @@ unstarted (its ``running/`` marker goes in the same transaction; no delivery is 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -139,6 +140,7 @@ class TaskConsumer:
         self._revocable: dict[str, trio.CancelScope] = {}  # running task id -> its handler
         self._passed_types: dict[str, None] = {}  # types of tasks passed over, newest last
         self._producer: QueueSet | None = None  # where callbacks go (made per run)
+        self._races = itertools.count()  # races of takes run (rotates the first queue)
 
     @property
     def in_flight(self) -> int:
@@ -277,6 +279,10 @@ class TaskConsumer:
         is the error of a take that failed before anyone won (it ends the race: the slot
         backs off and waits on every queue again)."""
         race = _Race()
+        # the take started first tends to claim first: the queue that starts rotates, so a
+        # busy queue does not keep the others waiting until it is empty
+        first = next(self._races) % len(served)
+        served = [*served[first:], *served[:first]]
 
         async def runner(context: DeliveryContext, scope: trio.CancelScope) -> None:
             def admit(_item: QueueItem) -> bool:
