@@ -39,6 +39,7 @@ from framework.dashboard.model import AppModel, json_doc
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
 from framework.runtime.operations import Watches, item_of
+from framework.runtime.queues import queue_names
 from framework.runtime.results import slot_of
 from framework.runtime.scheduling import DelayedRecord, due_of
 from framework.runtime.tasks import Task
@@ -181,9 +182,10 @@ class TaskViews:
     # ------------------------------------------------------------ running tasks' types
 
     async def type_of_running(self, running: dict[str, dict[str, Any]]) -> bool:
-        """Read the type of each running task not seen before (its queue item); whether
-        any was learnt."""
-        queue = WorkQueue(self.session, self.app.tasks)
+        """Read the type of each running task not seen before (its queue item: in the
+        default queue, else in a named one, listed only then); whether any was learnt."""
+        queues = [WorkQueue(self.session, self.app.tasks)]
+        named: list[str] | None = None
         learnt = False
         for task_id, marker in running.items():
             if task_id in self._types:
@@ -191,7 +193,14 @@ class TaskViews:
             item = item_of(str(marker.get("delivery") or ""))
             if item is None:
                 continue
-            data = await queue.item_data(item)
+            data = await queues[0].item_data(item)
+            if data is None and named is None:  # perhaps a named queue's: list them once
+                named = (await queue_names(self.session, self.app))[1:]
+                queues += [WorkQueue(self.session, self.app.queue_path(n)) for n in named]
+            for queue in queues[1:]:
+                if data is not None:
+                    break
+                data = await queue.item_data(item)
             if data is None:
                 continue
             try:
