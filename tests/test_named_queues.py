@@ -433,3 +433,22 @@ async def test_submit_and_purge_a_queue_from_the_command_line(
     assert code == 0, err
     assert "deleted 2 task(s) waiting in queue 'c'" in out
     assert await _depth(session, "c") == 0
+
+
+def test_the_dashboard_model_and_metrics_show_each_queue() -> None:
+    from framework.dashboard.model import Model
+    from framework.dashboard.prom import registry_for, render
+
+    model = Model()
+    view = model.app("media")
+    view.queues = {"default": (1, 0), "gpu": (3, 1)}
+    view.workers = {"w1": {"state": "running", "types": ["render"], "queues": ["gpu"]},
+                    "w2": {"state": "running", "types": ["mail"]},  # default only
+                    "m": {"state": "running", "kind": "master"}}  # takes no tasks
+    assert (view.depth, view.claimed) == (4, 1)
+    assert view.queue_rows() == [
+        {"name": "default", "depth": 1, "claimed": 0, "workers": ["w2"]},
+        {"name": "gpu", "depth": 3, "claimed": 1, "workers": ["w1"]}]
+    exported = render(registry_for(model))
+    assert b'framework_app_queue_depth{app="media",queue="gpu"} 3.0' in exported
+    assert b'framework_app_queue_depth{app="media",queue="default"} 1.0' in exported
