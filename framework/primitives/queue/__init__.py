@@ -49,6 +49,7 @@ from framework.primitives.queue.core import QueueCore
 from framework.primitives.queue.counts import QueueCounts, queue_counts, watch_queue_counts
 from framework.primitives.queue.items import ClaimExtras, Finisher, QueueItem
 from framework.primitives.queue.lease import Renewals
+from framework.primitives.queue.moves import move_item
 from framework.primitives.queue.producer import Producer
 from framework.primitives.queue.view import bucket_order, is_bucket, parse_item
 from framework.retry import RetryPolicy
@@ -256,6 +257,24 @@ class WorkQueue:
         found, names of that batch come back without their sequence number.
         """
         return await self._producer.put_many(items, priority=priority, also=also)
+
+    async def move(self, name: str, target: WorkQueue, *,
+                   also: Callable[[Transaction], None] | None = None,
+                   rewrite: Callable[[bytes], bytes] | None = None) -> str | None:
+        """Move item ``name`` (from :meth:`item_names`) into the queue ``target`` if nobody
+        holds it: one multi - ``target``'s put (its fence, its bucket chain, recovered after
+        a lost reply like any put) with this queue's delete of the item at the version read
+        and a create and delete of its claim node, which proves it unclaimed - plus
+        ``also``'s operations.  So the item is in exactly one of the two queues at every
+        moment, and is never moved while a consumer holds it.  Returns its new name in
+        ``target``, or ``None`` if it is gone or claimed now (nothing applied).  No delivery
+        is counted; its priority is kept, its data too unless ``rewrite(data)`` makes the
+        data it has in ``target``.  ``also``'s operations refused raise
+        :class:`~framework.errors.TransactionFailedError` (``failed_index`` counted from the
+        first of them), a refused fence :class:`~framework.errors.LeadershipLost`; a bad
+        name or ``target`` being this queue, :class:`ConfigurationError`.  Costs one read and
+        one multi (:mod:`framework.primitives.queue.moves`)."""
+        return await move_item(self._core, name, target, also, rewrite)
 
     # ------------------------------------------------------------ consuming
 
