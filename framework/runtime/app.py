@@ -134,6 +134,9 @@ class App:
     revoked = property(lambda self: f"{self.base}/revoked")
     schedules = property(lambda self: f"{self.base}/schedules")
     queues = property(lambda self: f"{self.base}/queues")
+    #: tasks queued in the default queue before their type's queue was known
+    #: (:mod:`framework.runtime.scheduling.router`)
+    unrouted = property(lambda self: f"{self.base}/unrouted")
 
     def queue_path(self, queue: str | None = None) -> str:
         """The work queue named ``queue``: ``tasks/`` for :data:`DEFAULT_QUEUE` (and
@@ -152,6 +155,10 @@ class App:
         """The znode of the queue item a marker names (:meth:`item_ref`)."""
         queue, _, item = ref.rpartition(":")
         return f"{self.queue_path(queue or None)}/items/{item}"
+
+    def unrouted_path(self, task_id: str) -> str:
+        """The marker of task ``task_id`` queued before its type's queue was known."""
+        return f"{self.unrouted}/{task_id}"
 
     def result_path(self, key: str) -> str:
         """Where the result record of task (or idempotency) ``key`` lives."""

@@ -18,6 +18,18 @@ requeue or a rerun keeps it).  Costs: one read of the catalog per submitter (aga
 a name it does not know), then the queue's put (one request) or the delayed node's create
 (one request).
 
+**Unrouted tasks.**  While no worker of the app has registered its types (the catalog is
+empty), a submitter cannot know a type's queue.  A task submitted then without ``queue=``
+goes to the default queue *marked unrouted*: the put's own multi also creates
+``unrouted/<task id>`` (data: its type's name), so item and marker exist together or not at
+all, at no extra request (the put is one multi instead of one create).  The app's duty holder
+follows ``unrouted/`` and the catalog, and once the type is registered with a named queue it
+moves the task there, once (:mod:`framework.runtime.scheduling.router`).  A routed submit
+(the catalog lists the type, or ``queue=`` is given) pays nothing for this.  A
+``submit_many`` while the catalog is empty puts its tasks one multi each (each with its
+marker), not in batches.  A delayed task's queue is decided at its submit too: one submitted
+while the catalog is empty is queued in ``default`` when due, unmarked.
+
 A task over :data:`~framework.runtime.payloads.MAX_TASK_BYTES` as JSON is refused
 (:class:`~framework.errors.DataTooLargeError`, saying the limit and the way out) unless the
 submitter has a payload store: its payload is then stored there and the task carries the
@@ -58,9 +70,9 @@ from framework.runtime.payloads import PayloadStore, store_from, too_large
 from framework.runtime.queues import DEFAULT_QUEUE, QueueSet, check_queue_name
 from framework.runtime.results.result_index import mark_queued, read_mark, still_queued
 from framework.runtime.scheduling.delayed import delay, due_time
-from framework.runtime.task_types import Catalog
+from framework.runtime.task_types import Catalog, CatalogRecord, TypeInfo
 from framework.runtime.tasks import Task, TaskResult, new_task
-from framework.zk import Session, gather
+from framework.zk import Session, Transaction, gather
 
 #: JSON as :func:`framework.records.encode` writes it (compact), with one encoder made once.
 _JSON = json.JSONEncoder(separators=(",", ":"))
@@ -176,6 +188,8 @@ class Submitter:
         self.queue = queue
         self.queues = QueueSet(app, queue)
         self.catalog = Catalog(session, app)
+        self._types: CatalogRecord | None = None  # the catalog as last read
+        self._unrouted_made = False  # unrouted/ exists (made at the first unrouted put)
         self._encoders: dict[str, TaskEncoder] = {}
         #: where payloads over the queue's limit go (None: they are refused)
         self.payload_store = store_from(payload_store)
@@ -220,6 +234,49 @@ class Submitter:
             return Existing(key, result.outcome.value, result)
         return None
 
+    async def _type_of(self, name: str) -> TypeInfo | None:
+        """``name``'s catalog entry (the catalog read once, again only for a name it does not
+        list), ``None`` while the catalog lists no type at all (its tasks are unrouted);
+        :class:`~framework.errors.ConfigurationError` naming the known types if it lists
+        others and not this one (:meth:`Catalog.check`'s)."""
+        check_name("task name", name)
+        for fresh in (False, True):
+            if self._types is None or fresh:
+                self._types = await self.catalog.read()
+            info = self._types.types.get(name)
+            if info is not None:
+                return info
+            if not self._types.types:
+                return None
+        return await self.catalog.check(name)  # raises, or finds it registered since
+
+    async def _put_unrouted(self, task: Task, data: bytes, priority: int) -> str:
+        """Put ``task`` (its item ``data``) into the default queue with its
+        ``unrouted/<task id>`` marker in the same multi (see the module doc); the item's
+        name.  A marker of the id that exists already (a keyed task submitted twice) is
+        set in that multi instead, so it covers this item too."""
+        marker = self.app.unrouted_path(task.id)
+        mark = task.name.encode()
+        if not self._unrouted_made:
+            await self.session.ensure_path(self.app.unrouted)
+            self._unrouted_made = True
+
+        def create(txn: Transaction) -> None:
+            txn.create(marker, mark)
+
+        def touch(txn: Transaction) -> None:
+            txn.set(marker, mark)
+
+        while True:
+            try:
+                return await self.queue.put(data, priority=priority, also=create)
+            except errors.TransactionFailedError:
+                pass  # the marker exists
+            try:
+                return await self.queue.put(data, priority=priority, also=touch)
+            except errors.TransactionFailedError:
+                continue  # moved and deleted meanwhile: create it again
+
     async def _stored(self, task: Task) -> tuple[Task, bytes]:
         """The task as queued: itself, or (too large, with a store) its payload stored and
         a reference in its place; :class:`DataTooLargeError` if too large without one."""
@@ -241,7 +298,9 @@ class Submitter:
         :class:`TaskExists` if its key exists (see the module doc).  ``expires`` counts
         from its due time (now, or its countdown/eta)."""
         due = options.due()
-        info = await self.catalog.check(name)
+        known = await self._type_of(name)
+        unrouted = known is None and options.queue is None
+        info = known or TypeInfo()
         expires = info.expires if options.expires is None else options.expires
         _check_positive("expires", expires)
         key = options.key
@@ -264,6 +323,10 @@ class Submitter:
         explicit = key is not None
         if due is not None and due > time.time():
             await delay(self.session, self.app, task, level, due, explicit=explicit)
+        elif unrouted:
+            item = await self._put_unrouted(task, data, level)
+            if explicit:
+                await mark_queued(self.session, self.app, [(task.key, item)])
         else:
             item = await self.queues.get(task.queue).put(data, priority=level)
             if explicit:  # another task of this key may come: its record must wait
@@ -281,7 +344,8 @@ class Submitter:
             raise errors.ConfigurationError(
                 f"submit_many: {len(keys)} keys for {len(payloads)} payloads"
             )
-        info = await self.catalog.check(name)
+        known = await self._type_of(name)
+        info = known or TypeInfo()
         level = info.priority if priority is None else priority
         target = check_queue_name(queue or info.queue)
         stamp = None if target == DEFAULT_QUEUE else target
@@ -294,7 +358,11 @@ class Submitter:
                 task, item = await self._stored(task)
             tasks.append(task)
             data.append(item)
-        items = await self.queues.get(target).put_many(data, priority=level)
+        if known is None and queue is None:  # unrouted: one multi each, with its marker
+            items = [await self._put_unrouted(t, d, level)
+                     for t, d in zip(tasks, data, strict=True)]
+        else:
+            items = await self.queues.get(target).put_many(data, priority=level)
         if keys is not None:  # see mark_queued
             await mark_queued(self.session, self.app,
                               [(t.key, self.app.item_ref(stamp, n))

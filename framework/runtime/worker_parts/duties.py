@@ -11,8 +11,11 @@ takes tasks (``duties = False`` on a worker class keeps its processes out).
 sequential-ephemeral contenders, each watching only its predecessor).  The one elected is the
 *duty holder*; the others stand by in line.
 
-**Canvases.** The holder also drives the app's ``chain``/``group``/``chord`` canvases
-(:class:`~framework.runtime.workflows.canvas.CanvasDriver`), whether or not a master leads.
+**Canvases and routing.** The holder also drives the app's ``chain``/``group``/``chord``
+canvases (:class:`~framework.runtime.workflows.canvas.CanvasDriver`) and moves the tasks
+submitted before their type's queue was known into that queue
+(:class:`~framework.runtime.scheduling.router.Router`), whether or not a master leads (a
+master does neither); both fenced by its term.
 
 **A leading master takes over.** While the app's masters' election has a leader, the duty
 holder stands aside (``deferred``): the master's leader does the duties, as it always did.
@@ -59,6 +62,7 @@ from framework.runtime.master import Master
 from framework.runtime.records import MasterIdentity
 from framework.runtime.results.retention import Limit, Retention, limits_of
 from framework.runtime.scheduling.delayed import DelayedMover
+from framework.runtime.scheduling.router import Router
 from framework.runtime.scheduling.schedules import Schedule, Scheduler
 from framework.runtime.submission import Submitter
 from framework.runtime.workflows.canvas import CanvasDriver
@@ -121,6 +125,7 @@ class Duties:
         self.terms = 0  # terms this process held the duties
         self._stopping = False
         self._scope: trio.CancelScope | None = None
+        self.router: Router | None = None  # this process's router while it holds the duties
 
     # ------------------------------------------------------------ the Part protocol
 
@@ -167,7 +172,8 @@ class Duties:
 
     async def _hold(self, session: Session, term: Term) -> None:
         """Do the duties while no master leads; stand aside while one does.  Drive the
-        app's canvases (:mod:`framework.runtime.workflows.canvas`) all along."""
+        app's canvases (:mod:`framework.runtime.workflows.canvas`) and route its unrouted
+        tasks (:mod:`framework.runtime.scheduling.router`) all along."""
         masters = Election(session, self.worker.app.masters)
         await session.ensure_path(self.worker.app.masters)
         async with trio.open_nursery() as nursery:
@@ -175,6 +181,11 @@ class Duties:
             nursery.start_soon(CanvasDriver(
                 session, self.worker.app, term, keep=self.canvas_limit,
                 trim_every=self.settings.retention_interval).run)
+            # so are the unrouted tasks (a master has no router)
+            self.router = Router(session, self.worker.app, WorkQueue(
+                session, self.worker.app.tasks, dead_letter=self.worker.app.dead,
+                fence=(term.node, term.version)))
+            nursery.start_soon(self.router.run)
             doing: trio.CancelScope | None = None
             async for leader in masters.watch_leaders():
                 if leader is None and doing is None:
