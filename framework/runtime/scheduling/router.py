@@ -54,7 +54,7 @@ from framework.runtime.queues import QueueSet
 from framework.runtime.results.result_index import mark_queued
 from framework.runtime.task_types import CatalogRecord
 from framework.runtime.tasks import Task
-from framework.zk import Session, gather
+from framework.zk import Session, gather, wait_exists
 
 log = get_logger("framework.runtime.scheduling.router")
 
@@ -88,8 +88,8 @@ class Router:
             except (errors.ConnectionLossError, errors.SessionExpiredError):
                 await session.wait_connected()
                 continue
-            except errors.NoNodeError:
-                await session.ensure_path(self.app.unrouted)
+            except errors.NoNodeError:  # the app deleted under us: never made again here
+                await wait_exists(session, self.app.unrouted)
                 continue
             await changed.wait()
 
