@@ -26,8 +26,10 @@ Design, costs and measurements: ``docs/architecture.md`` ("The work queue").  A
 consumers) for a claim and an :class:`~.acks.Acker` (acks, releases, dead letters, undone
 claims) to end it, while :class:`~.lease.Renewals` keeps its lease.  The claimer uses only
 the acker's ``finish``/``restore_transaction``/``dead_path`` and the renewals; the producer
-uses none of the others.  :mod:`.items` holds the records, :mod:`.view` the watched view and
-the names, :mod:`.counts` the public counts; inspection (``size``, ``dead_letters``) is here.
+uses none of the others; :mod:`.moves` moves an unclaimed item into another queue
+(:meth:`WorkQueue.move`, through the target's producer).  :mod:`.items` holds the records,
+:mod:`.view` the watched view and the names, :mod:`.counts` the public counts; inspection
+(``size``, ``dead_letters``) is here.
 """
 from __future__ import annotations
 
