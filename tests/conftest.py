@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -17,6 +18,14 @@ from framework.logs import configure_logging
 from framework.testing import TcpProxy
 
 SESSION_TIMEOUT = 4.0
+
+# A run started in the background by a non-interactive shell (`make test &`, nohup, some CI
+# runners) inherits SIGINT ignored, and a Python child whose SIGINT is ignored never turns
+# it into KeyboardInterrupt: the tests that press Ctrl-C on a child (`framework status
+# --watch`, `framework run`) would hang.  A handled signal is reset to the default on
+# exec, so handling it here gives every child the default disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
