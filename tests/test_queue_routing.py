@@ -170,6 +170,44 @@ async def test_a_default_serving_worker_with_the_type_that_took_it_first_keeps_i
     assert await _depth(session, "default") == 0 and await _depth(session, "gpu") == 0
 
 
+class Plain(Worker):
+    """Has only the type ``plain`` (default queue): the catalog it registers does not list
+    ``render``."""
+
+    app_name = APP
+
+    @task
+    async def plain(self, job: Task) -> None:
+        return None
+
+
+async def test_a_delayed_task_submitted_before_any_worker_is_routed_when_due(
+        session: Session, zk_hosts: str, chroot: str) -> None:
+    app = App(APP)
+    client = Client(session, APP, create=True)
+    # both delayed while the catalog is empty: no queue known, none named
+    soon = await client.submit("render", 1, countdown=0.5)
+    later = await client.submit("render", 2, countdown=2.0)
+    pinned = await client.submit("render", 3, countdown=0.5, queue="default")
+    plain = Plain(name="p", queues=["default"])  # the duty holder first: it moves them
+    gpu = Gpu(name="g", queues=["gpu"])
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, plain)
+            # due while the catalog lists only `plain`: queued by default, marked
+            await wait_exists(session, app.unrouted_path(soon.id))
+            await serve(nursery, zk_hosts, chroot, gpu)
+            # `later` is due after render is registered (routed by the mover at once) or,
+            # on a slow machine, before (marked, then moved): in `gpu` either way
+            await gpu.ran_all(2)
+            await wait_gone(session, app.unrouted_path(soon.id))
+            nursery.cancel_scope.cancel()
+    assert sorted(gpu.ran) == sorted([soon.id, later.id])  # each once
+    assert await _unrouted(session) == []
+    assert await _depth(session, "default") == 1  # the pinned one, never routed
+    assert await client.result(pinned.id) is None
+
+
 async def _spawn(*args: object, name: str,
                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     async with spawn(python_argv(HELPERS / "router_worker.py", *args), name=name) as child:

@@ -27,10 +27,10 @@ from framework.primitives.queue import WorkQueue
 from framework.runtime.app import DEFAULT_QUEUE, App, check_queue_name, queue_list
 from framework.runtime.task_types import Catalog
 from framework.runtime.tasks import Task
-from framework.zk import Session
+from framework.zk import Session, Transaction
 
-__all__ = ["DEFAULT_QUEUE", "QueueSet", "check_queue_name", "queue_list", "queue_names",
-           "sibling"]
+__all__ = ["DEFAULT_QUEUE", "QueueSet", "check_queue_name", "mark_unrouted", "queue_list",
+           "queue_names", "sibling"]
 
 
 def sibling(base: WorkQueue, path: str) -> WorkQueue:
@@ -41,6 +41,17 @@ def sibling(base: WorkQueue, path: str) -> WorkQueue:
     return WorkQueue(base.session, path, bucket_size=base.bucket_size,
                      max_item_bytes=base.max_item_bytes, dead_letter=base.dead_letter,
                      fence=base.fence)
+
+
+def mark_unrouted(txn: Transaction, app: App, task: Task, *, exists: bool = False) -> None:
+    """Add to ``txn`` the operation that makes ``unrouted/<task id>`` name ``task``'s type
+    (see :mod:`framework.runtime.scheduling.router`): its create, or (``exists``: a keyed
+    task's marker is there already) its set, so that it covers this item too."""
+    mark = task.name.encode()
+    if exists:
+        txn.set(app.unrouted_path(task.id), mark)
+    else:
+        txn.create(app.unrouted_path(task.id), mark)
 
 
 class QueueSet:
@@ -71,6 +82,10 @@ class QueueSet:
         except errors.ConfigurationError:
             return None
         return None if queue == DEFAULT_QUEUE else queue
+
+    async def listed(self, name: str) -> bool:
+        """Whether the app's catalog lists task type ``name`` now (one read)."""
+        return name in (await self._catalog.read()).types
 
     async def routed(self, task: Task) -> Task:
         """``task`` with its type's queue written in, unless it names one already (for the

@@ -67,7 +67,7 @@ from framework import errors
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App, check_name
 from framework.runtime.payloads import PayloadStore, store_from, too_large
-from framework.runtime.queues import DEFAULT_QUEUE, QueueSet, check_queue_name
+from framework.runtime.queues import DEFAULT_QUEUE, QueueSet, check_queue_name, mark_unrouted
 from framework.runtime.results.result_index import mark_queued, read_mark, still_queued
 from framework.runtime.scheduling.delayed import delay, due_time
 from framework.runtime.task_types import Catalog, CatalogRecord, TypeInfo
@@ -255,17 +255,15 @@ class Submitter:
         ``unrouted/<task id>`` marker in the same multi (see the module doc); the item's
         name.  A marker of the id that exists already (a keyed task submitted twice) is
         set in that multi instead, so it covers this item too."""
-        marker = self.app.unrouted_path(task.id)
-        mark = task.name.encode()
         if not self._unrouted_made:
             await self.session.ensure_path(self.app.unrouted)
             self._unrouted_made = True
 
         def create(txn: Transaction) -> None:
-            txn.create(marker, mark)
+            mark_unrouted(txn, self.app, task)
 
         def touch(txn: Transaction) -> None:
-            txn.set(marker, mark)
+            mark_unrouted(txn, self.app, task, exists=True)
 
         while True:
             try:
@@ -322,7 +320,8 @@ class Submitter:
         task, data = await self._stored(task)
         explicit = key is not None
         if due is not None and due > time.time():
-            await delay(self.session, self.app, task, level, due, explicit=explicit)
+            await delay(self.session, self.app, task, level, due, explicit=explicit,
+                        unrouted=unrouted)
         elif unrouted:
             item = await self._put_unrouted(task, data, level)
             if explicit:

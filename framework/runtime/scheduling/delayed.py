@@ -29,10 +29,10 @@ from framework import errors, records
 from framework.logs import get_logger
 from framework.primitives.queue import WorkQueue
 from framework.runtime.app import App
-from framework.runtime.queues import QueueSet
+from framework.runtime.queues import QueueSet, mark_unrouted
 from framework.runtime.results.result_index import mark_queued
 from framework.runtime.tasks import Task
-from framework.zk import Session
+from framework.zk import Session, Transaction
 
 log = get_logger("framework.runtime.scheduling.delayed")
 
@@ -46,12 +46,15 @@ MOVES_PER_ROUND = 200
 @attrs.frozen
 class DelayedRecord:
     """A task to queue at ``due`` (seconds since the epoch) with ``priority``;
-    ``explicit``: its id or key was given (its queue item is then marked for retention)."""
+    ``explicit``: its id or key was given (its queue item is then marked for retention);
+    ``unrouted``: submitted while the app's catalog listed no type and without ``queue=``,
+    so its queue is found when it is due (see :meth:`DelayedMover._route`)."""
 
     task: Task
     priority: int = 0
     due: float = 0.0
     explicit: bool = False
+    unrouted: bool = False
 
 
 def bucket_of(due: float) -> str:
@@ -64,11 +67,11 @@ def due_of(name: str) -> float:
 
 
 async def delay(session: Session, app: App, task: Task, priority: int, due: float, *,
-                explicit: bool = False) -> str:
+                explicit: bool = False, unrouted: bool = False) -> str:
     """Record ``task`` to be queued at ``due``; returns its node's path."""
     bucket = f"{app.delayed}/{bucket_of(due)}"
     path = f"{bucket}/{int(due * 1000):013d}-{uuid.uuid4().hex}"
-    data = records.encode(DelayedRecord(task, priority, due, explicit))
+    data = records.encode(DelayedRecord(task, priority, due, explicit, unrouted))
     while True:
         try:
             await session.create(path, data, makepath=True)
@@ -140,9 +143,15 @@ class DelayedMover:
             await self.session.delete(path, version=stat.version, missing_ok=True)
             return
         try:
+            record, mark = await self._route(record)
             queue = self.queues.get(record.task.queue)
-            item = await queue.put(record.task.encode(), priority=record.priority,
-                                   also=lambda txn: txn.delete(path, version=stat.version))
+
+            def also(txn: Transaction) -> None:
+                txn.delete(path, version=stat.version)
+                if mark is not None:
+                    mark_unrouted(txn, self.app, record.task, exists=mark)
+
+            item = await queue.put(record.task.encode(), priority=record.priority, also=also)
         except errors.TransactionFailedError as exc:
             # our delete refused: the node changed or went (another mover: never, fenced)
             log.warning("delayed.move_refused", path=path, error=str(exc))
@@ -154,6 +163,21 @@ class DelayedMover:
         self.latest_lateness = time.time() - record.due
         log.info("delayed.queued", task=record.task.id, name=record.task.name,
                  queue=record.task.queue_name, late=round(self.latest_lateness, 3))
+
+
+    async def _route(self, record: DelayedRecord) -> tuple[DelayedRecord, bool | None]:
+        """An unrouted task's record with its type's queue, now that it is due, and whether
+        its ``unrouted/`` marker is to be made (``None``: no; ``False``: created; ``True``:
+        set, it exists): while the catalog still lists no type, it goes to the default queue
+        marked, as a submit does, for the router to move once the type is known."""
+        if not record.unrouted or record.task.queue is not None:
+            return record, None
+        task = await self.queues.routed(record.task)
+        if task.queue is not None or await self.queues.listed(task.name):
+            return attrs.evolve(record, task=task, unrouted=False), None
+        await self.session.ensure_path(self.app.unrouted)
+        exists = await self.session.exists(self.app.unrouted_path(task.id)) is not None
+        return record, exists
 
 
 def due_time(countdown: Any = None, eta: Any = None) -> float | None:
