@@ -29,7 +29,7 @@ _MAX_EXPONENT = 32
 
 @attrs.frozen
 class Backoff:
-    """Delays of ``base * 2 ** (attempt - 1)`` seconds, at most ``cap``, of which the
+    """Delays of ``base * factor ** (attempt - 1)`` seconds, at most ``cap``, of which the
     fraction ``jitter`` is drawn at random ("equal jitter" at 0.5: the delay lies between
     half and all of the exponential value, so retries spread out and still back off)."""
 
@@ -37,11 +37,12 @@ class Backoff:
     cap: float = attrs.field(validator=attrs.validators.ge(0))
     jitter: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0),
                                                         attrs.validators.le(1)])
+    factor: float = attrs.field(default=2.0, validator=attrs.validators.ge(1))
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1 for the first retry)."""
         exponent = min(max(attempt - 1, 0), _MAX_EXPONENT)
-        ceiling = min(self.base * 2.0 ** exponent, self.cap)
+        ceiling = min(self.base * self.factor ** exponent, self.cap)
         return ceiling * (1.0 - self.jitter * random.random())
 
     async def sleep(self, attempt: int) -> None:

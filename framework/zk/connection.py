@@ -83,6 +83,7 @@ from kazoo.protocol.serialization import (
 from kazoo.protocol.states import EVENT_TYPE_MAP, EventType, KeeperState, WatchedEvent
 
 from framework.logs import get_logger
+from framework.retry import Backoff
 from framework.zk.liveness import PROOF_REFRESH_FRACTION, Liveness
 from framework.zk.states import SessionState
 from framework.zk.wire import (
@@ -122,7 +123,9 @@ LEADER_RECORDS = frozenset({Create, Create2, Delete, SetData, SetACL, CheckVersi
                             Transaction, Sync, Close, Reconfig})
 #: the pause before a new round of members: first (after a round that got an answer), the
 #: factor it grows by after each round without one, and its most (seconds)
-BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MOST = 0.05, 1.5, 1.0
+#: The pause before each new round of connection attempts (the Nth in a row without
+#: progress: kazoo's pacing, 0.05 s growing by half up to 1 s, with the framework's jitter).
+RECONNECT_BACKOFF = Backoff(0.05, 1.0, factor=1.5)
 #: the watch event types that fire data watches, child watches
 _CREATED, _DELETED, _CHANGED, _CHILD = 1, 2, 3, 4
 _EMPTY_PASSWORD = b"\x00" * 16
@@ -279,7 +282,7 @@ class Connection:
         self._shield.cancel()
 
     async def _connect_loop(self) -> None:
-        delay = BACKOFF_FIRST
+        rounds = 0  # rounds in a row without progress
         while not self._closing and self._failure is None:
             members = list(self.hosts)
             random.shuffle(members)
@@ -295,8 +298,8 @@ class Connection:
             # kazoo's rule: a pause before every new round, the first one short; it also
             # lets a server finish with the old connection (a session being closed or
             # moved) before the same session asks again
-            delay = BACKOFF_FIRST if progress else min(delay * BACKOFF_FACTOR, BACKOFF_MOST)
-            await trio.sleep(delay * random.uniform(1.0, 1.5))
+            rounds = 1 if progress else rounds + 1
+            await RECONNECT_BACKOFF.sleep(rounds)
 
     async def close(self, grace: float) -> None:
         """Close the session: send the close request, wait up to ``grace`` seconds for the
