@@ -156,7 +156,8 @@ class Client:
         has registered its types yet): a ``client.task_type_unchecked`` warning.  Replace
         it on an instance to say it otherwise (``framework submit`` prints one line)."""
         log.warning("client.task_type_unchecked", app=app, task_type=name,
-                    why="no worker of the app has registered its task types yet")
+                    why="no worker of the app has registered its task types yet",
+                    queue="default until a worker registers the type, then the type's")
 
     async def task_types(self) -> dict[str, TypeInfo]:
         """The task types the app's workers registered (its catalog: one read); empty

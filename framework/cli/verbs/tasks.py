@@ -88,7 +88,8 @@ def parse_eta(text: str, now: float | None = None) -> Any:
 
 def _unchecked_note(app: str, name: str) -> None:
     print(f"framework: note: no worker of {app!r} has registered its task types yet, so "
-          f"task type {name!r} was queued without a check against them",
+          f"task type {name!r} was queued without a check against them (without --queue, "
+          f"in 'default' until a worker registers the type, then in the type's queue)",
           file=sys.stderr)
 
 
