@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from framework import ConfigurationError, Session, WorkQueue, errors
 from framework.runtime import Client, Task, Worker, task
 from framework.runtime.app import App
-from framework.runtime.submission import Submitter
+from framework.runtime.submission import Submitter, TaskExists
 from framework.runtime.tasks import new_task
 from framework.testing import python_argv, spawn
 from framework.zk import wait_exists, wait_gone
@@ -168,6 +169,31 @@ async def test_a_default_serving_worker_with_the_type_that_took_it_first_keeps_i
             nursery.cancel_scope.cancel()
     assert first.ran == ["k1"] and router.ran == []
     assert await _depth(session, "default") == 0 and await _depth(session, "gpu") == 0
+
+
+async def test_a_keyed_task_moved_by_a_holder_that_died_stays_queued_for_its_key(
+        session: Session, zk_hosts: str, chroot: str) -> None:
+    app = App(APP)
+    client = Client(session, APP, create=True)
+    await client.submit("render", 1, key="k9")  # unrouted; pending/ names its default item
+    # what a holder killed between its move and the pending/ marker's update leaves: the move
+    default, gpu = WorkQueue(session, app.tasks), WorkQueue(session, app.queue_path("gpu"))
+    item = (await default.item_names())[0]
+    assert await default.move(item, gpu, rewrite=lambda data: attrs.evolve(
+        Task.decode(data), queue="gpu").encode()) is not None
+    found = await client.existing("k9")  # by its unrouted/ marker
+    assert found is not None and found.state == "queued"
+    with pytest.raises(TaskExists):
+        await client.submit("render", 2, key="k9")
+    holder = Gpu(name="h", queues=["other"])  # routes; never runs a gpu task
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await serve(nursery, zk_hosts, chroot, holder)
+            await wait_gone(session, app.unrouted_path("k9"))  # swept: pending/ re-pointed
+            found = await client.existing("k9")
+            assert found is not None and found.state == "queued"
+            nursery.cancel_scope.cancel()
+    assert holder.ran == [] and await _depth(session, "gpu") == 1
 
 
 class Plain(Worker):

@@ -227,8 +227,11 @@ class Submitter:
         # a failure recorded may be running or queued again (retried, requeued)
         if found["running"]:
             return Existing(key, "running")
-        if found.get("marked") and await still_queued(self.session, self.app,
-                                                      found["marked"]):
+        if found.get("marked") and (
+                await still_queued(self.session, self.app, found["marked"])
+                or await self.session.exists(self.app.unrouted_path(key)) is not None):
+            # (its unrouted/ marker: being moved into its queue, the pending/ marker not
+            # pointed at its new item yet - see framework.runtime.scheduling.router)
             return Existing(key, "queued")
         if result is not None:
             return Existing(key, result.outcome.value, result)

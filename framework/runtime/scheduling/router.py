@@ -31,8 +31,12 @@ is gone (run, revoked or moved); its marker is deleted.
 is never lost and the move never makes it run twice; a marker lives on past a crash between a
 move and its delete, and the next sweep (by this holder or the next) finds its task no longer
 in the default queue and deletes it.  A keyed task's ``pending/`` marker is pointed at the
-moved item after the move.  **SUSPENDED / LOST**: the router runs inside the holder's term and
-is cancelled with it; a lost connection is waited for, then it sweeps again.
+moved item after the move (by the next sweep, if the holder died in between: it finds the
+task's items in the target queue first); until the ``unrouted/`` marker is deleted, a keyed
+submit counts the task as queued by that marker (:meth:`Submitter.existing
+<framework.runtime.submission.Submitter.existing>`).  **SUSPENDED / LOST**: the router runs
+inside the holder's term and is cancelled with it; a lost connection is waited for, then it
+sweeps again.
 
 Costs: nothing while ``unrouted/`` is empty but its watch and the catalog's.  A sweep with
 markers to move: a listing of the default queue's buckets, one read per item not read before,
@@ -127,6 +131,8 @@ class Router:
         for task_id, queue in targets.items():
             for item in found.get(task_id, []):
                 await self._move(item, queue)
+            if task_id not in found:  # moved by a holder that died before re-pointing?
+                await self._repoint(task_id, queue)
             await self._clear(task_id, queue)
 
     async def _marker_types(self, markers: list[str]) -> dict[str, str]:
@@ -188,6 +194,28 @@ class Router:
         self.moved += 1
         log.info("router.moved", app=self.app.name, task=task.id, name=task.name,
                  queue=queue)
+
+    async def _repoint(self, task_id: str, queue: str) -> None:
+        """A marked task no longer in the default queue (run, revoked, or moved by a holder
+        that died before its ``pending/`` marker was re-pointed): if it has a key (then its
+        id) and a ``pending/`` marker, point the marker at its items in ``queue`` (a listing
+        of that queue and a read of each item: only after such a crash or a run)."""
+        try:
+            await self.session.get(self.app.pending_path(task_id))
+        except errors.NoNodeError:
+            return  # no key, or its marker trimmed: nothing to keep true
+        target = self.queues.get(queue)
+        marks: list[tuple[str, str]] = []
+
+        async def read(name: str) -> None:
+            data = await target.item_data(name)
+            if data is not None and Task.decode(data).id == task_id:
+                marks.append((task_id, self.app.item_ref(queue, name)))
+
+        await gather(*[_bind(read, n) for n in await target.item_names()])
+        if marks:
+            await mark_queued(self.session, self.app, marks)
+            log.info("router.repointed", app=self.app.name, task=task_id, queue=queue)
 
     async def _clear(self, task_id: str, queue: str) -> None:
         await self.session.delete(self.app.unrouted_path(task_id), missing_ok=True)
