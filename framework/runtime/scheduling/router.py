@@ -150,28 +150,9 @@ class Router:
         return types
 
     async def _find(self, ids: set[str]) -> dict[str, list[str]]:
-        """The default queue's items of the tasks ``ids`` (a listing of its buckets, and a
-        read of each item not read before)."""
-        names = await self.queue.item_names()
-        listed = set(names)
-        self._ids = {n: i for n, i in self._ids.items() if n in listed}
-
-        async def read(name: str) -> None:
-            data = await self.queue.item_data(name)
-            if data is None:
-                return
-            try:
-                self._ids[name] = Task.decode(data).id
-            except Exception:  # not a task: never ours to move
-                self._ids[name] = ""
-
-        await gather(*[_bind(read, n) for n in names if n not in self._ids])
-        found: dict[str, list[str]] = {}
-        for name in names:
-            task_id = self._ids.get(name)
-            if task_id in ids:
-                found.setdefault(task_id, []).append(name)
-        return found
+        """The default queue's items of the tasks ``ids`` (see :func:`_items_of`; the ids
+        read are kept by item name for the next sweeps)."""
+        return await _items_of(self.queue, ids, self._ids)
 
     async def _move(self, item: str, queue: str) -> None:
         target = self.queues.get(queue)
@@ -204,15 +185,8 @@ class Router:
             await self.session.get(self.app.pending_path(task_id))
         except errors.NoNodeError:
             return  # no key, or its marker trimmed: nothing to keep true
-        target = self.queues.get(queue)
-        marks: list[tuple[str, str]] = []
-
-        async def read(name: str) -> None:
-            data = await target.item_data(name)
-            if data is not None and Task.decode(data).id == task_id:
-                marks.append((task_id, self.app.item_ref(queue, name)))
-
-        await gather(*[_bind(read, n) for n in await target.item_names()])
+        found = await _items_of(self.queues.get(queue), {task_id}, {})
+        marks = [(task_id, self.app.item_ref(queue, name)) for name in found.get(task_id, [])]
         if marks:
             await mark_queued(self.session, self.app, marks)
             log.info("router.repointed", app=self.app.name, task=task_id, queue=queue)
@@ -221,6 +195,34 @@ class Router:
         await self.session.delete(self.app.unrouted_path(task_id), missing_ok=True)
         self.cleared += 1
         log.debug("router.cleared", app=self.app.name, task=task_id, queue=queue)
+
+
+async def _items_of(queue: WorkQueue, ids: set[str], known: dict[str, str]
+                    ) -> dict[str, list[str]]:
+    """The items of ``queue`` whose tasks have the ids ``ids``, by id: a listing of its
+    buckets and a read of each item ``known`` (item name -> task id, kept current here: an
+    item's data never changes while queued) does not name yet."""
+    names = await queue.item_names()
+    listed = set(names)
+    for gone in [name for name in known if name not in listed]:
+        del known[gone]
+
+    async def read(name: str) -> None:
+        data = await queue.item_data(name)
+        if data is None:
+            return
+        try:
+            known[name] = Task.decode(data).id
+        except Exception:  # not a task: never ours to move
+            known[name] = ""
+
+    await gather(*[_bind(read, n) for n in names if n not in known])
+    found: dict[str, list[str]] = {}
+    for name in names:
+        task_id = known.get(name)
+        if task_id in ids:
+            found.setdefault(task_id, []).append(name)
+    return found
 
 
 def _bind(fn: Callable[[str], Awaitable[None]], arg: str) -> Callable[[], Awaitable[None]]:
